@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs everything Trainwatch needs on a fresh Debian machine, idempotently:
+# Debian packages for the real Prometheus stack and a process supervisor, and a virtualenv
+# (.venv) with the project, PyTorch (CPU wheel) and the dev tools. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEB_PACKAGES=(prometheus prometheus-alertmanager prometheus-pushgateway prometheus-node-exporter
+              supervisor python3-venv)
+missing=()
+for pkg in "${DEB_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "==> installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  # The packages' init scripts must not start system-wide copies: Trainwatch runs its own.
+  printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+  $SUDO chmod +x /usr/sbin/policy-rc.d
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  $SUDO rm -f /usr/sbin/policy-rc.d
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.trainwatch-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "==> installing Python packages into .venv (torch CPU wheel, project, dev tools)"
+  .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
+  .venv/bin/pip install -q "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/pip install -q -e ".[dev,forwarders]" 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c "import torch, exporters, remediation" 
+  touch "$stamp"
+fi
+echo "==> setup complete"

@@ -1,0 +1,20 @@
+"""Shared pytest configuration: the real binaries the suite relies on must be present."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+REQUIRED_BINARIES = ("prometheus", "promtool", "prometheus-alertmanager", "amtool")
+
+
+@pytest.fixture(scope="session")
+def real_binaries() -> dict[str, str]:
+    """Paths of the Debian-packaged Prometheus tools; fail loudly (not skip) when missing,
+    because CI installs them and a silent skip would hide a broken setup."""
+    found = {name: shutil.which(name) for name in REQUIRED_BINARIES}
+    missing = [name for name, path in found.items() if path is None]
+    if missing:
+        pytest.fail(f"missing binaries {missing}: run scripts/setup.sh (installs Debian packages)")
+    return {k: v for k, v in found.items() if v}

@@ -1,0 +1,141 @@
+"""Start real binaries for tests and make sure every one of them is stopped again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+
+from tests.support.net import free_port, wait_until
+
+
+class ManagedProcess:
+    """A child process in its own session, with output captured to a log file.
+
+    Stopping kills the whole process group, so helpers a server spawns die with it.
+    """
+
+    def __init__(self, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
+        self.argv = list(argv)
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout)
+        self._log.close()
+        return self.proc.returncode
+
+    def kill9(self) -> None:
+        """SIGKILL the process group: a crash, not a shutdown."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+
+def _ready(url: str) -> bool:
+    return requests.get(url, timeout=1).status_code == 200
+
+
+@contextmanager
+def running(argv: Sequence[str], log_path: Path, ready_url: str | None = None,
+            timeout: float = 30.0, env: dict[str, str] | None = None,
+            cwd: Path | None = None) -> Iterator[ManagedProcess]:
+    """Run `argv` until the block ends; wait for `ready_url` to answer 200 first."""
+    proc = ManagedProcess(argv, log_path, env=env, cwd=cwd)
+    try:
+        if ready_url:
+            def check() -> bool:
+                if not proc.alive():
+                    raise RuntimeError(f"{argv[0]} exited early:\n{proc.log_text()[-3000:]}")
+                return _ready(ready_url)
+
+            try:
+                wait_until(check, timeout=timeout, what=f"{argv[0]} at {ready_url}")
+            except TimeoutError as exc:
+                raise TimeoutError(f"{exc}\n--- log ---\n{proc.log_text()[-3000:]}") from exc
+        yield proc
+    finally:
+        proc.stop()
+
+
+@contextmanager
+def prometheus(workdir: Path, config_path: Path, *, port: int | None = None,
+               extra_args: Sequence[str] = ()) -> Iterator[str]:
+    """Real Prometheus on a free port; yields its base URL.
+
+    The rule resend delay is lowered because a test stack that starts Prometheus and
+    Alertmanager together otherwise waits up to a minute for the first notification.
+    """
+    port = port or free_port()
+    data = workdir / f"prom-data-{port}"
+    data.mkdir(parents=True, exist_ok=True)
+    argv = [
+        "prometheus",
+        f"--config.file={config_path}",
+        f"--storage.tsdb.path={data}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--web.enable-lifecycle",
+        "--rules.alert.resend-delay=1s",
+        "--log.level=warn",
+        *extra_args,
+    ]
+    url = f"http://127.0.0.1:{port}"
+    with running(argv, workdir / f"prometheus-{port}.log", ready_url=f"{url}/-/ready"):
+        yield url
+
+
+@contextmanager
+def alertmanager(workdir: Path, config_path: Path, *, port: int | None = None,
+                 extra_args: Sequence[str] = ()) -> Iterator[str]:
+    """Real Alertmanager (Debian's prometheus-alertmanager) on a free port, no clustering."""
+    port = port or free_port()
+    data = workdir / f"am-data-{port}"
+    data.mkdir(parents=True, exist_ok=True)
+    argv = [
+        "prometheus-alertmanager",
+        f"--config.file={config_path}",
+        f"--storage.path={data}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+        "--log.level=warn",
+        *extra_args,
+    ]
+    url = f"http://127.0.0.1:{port}"
+    with running(argv, workdir / f"alertmanager-{port}.log", ready_url=f"{url}/-/ready"):
+        yield url
