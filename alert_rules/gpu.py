@@ -1,0 +1,140 @@
+"""GPU alerts: hardware health, thermal state, memory, utilization, and the exporter itself."""
+
+from __future__ import annotations
+
+from alert_rules import metric_names as m
+from alert_rules import recording
+from alert_rules.config import Profile
+from alert_rules.model import Alert, Group
+from alert_rules.promql import new_events, sel, with_node
+from exporters import catalog
+
+GPU_ID = "GPU {{ $labels.gpu }} ({{ $labels.name }}, {{ $labels.uuid }}) on {{ $labels.node }}"
+
+
+def groups(p: Profile) -> list[Group]:
+    gpu = p.selector("gpu")
+    a = p.alert
+    alerts = [
+        Alert(
+            "GpuTemperatureHigh",
+            with_node(f"{sel(m.GPU_TEMPERATURE, gpu)} > "
+                      f"{a('GpuTemperatureHigh')['threshold_celsius']}"),
+            "warning", "gpu",
+            f"{GPU_ID} is at {{{{ $value }}}} C",
+            f"{GPU_ID} has been above {a('GpuTemperatureHigh')['threshold_celsius']} C for "
+            f"{a('GpuTemperatureHigh')['for']}. The GPU will slow its clocks and training "
+            "throughput on every rank drops. Trainwatch lowers the power limit automatically "
+            "(gpu_power_limit playbook) and restores it when the alert resolves; check cooling "
+            "and fans if it keeps coming back.",
+            for_=a("GpuTemperatureHigh")["for"],
+        ),
+        Alert(
+            "GpuMemoryNearlyFull",
+            with_node(f"{recording.GPU_MEMORY_USED_RATIO}{{{gpu}}} > "
+                      f"{a('GpuMemoryNearlyFull')['threshold_ratio']}"),
+            "warning", "gpu",
+            f"{GPU_ID} memory is {{{{ $value | humanizePercentage }}}} full",
+            f"{GPU_ID} has used more than "
+            f"{a('GpuMemoryNearlyFull')['threshold_ratio'] * 100:g}% of its memory for "
+            f"{a('GpuMemoryNearlyFull')['for']}. The next larger batch, longer sequence or "
+            "fragmentation will raise a CUDA out-of-memory error and kill the job.",
+            for_=a("GpuMemoryNearlyFull")["for"],
+        ),
+        _utilization_low(p),
+        Alert(
+            "GpuXidErrors",
+            with_node(new_events(sel(m.GPU_XID_ERRORS, gpu), a("GpuXidErrors")["window"])),
+            "warning", "gpu",
+            f"{GPU_ID} reported XID {{{{ $labels.xid }}}}",
+            f"The NVIDIA driver reported XID {{{{ $labels.xid }}}} on {GPU_ID} within the last "
+            f"{a('GpuXidErrors')['window']}. XIDs 13/31/43 usually mean an application fault; "
+            "48, 63, 64, 74, 79, 92, 94 and 95 mean hardware trouble (see the runbook table).",
+            for_=a("GpuXidErrors")["for"],
+        ),
+        Alert(
+            "GpuEccUncorrectableErrors",
+            with_node(new_events(sel(m.GPU_ECC_ERRORS, gpu, m.GPU_ECC_UNCORRECTED),
+                                 a("GpuEccUncorrectableErrors")["window"])),
+            "critical", "gpu",
+            f"{GPU_ID} has uncorrectable ECC errors",
+            f"{GPU_ID} counted uncorrectable ({{{{ $labels.counter_type }}}}) ECC memory errors "
+            f"within the last {a('GpuEccUncorrectableErrors')['window']}. Data on this GPU may be "
+            "corrupt: the job's results since the error are suspect. Drain the node and reset "
+            "the GPU.",
+            for_=a("GpuEccUncorrectableErrors")["for"],
+        ),
+        Alert(
+            "GpuRowRemapFailure",
+            with_node(f"{sel(m.GPU_REMAPPED_ROWS_FAILURE, gpu)} > 0"),
+            "critical", "gpu",
+            f"{GPU_ID} failed to remap a memory row",
+            f"{GPU_ID} reports a failed row remapping: it has no spare rows left for a failing "
+            "memory cell. The GPU needs an RMA; take the node out of the training pool.",
+            for_=a("GpuRowRemapFailure")["for"],
+        ),
+        Alert(
+            "GpuThrottled",
+            with_node(f"max without (reason) "
+                      f"({sel(m.GPU_CLOCK_EVENT_REASON, gpu, _reasons(p))}) > 0"),
+            "warning", "gpu",
+            f"{GPU_ID} is throttling its clocks",
+            f"{GPU_ID} has been slowing its clocks for thermal or power-brake reasons for "
+            f"{a('GpuThrottled')['for']}. In data-parallel training the slowest GPU sets the "
+            "pace of every rank. Check temperature, power and the clock-event reason panel.",
+            for_=a("GpuThrottled")["for"],
+        ),
+        Alert(
+            "GpuLost",
+            with_node(f"{sel(catalog.GPU_UP, gpu)} == 0"),
+            "critical", "gpu",
+            f"{GPU_ID} is lost",
+            f"NVML cannot talk to {GPU_ID} (fallen off the bus, XID 79, or a failed reset). "
+            "Any job using it is hung or dead. Drain the node; a reboot or GPU reset is needed.",
+            for_=a("GpuLost")["for"],
+        ),
+        Alert(
+            "GpuExporterDown",
+            with_node(f"up{{{gpu}}} == 0"),
+            "warning", "gpu",
+            "GPU exporter on {{ $labels.node }} is down",
+            "Prometheus cannot scrape the Trainwatch GPU exporter at {{ $labels.instance }} "
+            f"for {a('GpuExporterDown')['for']}. GPU alerts for that node are blind until it is "
+            "back.",
+            for_=a("GpuExporterDown")["for"],
+        ),
+        Alert(
+            "GpuExporterStale",
+            with_node(f"time() - {sel(m.GPU_EXPORTER_LAST_SUCCESS, gpu)} > "
+                      f"{a('GpuExporterStale')['max_age_seconds']}"),
+            "warning", "gpu",
+            "GPU metrics on {{ $labels.node }} are stale",
+            "The GPU exporter at {{ $labels.instance }} still answers scrapes but its last "
+            "successful NVML poll was {{ $value | humanizeDuration }} ago: the numbers are "
+            "frozen. An NVML call is probably hanging (driver trouble).",
+            for_=a("GpuExporterStale")["for"],
+        ),
+    ]
+    return [Group("trainwatch-gpu.alerts", alerts)]
+
+
+def _reasons(p: Profile) -> str:
+    return f'reason=~"{p.alert("GpuThrottled")["reasons"]}"'
+
+
+def _utilization_low(p: Profile) -> Alert:
+    cfg = p.alert("GpuUtilizationLowWhileTraining")
+    window = cfg["window"]
+    util = f"avg_over_time({sel(m.GPU_UTILIZATION, p.selector('gpu'))}[{window}])"
+    stepping = f"changes({sel(catalog.TRAINING_STEP, p.selector('training'))}[{window}]) > 0"
+    expr = (f"{with_node(util)} < {cfg['threshold_ratio']}\n"
+            f"and on (node)\ncount by (node) ({with_node(stepping)})")
+    return Alert(
+        "GpuUtilizationLowWhileTraining", expr, "warning", "gpu",
+        f"{GPU_ID} is idle while a job trains on that node",
+        f"{GPU_ID} averaged {{{{ $value | humanizePercentage }}}} utilization over {window} "
+        "while a training job on the same node kept stepping. Typical causes: the input "
+        "pipeline cannot keep up (check training_data_wait_seconds), the job does not use "
+        "this GPU, or a rank is waiting on a slow peer.",
+        for_=cfg["for"],
+    )

@@ -1,0 +1,75 @@
+"""The shapes of generated rules, and how they serialise to Prometheus rule-file YAML."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+SEVERITIES = ("critical", "warning", "info")
+COMPONENTS = ("gpu", "training", "node", "stack")
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alerting rule. Every alert is written for the person paged at night: a summary
+    that fits a phone notification and a description that says what to look at first."""
+
+    name: str
+    expr: str
+    severity: str
+    component: str
+    summary: str
+    description: str
+    for_: str | None = None
+    keep_firing_for: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"{self.name}: severity {self.severity!r} not in {SEVERITIES}")
+        if self.component not in COMPONENTS:
+            raise ValueError(f"{self.name}: component {self.component!r} not in {COMPONENTS}")
+
+    def to_dict(self, runbook_base_url: str) -> dict[str, Any]:
+        rule: dict[str, Any] = {"alert": self.name, "expr": self.expr}
+        if self.for_:
+            rule["for"] = self.for_
+        if self.keep_firing_for:
+            rule["keep_firing_for"] = self.keep_firing_for
+        rule["labels"] = {"severity": self.severity, "component": self.component, **self.labels}
+        rule["annotations"] = {
+            "summary": self.summary,
+            "description": self.description,
+            "runbook_url": f"{runbook_base_url}#{self.name.lower()}",
+        }
+        return rule
+
+
+@dataclass(frozen=True)
+class Record:
+    """One recording rule; `name` follows level:metric:operations."""
+
+    name: str
+    expr: str
+
+    def __post_init__(self) -> None:
+        if self.name.count(":") != 2:
+            raise ValueError(f"recording rule {self.name!r} must be level:metric:operations")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"record": self.name, "expr": self.expr}
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    rules: list[Alert] | list[Record]
+
+    def to_dict(self, runbook_base_url: str) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "rules": [
+                r.to_dict(runbook_base_url) if isinstance(r, Alert) else r.to_dict()
+                for r in self.rules
+            ],
+        }

@@ -1,0 +1,173 @@
+"""Training alerts: the job's own signals (loss, gradients, throughput, progress, ranks, logs).
+
+Every training alert keeps `training_job`, so Alertmanager groups per job and the
+remediation service knows which job to act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from alert_rules import recording
+from alert_rules.config import Profile
+from alert_rules.model import Alert, Group
+from alert_rules.promql import new_events, sel
+from exporters import catalog
+
+JOB_RANK = "job {{ $labels.training_job }} rank {{ $labels.rank }}"
+
+
+def _spike_expr(series: str, cfg: dict[str, Any], rule: Callable[[str, str], str]) -> str:
+    """`series` far above its own mean over a window that ended `baseline_offset` ago.
+
+    The offset keeps the spike out of its own baseline. A series without enough baseline
+    samples (job start, restart) yields nothing, so a fresh job cannot fire.
+    """
+    past = f"[{cfg['baseline_window']}] offset {cfg['baseline_offset']}"
+    baseline = f"avg_over_time({series}{past})"
+    enough = f"count_over_time({series}{past}) >= {cfg['baseline_min_samples']}"
+    return f"{rule(series, baseline)}\nand\n{enough}"
+
+
+def _loss_spike(p: Profile) -> Alert:
+    cfg = p.alert("TrainingLossSpike")
+    loss = sel(catalog.TRAINING_LOSS, p.selector("training"))
+    # relative to |baseline| so negative losses work, plus an absolute floor for tiny ones
+
+    def rule(series: str, baseline: str) -> str:
+        return (f"({series} - {baseline}) > {cfg['factor'] - 1} * abs({baseline})\nand\n"
+                f"({series} - {baseline}) > {cfg['min_delta']}")
+
+    return Alert(
+        "TrainingLossSpike", _spike_expr(loss, cfg, rule), "warning", "training",
+        f"Loss spike in {JOB_RANK}",
+        f"The loss of {JOB_RANK} on {{{{ $labels.node }}}} is {{{{ $value | printf \"%.3g\" }}}} "
+        f"above its mean over the {cfg['baseline_window']} before the last "
+        f"{cfg['baseline_offset']} (more than {cfg['factor']:g}x). Trainwatch cuts the learning "
+        "rate automatically (lr_reduction playbook); if the loss does not come back within a "
+        "few hundred steps, roll back to the last healthy checkpoint.",
+        for_=cfg["for"],
+    )
+
+
+def _grad_norm(p: Profile) -> Alert:
+    cfg = p.alert("TrainingGradNormExplosion")
+    norm = sel(catalog.TRAINING_GRAD_NORM, p.selector("training"))
+
+    def rule(series: str, baseline: str) -> str:
+        return f"{series} > {cfg['factor']} * {baseline}\nand\n{series} > {cfg['min_value']}"
+
+    return Alert(
+        "TrainingGradNormExplosion", _spike_expr(norm, cfg, rule), "warning", "training",
+        f"Gradient norm explosion in {JOB_RANK}",
+        f"The gradient norm of {JOB_RANK} is {{{{ $value | printf \"%.3g\" }}}}, more than "
+        f"{cfg['factor']:g}x its recent mean. A loss spike or NaN usually follows. Trainwatch "
+        "cuts the learning rate automatically (lr_reduction playbook); check gradient clipping "
+        "and the data batch at this step.",
+        for_=cfg["for"],
+    )
+
+
+def _nonfinite(p: Profile) -> Alert:
+    cfg = p.alert("TrainingNonFiniteLoss")
+    training = p.selector("training")
+    loss = sel(catalog.TRAINING_LOSS, training)
+    counter = sel(catalog.TRAINING_NONFINITE_LOSS, training)
+    expr = (f"{new_events(counter, cfg['window'])}\n"
+            f"or\n({loss} != {loss})\nor\n(abs({loss}) == Inf)")
+    return Alert(
+        "TrainingNonFiniteLoss", expr, "critical", "training",
+        f"Non-finite (NaN/Inf) loss in {JOB_RANK}",
+        f"{JOB_RANK} reported a NaN or infinite loss within the last {cfg['window']}. The next "
+        "optimizer step writes NaN into the weights and every later step is wasted. Trainwatch "
+        "rolls the job back to the newest healthy checkpoint automatically "
+        "(checkpoint_rollback playbook); the alert stays up for "
+        f"{cfg['keep_firing_for']} after the last bad loss so you can follow the rollback.",
+        for_=cfg["for"], keep_firing_for=cfg["keep_firing_for"],
+    )
+
+
+def _throughput(p: Profile) -> Alert:
+    cfg = p.alert("TrainingThroughputDrop")
+    baseline = (f"avg_over_time({recording.SAMPLES_RATE}"
+                f"[{cfg['baseline_window']}] offset {cfg['baseline_offset']})")
+    expr = (f"{recording.SAMPLES_RATE} < {cfg['factor']} * {baseline}\n"
+            f"and\n{baseline} > {cfg['min_baseline']}")
+    return Alert(
+        "TrainingThroughputDrop", expr, "warning", "training",
+        "Throughput of job {{ $labels.training_job }} dropped",
+        "Job {{ $labels.training_job }} processes {{ $value | printf \"%.3g\" }} samples/s, "
+        f"less than {cfg['factor'] * 100:g}% of its own mean over the {cfg['baseline_window']} "
+        f"before the last {cfg['baseline_offset']}. Look for a straggler rank, GPU throttling, "
+        "a slow data loader or a saturated network on the Training job dashboard.",
+        for_=cfg["for"],
+    )
+
+
+def _stalled(p: Profile) -> Alert:
+    cfg = p.alert("TrainingStalled")
+    last = sel(catalog.TRAINING_LAST_STEP_TIMESTAMP, p.selector("training"))
+    expr = f"time() - max by (training_job) ({last}) > {cfg['max_step_age_seconds']}"
+    return Alert(
+        "TrainingStalled", expr, "critical", "training",
+        "Job {{ $labels.training_job }} has stopped stepping",
+        "No rank of job {{ $labels.training_job }} has finished a step for "
+        "{{ $value | humanizeDuration }}. The job is hung (often a collective waiting on a dead "
+        "or stuck rank) or was killed without cleanup. Trainwatch collects stack dumps "
+        "automatically (stalled_job_diagnostics playbook); read them, then restart the job "
+        "from its last checkpoint.",
+        for_=cfg["for"],
+    )
+
+
+def _straggler(p: Profile) -> Alert:
+    cfg = p.alert("TrainingStragglerRank")
+    median = recording.STEP_TIME_MEDIAN_RANK
+    threshold = (f"({cfg['factor']} * {median} >= {median} + {cfg['min_delta_seconds']})\n"
+                 f"  or\n  ({median} + {cfg['min_delta_seconds']})")
+    expr = (f"{recording.STEP_TIME_PER_RANK}\n> on (training_job) group_left ()\n"
+            f"(\n  {threshold}\n)\n"
+            f"and on (training_job)\n{recording.RANKS_REPORTING} >= {cfg['min_ranks']}")
+    return Alert(
+        "TrainingStragglerRank", expr, "warning", "training",
+        f"Straggler: {JOB_RANK} is slower than its peers",
+        f"{JOB_RANK} on {{{{ $labels.node }}}} takes {{{{ $value | printf \"%.3g\" }}}} s per "
+        f"step, more than {cfg['factor']:g}x the median rank of the job. Every synchronous "
+        "step waits for it. Check that node's GPU (throttling, errors) and its data loading.",
+        for_=cfg["for"],
+    )
+
+
+def _log_event(p: Profile, name: str, kind: str, severity: str, what: str, advice: str) -> Alert:
+    cfg = p.alert(name)
+    events = sel(catalog.LOG_EVENTS, p.selector("logscan"), f'kind="{kind}"')
+    return Alert(
+        name, new_events(events, cfg["window"]), severity, "training",
+        f"{what} in {JOB_RANK}",
+        f"The log scanner found {what} in the logs of {JOB_RANK} within the last "
+        f"{cfg['window']}. {advice}",
+        for_=cfg["for"],
+    )
+
+
+def groups(p: Profile) -> list[Group]:
+    assert {"cuda_oom", "nccl_timeout", "nccl_error"} <= set(catalog.LOG_EVENT_KINDS)
+    alerts = [
+        _loss_spike(p),
+        _nonfinite(p),
+        _grad_norm(p),
+        _throughput(p),
+        _stalled(p),
+        _straggler(p),
+        _log_event(p, "TrainingCudaOom", "cuda_oom", "warning", "a CUDA out-of-memory error",
+                   "That rank crashed or will retry; lower the micro-batch size or enable "
+                   "activation checkpointing before restarting."),
+        _log_event(p, "TrainingNcclTimeout", "nccl_timeout", "critical", "an NCCL timeout",
+                   "A collective waited past its timeout: one rank is hung, dead or cut off. "
+                   "Find the rank that stopped stepping first and check its node and network."),
+        _log_event(p, "TrainingNcclError", "nccl_error", "critical", "an NCCL error",
+                   "A collective failed (network, InfiniBand or a peer crashed); the job will "
+                   "abort. Check the node's network links and the peer ranks' logs."),
+    ]
+    return [Group("trainwatch-training.alerts", alerts)]
