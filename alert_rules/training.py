@@ -79,7 +79,8 @@ def _nonfinite(p: Profile) -> Alert:
     return Alert(
         "TrainingNonFiniteLoss", expr, "critical", "training",
         f"Non-finite (NaN/Inf) loss in {JOB_RANK}",
-        f"{JOB_RANK} reported a NaN or infinite loss within the last {cfg['window']}. The next "
+        f"Rank {{{{ $labels.rank }}}} of job {{{{ $labels.training_job }}}} reported a NaN or "
+        f"infinite loss within the last {cfg['window']}. The next "
         "optimizer step writes NaN into the weights and every later step is wasted. Trainwatch "
         "rolls the job back to the newest healthy checkpoint automatically "
         "(checkpoint_rollback playbook); the alert stays up for "
@@ -132,19 +133,21 @@ def _straggler(p: Profile) -> Alert:
     return Alert(
         "TrainingStragglerRank", expr, "warning", "training",
         f"Straggler: {JOB_RANK} is slower than its peers",
-        f"{JOB_RANK} on {{{{ $labels.node }}}} takes {{{{ $value | printf \"%.3g\" }}}} s per "
+        "Rank {{ $labels.rank }} of job {{ $labels.training_job }} on {{ $labels.node }} "
+        f"takes {{{{ $value | printf \"%.3g\" }}}} s per "
         f"step, more than {cfg['factor']:g}x the median rank of the job. Every synchronous "
         "step waits for it. Check that node's GPU (throttling, errors) and its data loading.",
         for_=cfg["for"],
     )
 
 
-def _log_event(p: Profile, name: str, kind: str, severity: str, what: str, advice: str) -> Alert:
+def _log_event(p: Profile, name: str, kind: str, severity: str, title: str, what: str,
+               advice: str) -> Alert:
     cfg = p.alert(name)
     events = sel(catalog.LOG_EVENTS, p.selector("logscan"), f'kind="{kind}"')
     return Alert(
         name, new_events(events, cfg["window"]), severity, "training",
-        f"{what} in {JOB_RANK}",
+        f"{title} in {JOB_RANK}",
         f"The log scanner found {what} in the logs of {JOB_RANK} within the last "
         f"{cfg['window']}. {advice}",
         for_=cfg["for"],
@@ -160,13 +163,16 @@ def groups(p: Profile) -> list[Group]:
         _throughput(p),
         _stalled(p),
         _straggler(p),
-        _log_event(p, "TrainingCudaOom", "cuda_oom", "warning", "a CUDA out-of-memory error",
+        _log_event(p, "TrainingCudaOom", "cuda_oom", "warning",
+                   "CUDA out-of-memory error", "a CUDA out-of-memory error",
                    "That rank crashed or will retry; lower the micro-batch size or enable "
                    "activation checkpointing before restarting."),
-        _log_event(p, "TrainingNcclTimeout", "nccl_timeout", "critical", "an NCCL timeout",
+        _log_event(p, "TrainingNcclTimeout", "nccl_timeout", "critical",
+                   "NCCL timeout", "an NCCL timeout",
                    "A collective waited past its timeout: one rank is hung, dead or cut off. "
                    "Find the rank that stopped stepping first and check its node and network."),
-        _log_event(p, "TrainingNcclError", "nccl_error", "critical", "an NCCL error",
+        _log_event(p, "TrainingNcclError", "nccl_error", "critical",
+                   "NCCL error", "an NCCL error",
                    "A collective failed (network, InfiniBand or a peer crashed); the job will "
                    "abort. Check the node's network links and the peer ranks' logs."),
     ]
