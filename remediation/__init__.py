@@ -1,0 +1,1 @@
+"""Trainwatch remediation service: Alertmanager webhook -> durable intents -> audited playbooks."""

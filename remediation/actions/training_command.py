@@ -1,0 +1,69 @@
+"""`training_command`: send a command (scale_lr, rollback, ...) to every node of a job.
+
+The nodes are the `instance` labels of `training_step{training_job="<job>"}` in Prometheus;
+each node's training exporter takes the command on its control API. The command id is derived
+from the alert's idempotency key, so a retry or a duplicate delivery is answered 200 with the
+existing command instead of applying it twice; the ranks agree in-band on the step.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+from urllib.parse import quote
+
+import requests
+
+from exporters.catalog import LABEL_JOB, TRAINING_STEP
+from remediation.actions.base import ActionContext, ActionError, timeout_of
+from remediation.templating import TemplateError, render
+
+INSTANCE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$")
+
+
+def job_instances(ctx: ActionContext, job: str) -> list[str]:
+    """host:port of every training exporter reporting the job (validated before use)."""
+    query = f'{TRAINING_STEP}{{{LABEL_JOB}="{job}"}}'  # job is allowlisted: no quotes inside
+    try:
+        resp = ctx.session.get(f"{ctx.config.prometheus_url}/api/v1/query",
+                               params={"query": query}, timeout=10)
+        resp.raise_for_status()
+        series = resp.json()["data"]["result"]
+    except (requests.RequestException, KeyError, ValueError) as exc:
+        raise ActionError(f"training_command: Prometheus query failed: {exc}") from exc
+    instances = sorted({s["metric"].get("instance", "") for s in series})
+    bad = [i for i in instances if not INSTANCE.match(i)]
+    if bad:
+        raise ActionError(f"training_command: refusing malformed instance labels {bad[:3]!r}")
+    return instances
+
+
+def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
+    job = ctx.labels.get(LABEL_JOB)
+    if not job:
+        raise ActionError(f"training_command: alert has no {LABEL_JOB} label")
+    try:
+        args = render(step.get("args", {}), ctx.labels, ctx.template_config)
+    except TemplateError as exc:
+        raise ActionError(f"training_command: {exc}") from exc
+    command = {"id": ctx.command_id(), "type": step["command"], "args": args}
+    instances = job_instances(ctx, job)
+    if not instances:
+        raise ActionError(f"training_command: no training exporter reports job {job!r}")
+    if ctx.dry_run:
+        return {"would_send": command, "instances": instances}
+    headers = {"Authorization": f"Bearer {ctx.config.training_exporter_token}"}
+    timeout = timeout_of(step, 10.0)
+    sent: dict[str, Any] = {}
+    for instance in instances:
+        url = f"http://{instance}/v1/jobs/{quote(job, safe='')}/commands"
+        try:
+            resp = ctx.session.post(url, json=command, headers=headers, timeout=timeout)
+        except requests.RequestException as exc:
+            raise ActionError(f"training_command: {instance} unreachable: "
+                              f"{type(exc).__name__}") from exc
+        if resp.status_code not in (200, 202):
+            raise ActionError(f"training_command: {instance} answered {resp.status_code}: "
+                              f"{resp.text[:200]}")
+        sent[instance] = resp.status_code
+    return {"command": command, "instances": sent}

@@ -1,0 +1,200 @@
+"""Flask application factory: webhook intake, audit/approval API, health and metrics.
+
+The webhook answers 200 only after the intents are committed to SQLite, and 200 even if the
+actions later fail: Alertmanager retries 5xx (re-running the action is exactly what must not
+happen), while a 4xx is not retried, which is what garbage deserves. Order of checks:
+401 (token, constant time) -> 413 (size) -> 400 (JSON + schema).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Blueprint, Flask, Response, current_app, jsonify, request
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from remediation.config import Config
+from remediation.ingest import ingest
+from remediation.metrics import StoreCollector, WebhookMetrics
+from remediation.playbooks import Playbook, load_playbooks
+from remediation.schemas import first_error
+from remediation.store import Store
+
+log = logging.getLogger(__name__)
+bp = Blueprint("remediation", __name__)
+
+
+class Services:
+    """What request handlers need; one per app."""
+
+    def __init__(self, config: Config, store: Store, books: Mapping[str, Playbook],
+                 worker: Any = None) -> None:
+        self.config = config
+        self.store = store
+        self.books = books
+        self.worker = worker
+        self.registry = CollectorRegistry()
+        self.registry.register(StoreCollector(store, config))
+        self.metrics = WebhookMetrics(self.registry)
+
+
+def services() -> Services:
+    return current_app.extensions["trainwatch_remediation"]
+
+
+def _authorized() -> bool:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    expected = services().config.webhook_token
+    # compare_digest on bytes of both: constant time whatever the supplied length or content
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        token.strip().encode("utf-8", "replace"), expected.encode())
+
+
+def _error(status: int, message: str) -> Response:
+    resp = jsonify({"error": message})
+    resp.status_code = status
+    if status == 401:
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="trainwatch-remediation"'
+    return resp
+
+
+@bp.post("/v1/alerts")
+def receive_alerts() -> Response:
+    svc = services()
+    started = time.perf_counter()
+    resp = _receive(svc)
+    svc.metrics.requests.labels(str(resp.status_code)).inc()
+    svc.metrics.latency.observe(time.perf_counter() - started)
+    return resp
+
+
+def _receive(svc: Services) -> Response:
+    if not _authorized():
+        return _error(401, "missing or invalid bearer token")
+    length = request.content_length
+    if length is not None and length > svc.config.max_body_bytes:
+        return _error(413, f"body larger than {svc.config.max_body_bytes} bytes")
+    body = request.stream.read(svc.config.max_body_bytes + 1)
+    if len(body) > svc.config.max_body_bytes:
+        return _error(413, f"body larger than {svc.config.max_body_bytes} bytes")
+    try:
+        payload = json.loads(body)
+    except (ValueError, RecursionError):
+        return _error(400, "body is not JSON")
+    try:
+        problem = first_error("webhook", payload)
+    except RecursionError:
+        problem = "payload nested too deeply"
+    if problem:
+        return _error(400, f"not an Alertmanager v4 webhook payload: {problem}")
+    result = ingest(svc.store, svc.books, payload, escalate=bool(svc.config.pager_url))
+    for outcome in ("accepted", "deduplicated", "refused", "resolved", "unmatched"):
+        count = getattr(result, outcome)
+        if count:
+            svc.metrics.alerts.labels(outcome).inc(count)
+    if svc.worker is not None:
+        svc.worker.wake()
+    return jsonify({"accepted": result.accepted, "deduplicated": result.deduplicated,
+                    "refused": result.refused, "resolved": result.resolved,
+                    "unmatched": result.unmatched, "intents": result.intents})
+
+
+@bp.get("/v1/actions")
+def list_actions() -> Response:
+    if not _authorized():
+        return _error(401, "missing or invalid bearer token")
+    try:
+        limit = min(max(int(request.args.get("limit", "100")), 1), 10000)
+        intent_id = request.args.get("intent")
+        intent = int(intent_id) if intent_id is not None else None
+    except ValueError:
+        return _error(400, "limit and intent must be integers")
+    store = services().store
+    state = request.args.get("state")
+    decision = request.args.get("decision")
+    return jsonify({
+        "actions": [] if intent is not None else store.list_intents(limit, state),
+        "audit": store.list_audit(limit, intent, decision),
+    })
+
+
+def _set_approval(intent_id: int, approve: bool) -> Response:
+    if not _authorized():
+        return _error(401, "missing or invalid bearer token")
+    svc = services()
+    who = request.headers.get("X-Trainwatch-User", "api")[:64]
+    with svc.store.transaction() as conn:
+        row = conn.execute("SELECT * FROM intents WHERE id=?", (intent_id,)).fetchone()
+        if row is None:
+            return _error(404, f"no intent {intent_id}")
+        if row["state"] != "awaiting_approval":
+            return _error(409, f"intent {intent_id} is {row['state']}, not awaiting_approval")
+        ids = {"intent_id": intent_id, "fingerprint": row["fingerprint"],
+               "playbook": row["playbook"], "alertname": row["alertname"],
+               "target_key": row["target_key"]}
+        if approve:
+            Store.update_intent(conn, intent_id, state="pending", decision=None, approved=1)
+            Store.audit(conn, "approved", reason=f"approved by {who}", **ids)
+        else:
+            Store.update_intent(conn, intent_id, state="rejected", decision="rejected")
+            Store.audit(conn, "rejected", reason=f"rejected by {who}", **ids)
+    if approve and svc.worker is not None:
+        svc.worker.wake()
+    return jsonify({"id": intent_id, "state": "pending" if approve else "rejected"})
+
+
+@bp.post("/v1/actions/<int:intent_id>/approve")
+def approve(intent_id: int) -> Response:
+    return _set_approval(intent_id, True)
+
+
+@bp.post("/v1/actions/<int:intent_id>/reject")
+def reject(intent_id: int) -> Response:
+    return _set_approval(intent_id, False)
+
+
+@bp.get("/healthz")
+def healthz() -> Response:
+    return jsonify({"status": "ok"})
+
+
+@bp.get("/readyz")
+def readyz() -> Response:
+    svc = services()
+    problems = []
+    try:
+        svc.store.ping()
+    except Exception as exc:
+        problems.append(f"store: {type(exc).__name__}")
+    if svc.worker is not None and not svc.worker.alive():
+        problems.append("worker threads not running")
+    if problems:
+        resp = jsonify({"status": "not ready", "problems": problems})
+        resp.status_code = 503
+        return resp
+    return jsonify({"status": "ready", "playbooks": sorted(svc.books)})
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    return Response(generate_latest(services().registry), mimetype=CONTENT_TYPE_LATEST)
+
+
+def create_app(config: Config, *, worker: Any = None, store: Store | None = None,
+               books: Mapping[str, Playbook] | None = None) -> Flask:
+    """Build the app. Tests pass no worker (intake only) or their own; the server passes one."""
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = None  # enforced in the handler, after authentication
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    store = store or Store(config.store_path)
+    books = books if books is not None else load_playbooks(config.playbooks_dir)
+    app.extensions["trainwatch_remediation"] = Services(config, store, books, worker)
+    app.register_blueprint(bp)
+    return app

@@ -1,0 +1,113 @@
+"""The service's YAML config: validated against schemas/config.schema.json, then typed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from exporters.catalog import PORTS
+from remediation.durations import seconds
+from remediation.schemas import first_error
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_DIR = PACKAGE_DIR.parent
+DEFAULT_PLAYBOOKS_DIR = PACKAGE_DIR / "playbooks"
+DEFAULT_ANSIBLE_DIR = REPO_DIR / "ansible" / "remediation"
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the bad key."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the app, the worker and the actions need; secrets are read once, here."""
+
+    webhook_token: str
+    training_exporter_token: str
+    store_path: Path
+    prometheus_url: str
+    alertmanager_url: str
+    bind: str = "127.0.0.1"
+    port: int = PORTS["remediation"]
+    playbooks_dir: Path = DEFAULT_PLAYBOOKS_DIR
+    ansible_playbooks_dir: Path = DEFAULT_ANSIBLE_DIR
+    ansible_inventory: Path | None = None
+    dry_run: bool = False
+    pager_url: str | None = None
+    max_body_bytes: int = 1024 * 1024
+    worker_threads: int = 2
+    http_threads: int = 8
+    lease_seconds: float = 60.0
+    max_attempts: int = 3
+    retry_backoff_seconds: float = 5.0
+    poll_interval_seconds: float = 0.2
+    action_timeout_seconds: float = 300.0
+    breaker_max_actions: int = 20
+    breaker_window_seconds: float = 600.0
+
+
+def _read_secret(path: Path, key: str, source: Path) -> str:
+    try:
+        value = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{source}: {key}: cannot read {path}: {exc.strerror}") from exc
+    if not value:
+        raise ConfigError(f"{source}: {key}: {path} is empty")
+    return value
+
+
+def _resolve(base: Path, value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (base / path).resolve()
+
+
+def load_config(path: Path) -> Config:
+    """Read, validate and type a config file; any problem raises ConfigError naming file+key."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from exc
+    return config_from_dict(raw, path)
+
+
+def config_from_dict(raw: object, source: Path) -> Config:
+    """Validate a parsed config document (see load_config); relative paths are file-relative."""
+    error = first_error("config", raw)
+    if error:
+        raise ConfigError(f"{source}: {error}")
+    assert isinstance(raw, dict)
+    base = source.resolve().parent
+    breaker = raw.get("circuit_breaker", {})
+    optional: dict[str, object] = {}
+    for key in ("bind", "port", "dry_run", "pager_url", "max_body_bytes", "worker_threads",
+                "http_threads", "max_attempts"):
+        if key in raw:
+            optional[key] = raw[key]
+    for key in ("lease_seconds", "retry_backoff_seconds", "poll_interval_seconds",
+                "action_timeout_seconds"):
+        if key in raw:
+            optional[key] = float(raw[key])
+    for key in ("playbooks_dir", "ansible_playbooks_dir", "ansible_inventory"):
+        if key in raw:
+            optional[key] = _resolve(base, raw[key])
+    for key in ("playbooks_dir", "ansible_playbooks_dir"):
+        if key in optional and not Path(str(optional[key])).is_dir():
+            raise ConfigError(f"{source}: {key}: {optional[key]} is not a directory")
+    if breaker:
+        optional["breaker_max_actions"] = breaker["max_actions"]
+        optional["breaker_window_seconds"] = seconds(breaker["window"])
+    return Config(
+        webhook_token=_read_secret(_resolve(base, raw["webhook_token_file"]),
+                                   "webhook_token_file", source),
+        training_exporter_token=_read_secret(_resolve(base, raw["training_exporter_token_file"]),
+                                             "training_exporter_token_file", source),
+        store_path=_resolve(base, raw["store_path"]),
+        prometheus_url=raw["prometheus_url"].rstrip("/"),
+        alertmanager_url=raw["alertmanager_url"].rstrip("/"),
+        **optional,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,191 @@
+"""Decide and act on one claimed intent.
+
+Decision (once per intent, inside one BEGIN IMMEDIATE transaction, so two processes cannot
+both pass a cooldown): labels allowlisted -> dry-run -> approval gate -> per-target cooldown
+and rate limit -> global circuit breaker -> grant. Then steps run one by one; after each the
+step index is committed, so a crash resumes at the first unfinished step (and that step, being
+idempotent, is safe to repeat).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import requests
+
+from remediation.actions import ACTIONS, ActionContext, ActionError
+from remediation.actions import silence as silence_action
+from remediation.config import Config
+from remediation.ingest import ESCALATION_PLAYBOOK
+from remediation.labels import LabelError, safe_labels
+from remediation.playbooks import Playbook
+from remediation.store import Intent, Store
+
+log = logging.getLogger(__name__)
+
+
+class LostLease(RuntimeError):
+    """Another process took this intent over (our lease expired): stop touching it."""
+
+
+def escalation_playbook() -> Playbook:
+    """Built in: page a human when Alertmanager truncated alerts from a notification."""
+    return Playbook(
+        name=ESCALATION_PLAYBOOK, alertnames=frozenset({"TruncatedAlerts"}), matchers=(),
+        target=(), steps=({"action": "http", "url": "${config.pager_url}", "json": {
+            "event": "truncated_alerts", "receiver": "${labels.receiver}"}},))
+
+
+class Engine:
+    def __init__(self, config: Config, store: Store, books: Mapping[str, Playbook],
+                 owner: str) -> None:
+        self.config = config
+        self.store = store
+        self.books = {**books, ESCALATION_PLAYBOOK: escalation_playbook()}
+        self.owner = owner
+        self.session = requests.Session()
+
+    # --- decision -------------------------------------------------------------------------
+    def _decide(self, intent: Intent, book: Playbook, labels_ok: bool, reason: str) -> str:
+        """Returns 'act', 'resolve_act', or a terminal decision already written to the audit."""
+        ids = {"intent_id": intent.id, "fingerprint": intent.fingerprint,
+               "playbook": intent.playbook, "alertname": intent.alertname,
+               "target_key": intent.target_key}
+        now = time.time()
+        with self.store.transaction() as conn:
+            if not Store.owns(conn, intent.id, self.owner):
+                raise LostLease(intent.id)
+
+            def finish(decision: str, state: str, why: str, detail: Any = None) -> str:
+                Store.update_intent(conn, intent.id, state=state, decision=decision,
+                                    lease_owner=None, lease_until=None)
+                Store.audit(conn, decision, reason=why, detail=detail, **ids)
+                return decision
+
+            if not labels_ok:
+                return finish("refused", "refused", reason)
+            if intent.phase == "resolve":
+                if not self.store.fire_intent_acted(intent.fingerprint, intent.starts_at,
+                                                    intent.playbook):
+                    return finish("resolved_recorded", "done",
+                                  "resolved; the firing alert was never acted on, nothing to undo")
+                Store.update_intent(conn, intent.id, decision="resolve_act")
+                return "resolve_act"
+            if self.config.dry_run or book.dry_run:
+                return finish("dry_run", "done", "dry-run: steps planned, not executed",
+                              {"steps": list(book.steps)})
+            if book.requires_approval and not intent.approved:
+                return finish("awaiting_approval", "awaiting_approval",
+                              "playbook requires approval (POST /v1/actions/<id>/approve)")
+            key = intent.target_key or ""
+            if book.cooldown_seconds > 0:
+                _, last = Store.grants_since(conn, now - book.cooldown_seconds, book.name, key)
+                if last is not None:
+                    return finish("cooled_down", "done",
+                                  f"acted on {key} {now - last:.0f}s ago; cooldown "
+                                  f"{book.cooldown_seconds:.0f}s")
+            if book.rate_limit_count is not None:
+                count, _ = Store.grants_since(conn, now - book.rate_limit_window_seconds,
+                                              book.name, key)
+                if count >= book.rate_limit_count:
+                    return finish("rate_limited", "done",
+                                  f"{count} actions on {key} in the last "
+                                  f"{book.rate_limit_window_seconds:.0f}s (limit "
+                                  f"{book.rate_limit_count})")
+            if intent.playbook != ESCALATION_PLAYBOOK:
+                total, _ = Store.grants_since(conn, now - self.config.breaker_window_seconds)
+                if total >= self.config.breaker_max_actions:
+                    return finish("refused", "refused",
+                                  f"circuit breaker open: {total} actions in the last "
+                                  f"{self.config.breaker_window_seconds:.0f}s")
+            conn.execute("INSERT INTO grants (at, playbook, target_key, intent_id)"
+                         " VALUES (?,?,?,?)", (now, book.name, key, intent.id))
+            Store.update_intent(conn, intent.id, decision="act")
+        return "act"
+
+    # --- execution ------------------------------------------------------------------------
+    def process(self, intent: Intent) -> None:
+        book = self.books.get(intent.playbook)
+        if book is None:
+            self._fail(intent, "", f"playbook {intent.playbook!r} is no longer loaded",
+                       terminal=True)
+            return
+        try:
+            labels = safe_labels(intent.labels, sorted(book.used_labels))
+            labels_ok, reason = True, ""
+        except LabelError as exc:
+            labels, labels_ok, reason = {}, False, str(exc)
+        decision = intent.decision
+        if decision not in ("act", "resolve_act"):
+            decision = self._decide(intent, book, labels_ok, reason)
+        if decision not in ("act", "resolve_act"):
+            return
+        steps = book.on_resolve if decision == "resolve_act" else book.steps
+        ctx = ActionContext(config=self.config, labels=labels, session=self.session,
+                            idempotency_key=intent.idempotency_key)
+        results = list(intent.results)
+        for index in range(intent.next_step, len(steps)):
+            step = steps[index]
+            ctx.idempotency_key = f"{intent.idempotency_key}|step{index}"
+            try:
+                outcome = ACTIONS[step["action"]](step, ctx)
+            except ActionError as exc:
+                self._fail(intent, step["action"], str(exc), terminal=False, results=results)
+                return
+            except Exception as exc:
+                log.exception("action %s crashed", step["action"])
+                self._fail(intent, step["action"], f"{type(exc).__name__}: {exc}",
+                           terminal=False, results=results)
+                return
+            results.append({"step": index, "action": step["action"], "result": outcome})
+            with self.store.transaction() as conn:
+                if not Store.owns(conn, intent.id, self.owner):
+                    raise LostLease(intent.id)
+                Store.update_intent(conn, intent.id, next_step=index + 1, results=results)
+        self._expire_silences(results, ctx)
+        with self.store.transaction() as conn:
+            if not Store.owns(conn, intent.id, self.owner):
+                raise LostLease(intent.id)
+            Store.update_intent(conn, intent.id, state="done", lease_owner=None, lease_until=None)
+            Store.audit(conn, "acted", intent_id=intent.id, fingerprint=intent.fingerprint,
+                        playbook=intent.playbook, alertname=intent.alertname,
+                        target_key=intent.target_key,
+                        action=",".join(s["action"] for s in steps),
+                        reason="on_resolve steps completed" if decision == "resolve_act"
+                        else "all steps completed", detail={"results": results})
+
+    def _expire_silences(self, results: list[dict[str, Any]], ctx: ActionContext) -> None:
+        for item in results:
+            res = item.get("result") or {}
+            if item["action"] == "silence" and res.get("silence_id") and res.get(
+                    "expire_after_playbook", True):
+                silence_action.expire(res["silence_id"], ctx)
+
+    def _fail(self, intent: Intent, action: str, message: str, *, terminal: bool,
+              results: list[dict[str, Any]] | None = None) -> None:
+        attempts = intent.attempts + 1
+        give_up = terminal or attempts >= self.config.max_attempts
+        with self.store.transaction() as conn:
+            if not Store.owns(conn, intent.id, self.owner):
+                raise LostLease(intent.id)
+            if give_up:
+                Store.update_intent(conn, intent.id, state="failed", attempts=attempts,
+                                    lease_owner=None, lease_until=None)
+                Store.audit(conn, "failed", intent_id=intent.id, fingerprint=intent.fingerprint,
+                            playbook=intent.playbook, alertname=intent.alertname,
+                            target_key=intent.target_key, action=action, reason=message[:4000],
+                            detail={"attempts": attempts, "results": results or []})
+            else:
+                Store.update_intent(
+                    conn, intent.id, state="pending", attempts=attempts, lease_owner=None,
+                    lease_until=None,
+                    not_before=time.time() + self.config.retry_backoff_seconds * attempts)
+        if give_up:
+            log.error("intent %d (%s) failed after %d attempts: %s", intent.id, intent.playbook,
+                      attempts, message[:500])
+        else:
+            log.warning("intent %d (%s) attempt %d failed, will retry: %s", intent.id,
+                        intent.playbook, attempts, message[:500])

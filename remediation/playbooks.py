@@ -1,0 +1,113 @@
+"""Playbook files: load, validate against schemas/playbook.schema.json, and match alerts."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from remediation.durations import seconds
+from remediation.schemas import first_error
+from remediation.templating import referenced_labels
+
+
+class PlaybookError(ValueError):
+    """A playbook file that cannot be used; the message names the file and the bad key."""
+
+
+@dataclass(frozen=True)
+class LabelMatcher:
+    name: str
+    op: str  # equals | not_equals | regex
+    value: str
+    pattern: re.Pattern[str] | None = None
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        actual = labels.get(self.name, "")
+        if self.op == "equals":
+            return actual == self.value
+        if self.op == "not_equals":
+            return actual != self.value
+        assert self.pattern is not None
+        return self.pattern.fullmatch(actual) is not None  # anchored, like Prometheus
+
+
+@dataclass(frozen=True)
+class Playbook:
+    name: str
+    alertnames: frozenset[str]
+    matchers: tuple[LabelMatcher, ...]
+    target: tuple[str, ...]
+    steps: tuple[dict[str, Any], ...]
+    on_resolve: tuple[dict[str, Any], ...] = ()
+    cooldown_seconds: float = 0.0
+    rate_limit_count: int | None = None
+    rate_limit_window_seconds: float = 0.0
+    dry_run: bool = False
+    requires_approval: bool = False
+    used_labels: frozenset[str] = field(default_factory=frozenset)
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return labels.get("alertname") in self.alertnames and all(
+            m.matches(labels) for m in self.matchers)
+
+
+def parse_playbook(doc: object, source: Path) -> Playbook:
+    """Validate one parsed playbook document and type it."""
+    error = first_error("playbook", doc)
+    if error:
+        raise PlaybookError(f"{source}: {error}")
+    assert isinstance(doc, dict)
+    matchers = []
+    for name, spec in doc["match"].get("labels", {}).items():
+        op, value = next(iter(spec.items()))
+        pattern = None
+        if op == "regex":
+            try:
+                pattern = re.compile(value)
+            except re.error as exc:
+                raise PlaybookError(f"{source}: match/labels/{name}/regex: {exc}") from exc
+        matchers.append(LabelMatcher(name, op, value, pattern))
+    steps = tuple(doc["steps"])
+    on_resolve = tuple(doc.get("on_resolve", ()))
+    rate = doc.get("rate_limit")
+    used = set(doc["target"]) | referenced_labels([*steps, *on_resolve])
+    return Playbook(
+        name=doc["name"],
+        alertnames=frozenset(doc["match"]["alertname"]),
+        matchers=tuple(matchers),
+        target=tuple(doc["target"]),
+        steps=steps,
+        on_resolve=on_resolve,
+        cooldown_seconds=seconds(doc.get("cooldown", 0)),
+        rate_limit_count=rate["count"] if rate else None,
+        rate_limit_window_seconds=seconds(rate["window"]) if rate else 0.0,
+        dry_run=bool(doc.get("dry_run", False)),
+        requires_approval=bool(doc.get("requires_approval", False)),
+        used_labels=frozenset(used),
+    )
+
+
+def load_playbooks(directory: Path) -> dict[str, Playbook]:
+    """Every *.yaml in `directory`; names must be unique. Any bad file stops the service."""
+    books: dict[str, Playbook] = {}
+    for path in sorted(directory.glob("*.yaml")):
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise PlaybookError(f"{path}: not valid YAML: {exc}") from exc
+        book = parse_playbook(doc, path)
+        if book.name in books:
+            raise PlaybookError(f"{path}: name: duplicate playbook name {book.name!r}")
+        books[book.name] = book
+    if not books:
+        raise PlaybookError(f"{directory}: no playbooks (*.yaml) found")
+    return books
+
+
+def matching(books: Mapping[str, Playbook], labels: Mapping[str, str]) -> list[Playbook]:
+    return [b for b in books.values() if b.matches(labels)]

@@ -1,0 +1,28 @@
+"""Published JSON schemas (config, webhook payload, playbook) and their validators."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+
+from jsonschema import Draft202012Validator
+
+
+@cache
+def validator(name: str) -> Draft202012Validator:
+    """The validator for `<name>.schema.json`, compiled once per process."""
+    text = resources.files(__package__).joinpath(f"{name}.schema.json").read_text()
+    schema = json.loads(text)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema)
+
+
+def first_error(name: str, document: object) -> str | None:
+    """A one-line description of the first schema violation, naming the key path; None if valid."""
+    errors = sorted(validator(name).iter_errors(document), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return None
+    err = errors[0]
+    path = "/".join(str(p) for p in err.absolute_path) or "<top level>"
+    return f"{path}: {err.message[:300]}"

@@ -1,0 +1,81 @@
+"""Background worker threads: claim intents from the store and hand them to the engine.
+
+Any number of threads in any number of processes may share one store; the claim is an atomic
+UPDATE with a lease, and a heartbeat renews the lease while a long action (an Ansible run)
+is in progress, so only a dead process's work is taken over.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Mapping
+
+from remediation.config import Config
+from remediation.engine import Engine, LostLease
+from remediation.playbooks import Playbook
+from remediation.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    def __init__(self, config: Config, store: Store, books: Mapping[str, Playbook]) -> None:
+        self.config = config
+        self.store = store
+        self.books = books
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for n in range(self.config.worker_threads):
+            t = threading.Thread(target=self._loop, name=f"remediation-worker-{n}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        hb = threading.Thread(target=self._heartbeat, name="remediation-lease", daemon=True)
+        hb.start()
+        self._threads.append(hb)
+
+    def alive(self) -> bool:
+        return bool(self._threads) and all(t.is_alive() for t in self._threads)
+
+    def wake(self) -> None:
+        """Called after an accepted webhook so new work starts without waiting for a poll."""
+        self._wake.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        for t in self._threads:
+            t.join(timeout)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.config.lease_seconds / 3):
+            try:
+                self.store.renew_leases(self.owner, self.config.lease_seconds)
+            except Exception:
+                log.exception("lease renewal failed")
+
+    def _loop(self) -> None:
+        engine = Engine(self.config, self.store, self.books, self.owner)
+        while not self._stop.is_set():
+            try:
+                intent = self.store.claim(self.owner, self.config.lease_seconds)
+            except Exception:
+                log.exception("claim failed")
+                intent = None
+            if intent is None:
+                self._wake.wait(self.config.poll_interval_seconds)
+                self._wake.clear()
+                continue
+            try:
+                engine.process(intent)
+            except LostLease:
+                log.warning("lost the lease on intent %d; another process owns it", intent.id)
+            except Exception:
+                log.exception("processing intent %d crashed", intent.id)

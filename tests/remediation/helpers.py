@@ -1,0 +1,171 @@
+"""Builders and real loopback HTTP stand-ins for the remediation tests."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+TOKEN = "test-webhook-token-" + "a" * 16
+CONTROL_TOKEN = "test-control-token-" + "b" * 16
+
+
+def alert(alertname: str, labels: dict[str, str] | None = None, *, fingerprint: str = "",
+          status: str = "firing", starts_at: str = "2026-11-21T18:03:15.119Z") -> dict[str, Any]:
+    labels = {"alertname": alertname, "severity": "warning", **(labels or {})}
+    fingerprint = fingerprint or secrets.token_hex(8)
+    return {"status": status, "labels": labels, "annotations": {"summary": "test"},
+            "startsAt": starts_at,
+            "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-21T19:00:00Z",
+            "generatorURL": "http://prometheus/graph", "fingerprint": fingerprint}
+
+
+def payload(*alerts: dict[str, Any], truncated: int = 0) -> dict[str, Any]:
+    status = "firing" if any(a["status"] == "firing" for a in alerts) else "resolved"
+    return {"receiver": "remediation", "status": status, "alerts": list(alerts),
+            "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {},
+            "externalURL": "http://alertmanager:9093", "version": "4", "groupKey": "{}:{}",
+            "truncatedAlerts": truncated}
+
+
+def auth(token: str = TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def write_config(workdir: Path, **overrides: Any) -> Path:
+    """A complete service config in `workdir` with token files mode 0600."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    token_file = workdir / "webhook.token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    control = workdir / "control.token"
+    control.write_text(CONTROL_TOKEN)
+    control.chmod(0o600)
+    config = {
+        "bind": "127.0.0.1",
+        "port": 1,
+        "webhook_token_file": str(token_file),
+        "store_path": str(workdir / "remediation.sqlite"),
+        "prometheus_url": "http://127.0.0.1:1",
+        "alertmanager_url": "http://127.0.0.1:1",
+        "training_exporter_token_file": str(control),
+        "poll_interval_seconds": 0.05,
+        "retry_backoff_seconds": 0.2,
+        **overrides,
+    }
+    path = workdir / "remediation.yml"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def write_playbook(directory: Path, doc: dict[str, Any]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{doc['name']}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class StubState:
+    """What a stand-in server saw; `gate` (if set) blocks POST handlers until released."""
+
+    requests: list[Recorded] = field(default_factory=list)
+    commands: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gate: threading.Event | None = None
+    metrics_text: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def posts(self, prefix: str = "/") -> list[Recorded]:
+        with self.lock:
+            return [r for r in self.requests if r.method == "POST" and r.path.startswith(prefix)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    state: StubState
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def _reply(self, code: int, body: Any, ctype: str = "application/json") -> None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            self._reply(200, self.state.metrics_text, "text/plain; version=0.0.4")
+        else:
+            self._reply(200, {"ok": True})
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode(errors="replace")
+        with self.state.lock:
+            self.state.requests.append(Recorded("POST", self.path, dict(self.headers), body))
+        if self.state.gate is not None:
+            self.state.gate.wait(60)
+        if "/commands" in self.path:
+            self._command(body)
+        else:
+            self._reply(200, {"ok": True})
+
+    def _command(self, body: Any) -> None:
+        """Stand-in for the training exporter's control API (docs/contracts.md)."""
+        if self.headers.get("Authorization") != f"Bearer {CONTROL_TOKEN}":
+            self._reply(401, {"error": "bad token"})
+            return
+        cid = body.get("id") if isinstance(body, dict) else None
+        with self.state.lock:
+            existing = self.state.commands.get(cid) if cid else None
+            if existing is None:
+                self.state.commands[cid or secrets.token_hex(8)] = body
+        if existing is not None:
+            self._reply(200, {**existing, "status": "pending"})
+        else:
+            self._reply(202, {"id": cid, "status": "pending"})
+
+
+@contextmanager
+def stub_server(state: StubState | None = None) -> Iterator[tuple[str, StubState]]:
+    """A real HTTP server on a free loopback port (stand-in for a pager, an arbitrary http
+    target, or the training exporter's control API until the real one is available)."""
+    state = state or StubState()
+    handler = type("Handler", (_Handler,), {"state": state})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", state
+    finally:
+        if state.gate is not None:
+            state.gate.set()
+        server.shutdown()
+        server.server_close()
