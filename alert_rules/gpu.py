@@ -58,7 +58,7 @@ def groups(p: Profile) -> list[Group]:
                                  a("GpuEccUncorrectableErrors")["window"])),
             "critical", "gpu",
             f"{GPU_ID} has uncorrectable ECC errors",
-            f"{GPU_ID} counted uncorrectable ({{{{ $labels.counter_type }}}}) ECC memory errors "
+            f"{GPU_ID} counted uncorrectable ECC memory errors "
             f"within the last {a('GpuEccUncorrectableErrors')['window']}. Data on this GPU may be "
             "corrupt: the job's results since the error are suspect. Drain the node and reset "
             "the GPU.",

@@ -15,14 +15,16 @@ GPU_TEMPERATURE = catalog.GPU_PREFIX + "temperature_celsius"
 GPU_MEMORY_USED = catalog.GPU_PREFIX + "memory_used_bytes"
 GPU_MEMORY_TOTAL = catalog.GPU_PREFIX + "memory_total_bytes"
 GPU_UTILIZATION = catalog.GPU_PREFIX + "utilization_ratio"
-GPU_CLOCK_EVENT_REASON = catalog.GPU_PREFIX + "clock_event_reason"  # label reason; 1 = active
-GPU_ECC_ERRORS = catalog.GPU_PREFIX + "ecc_errors_total"  # labels error_type, counter_type
-GPU_REMAPPED_ROWS_FAILURE = catalog.GPU_PREFIX + "remapped_rows_failure"
+GPU_CLOCK_EVENT_REASON = catalog.GPU_PREFIX + "clock_event_reason_active"  # label reason; 0/1
+GPU_ECC_ERRORS = catalog.GPU_PREFIX + "ecc_errors_total"  # labels error_type, counter
+GPU_REMAPPED_ROWS_FAILURE = catalog.GPU_PREFIX + "row_remap_failure"
 GPU_POWER_USAGE = catalog.GPU_PREFIX + "power_usage_watts"
 GPU_UP = catalog.GPU_UP
 GPU_XID_ERRORS = catalog.GPU_XID_ERRORS
 GPU_EXPORTER_LAST_SUCCESS = catalog.GPU_EXPORTER_PREFIX + "last_success_timestamp_seconds"
-GPU_ECC_UNCORRECTED = 'error_type="uncorrected"'  # label matcher for uncorrectable errors
+# uncorrectable errors since the driver loaded (the aggregate counter repeats the same events
+# and is not supported everywhere)
+GPU_ECC_UNCORRECTED = 'error_type="uncorrected",counter="volatile"'
 
 # --- remediation service --------------------------------------------------------------------
 # labels playbook, action, result

@@ -1,0 +1,159 @@
+"""Alert and recording rules: generated from config, valid for promtool, unit-tested, complete."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alert_rules import generate
+from alert_rules.config import load_raw, resolve
+from tests.rules import promtool_cases
+from tests.rules.rulefiles import (
+    CATALOG_ALERTS,
+    GENERATED,
+    PROFILES,
+    RULES_DIR,
+    UNIT_TESTS,
+    alerts,
+    rule_files,
+    rules,
+)
+
+UNIT_TEST_FILES = sorted(UNIT_TESTS.glob("*/*_test.yml"))
+# Watchdog has no `for` and fires by design at every moment: only its firing case exists.
+EXEMPT = {"Watchdog": {promtool_cases.PENDING, promtool_cases.NOT_FIRING}}
+
+
+def test_committed_rules_match_the_generator(tmp_path: Path) -> None:
+    assert generate.main(["--out", str(tmp_path)]) == 0
+    for profile in PROFILES:
+        fresh = {p.name: p.read_text() for p in (tmp_path / profile).glob("*.yml")}
+        committed = {p.name: p.read_text() for p in rule_files(profile)}
+        assert fresh == committed, (
+            f"alert_rules/generated/{profile} is stale: run `python -m alert_rules.generate`")
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_promtool_check_rules(real_binaries: dict[str, str], profile: str) -> None:
+    result = subprocess.run([real_binaries["promtool"], "check", "rules",
+                             *map(str, rule_files(profile))], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_pass(real_binaries: dict[str, str]) -> None:
+    assert UNIT_TEST_FILES, "no promtool unit tests found"
+    failures = []
+    for path in UNIT_TEST_FILES:  # one file per call: promtool resolves rule_files per file dir
+        result = subprocess.run([real_binaries["promtool"], "test", "rules", path.name],
+                                cwd=path.parent, capture_output=True, text=True)
+        if result.returncode != 0:
+            failures.append(f"{path.relative_to(RULES_DIR)}:\n{result.stdout}{result.stderr}")
+    assert not failures, "\n".join(failures)
+
+
+def test_every_alert_has_a_firing_a_pending_and_a_not_firing_case() -> None:
+    production_tests = [p for p in UNIT_TEST_FILES if p.parent.name == "production"]
+    coverage = promtool_cases.classify_files(production_tests)
+    missing = coverage.missing(sorted(alerts("production")), EXEMPT)
+    assert not missing, f"alerts lacking promtool test cases: {missing}"
+
+
+def test_coverage_check_notices_a_missing_case() -> None:
+    doc = {"tests": [{"alert_rule_test": [
+        {"alertname": "GpuLost", "eval_time": "5m", "exp_alerts": [{"exp_labels": {}}]},
+        {"alertname": "GpuLost", "eval_time": "1m"},  # no pending proof at 1m: not-firing only
+    ]}]}
+    coverage = promtool_cases.classify(doc)
+    assert coverage.missing(["GpuLost"], {}) == {"GpuLost": [promtool_cases.PENDING]}
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_alerts_are_exactly_the_catalog(profile: str) -> None:
+    assert sorted(alerts(profile)) == sorted(CATALOG_ALERTS)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_alert_is_labelled_and_annotated(profile: str) -> None:
+    for name, rule in alerts(profile).items():
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
+        assert rule["labels"]["component"] in {"gpu", "training", "node", "stack"}, name
+        notes = rule["annotations"]
+        assert notes["summary"], name
+        assert len(notes["description"]) > 80, f"{name}: description too thin for on-call"
+        assert notes["runbook_url"].endswith(f"#{name.lower()}"), name
+        if name != "Watchdog":
+            assert rule.get("for"), f"{name} needs a `for` so one bad scrape cannot page"
+
+
+def test_rendered_summaries_fit_a_phone_notification() -> None:
+    for path in UNIT_TEST_FILES:
+        for group in yaml.safe_load(path.read_text())["tests"]:
+            for case in group.get("alert_rule_test") or []:
+                for alert in case.get("exp_alerts") or []:
+                    summary = alert.get("exp_annotations", {}).get("summary", "")
+                    assert len(summary) <= 100, (path.name, summary)
+
+
+def test_recording_rules_follow_level_metric_operations() -> None:
+    for rule in rules("production"):
+        if "record" in rule:
+            assert re.fullmatch(r"[a-z_]+:[a-z_]+:[a-z_]+", rule["record"]), rule["record"]
+
+
+def test_nonfinite_loss_is_short_and_sticky() -> None:
+    rule = alerts("production")["TrainingNonFiniteLoss"]
+    assert rule["for"] in {"15s", "30s", "1m"}
+    assert rule["keep_firing_for"]
+
+
+def test_demo_profile_uses_seconds() -> None:
+    for name, rule in alerts("demo").items():
+        if "for" in rule:
+            assert re.fullmatch(r"[0-9]+s", rule["for"]), f"demo {name}: for {rule['for']}"
+            assert int(rule["for"][:-1]) <= 10, f"demo {name}: for {rule['for']} too slow"
+    assert "[20s] offset 3s" in alerts("demo")["TrainingLossSpike"]["expr"]
+
+
+def test_training_alerts_keep_the_training_job_label() -> None:
+    """The remediation service targets a job by this label; every firing case proves it."""
+    training = {n for n, r in alerts("production").items()
+                if r["labels"]["component"] == "training"}
+    for path in UNIT_TEST_FILES:
+        for group in yaml.safe_load(path.read_text())["tests"]:
+            for case in group.get("alert_rule_test") or []:
+                if case["alertname"] in training:
+                    for alert in case.get("exp_alerts") or []:
+                        assert alert["exp_labels"].get("training_job"), (path.name, case)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ({"alerts": {"GpuLost": {"fore": "1m"}}}, "profiles.bad.alerts.GpuLost.fore: unknown key"),
+    ({"alerts": {"GpuLost": {"for": "soon"}}}, "not a Prometheus duration"),
+    ({"alerts": {"GpuTemperatureHigh": {"threshold_celsius": "hot"}}}, "expected int"),
+    ({"nonsense": 1}, "unknown key"),
+])
+def test_bad_config_is_refused_and_writes_nothing(tmp_path: Path, override: dict,
+                                                  message: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    raw = load_raw()
+    raw["profiles"]["bad"] = override
+    config = tmp_path / "config.yml"
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    assert generate.main(["--config", str(config), "--out", str(out)]) == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_profiles_only_change_what_they_name() -> None:
+    raw = load_raw()
+    production, demo = resolve(raw, "production"), resolve(raw, "demo")
+    gpu_temp = ("alerts", "GpuTemperatureHigh")
+    assert production.values[gpu_temp[0]][gpu_temp[1]]["threshold_celsius"] == \
+        demo.values[gpu_temp[0]][gpu_temp[1]]["threshold_celsius"]
+    assert demo.values["selectors"] == production.values["selectors"]
+    assert GENERATED.is_dir()
