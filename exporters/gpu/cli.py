@@ -1,0 +1,80 @@
+"""`gpu-exporter`: serve NVML GPU metrics over HTTP until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.process_collector import ProcessCollector
+
+from exporters.gpu.collector_loop import CollectionLoop
+from exporters.gpu.config import ConfigError, Settings, build_parser, resolve
+from exporters.gpu.exposition import GpuCollector
+from exporters.gpu.fake_nvml import FakeNvml, ScenarioError, load_nvml
+from exporters.gpu.processes import ProcessAttributor, read_proc_environ
+
+log = logging.getLogger("gpu-exporter")
+
+
+def build(settings: Settings, nvml: Any, simulated: bool) -> tuple[CollectionLoop,
+                                                                    CollectorRegistry]:
+    """The loop and a registry holding only what we serve (no default gc/platform collectors:
+    they cost RSS and scrape time and say nothing about GPUs)."""
+    attributor = None
+    if settings.process_attribution:
+        source = read_proc_environ
+        if isinstance(nvml, FakeNvml):
+            fake = nvml
+
+            def source(pid: int) -> Any:  # simulated processes carry their environment
+                return fake.process_environ(pid) or read_proc_environ(pid)
+        attributor = ProcessAttributor(source)
+    loop = CollectionLoop(nvml, interval=settings.interval, deadline=settings.cycle_deadline,
+                          attributor=attributor, watch_xid=settings.xid_events,
+                          read_nvlink=settings.nvlink)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GpuCollector(loop, simulated))
+    ProcessCollector(registry=registry)
+    return loop, registry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = resolve(args)
+        nvml, simulated = load_nvml(settings.simulate or None)
+    except (ConfigError, ScenarioError, OSError, TypeError) as exc:
+        print(f"gpu-exporter: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    loop, registry = build(settings, nvml, simulated)
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server, _ = start_http_server(settings.port, addr=settings.bind, registry=registry)
+    except OSError as exc:
+        print(f"gpu-exporter: cannot listen on {settings.bind}:{settings.port}: {exc.strerror}",
+              file=sys.stderr)
+        return 1
+    loop.start()
+    log.info("serving on %s:%d (interval %.1fs, simulated=%s)", settings.bind, settings.port,
+             settings.interval, simulated)
+    stop.wait()
+    log.info("stopping")
+    server.shutdown()
+    server.server_close()
+    loop.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Attribute a GPU process to a training job and rank from its environment.
+
+NVML reports only a pid and its memory. The launcher (torchrun, Slurm, Trainwatch's own
+wrapper) puts the job and rank into the process environment, which Linux exposes read-only in
+/proc/<pid>/environ. That file is untrusted input: we read at most `MAX_ENVIRON_BYTES`, keep
+only the variables we know, and drop values that do not look like a job name or a rank (a
+label value must stay short and bounded). Unreadable environments (another user's process
+while not root, a pid namespace we cannot see) count as unattributed, never as errors.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from exporters.catalog import ENV_JOB
+
+MAX_ENVIRON_BYTES = 256 * 1024
+# Order matters: the first present, valid variable wins (docs/contracts.md, label training_job).
+JOB_VARIABLES = (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_WANTED = frozenset(JOB_VARIABLES + RANK_VARIABLES)
+_VALID_JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}")
+_VALID_RANK = re.compile(r"[0-9]{1,7}")
+# torchrun sets TORCHELASTIC_RUN_ID to "none" when no --rdzv-id is given: not a job name.
+_PLACEHOLDER_JOBS = frozenset({"none"})
+UNATTRIBUTED = ("", "")
+
+EnvironSource = Callable[[int], Mapping[str, str] | None]
+
+
+def read_proc_environ(pid: int, proc_root: Path = Path("/proc")) -> dict[str, str] | None:
+    """The wanted variables of `pid`, or None when the environment cannot be read."""
+    if not isinstance(pid, int) or pid <= 0:
+        return None
+    try:
+        with open(proc_root / str(pid) / "environ", "rb") as handle:
+            raw = handle.read(MAX_ENVIRON_BYTES + 1)
+    except OSError:
+        return None
+    entries = raw.split(b"\0")
+    if len(raw) > MAX_ENVIRON_BYTES:
+        entries = entries[:-1]  # the last entry may be cut in the middle
+    found: dict[str, str] = {}
+    for entry in entries:
+        key, sep, value = entry.partition(b"=")
+        if not sep:
+            continue
+        name = key.decode("ascii", "replace")
+        if name in _WANTED:
+            found[name] = value.decode("utf-8", "replace")
+    return found
+
+
+def job_and_rank(env: Mapping[str, str] | None) -> tuple[str, str]:
+    """(training_job, rank) label values; empty strings when unknown or invalid."""
+    if not env:
+        return UNATTRIBUTED
+    job = ""
+    for name in JOB_VARIABLES:
+        value = env.get(name, "")
+        if value not in _PLACEHOLDER_JOBS and _VALID_JOB.fullmatch(value):
+            job = value
+            break
+    rank = ""
+    for name in RANK_VARIABLES:
+        value = env.get(name, "")
+        if _VALID_RANK.fullmatch(value):
+            rank = str(int(value))
+            break
+    return job, rank
+
+
+class ProcessAttributor:
+    """Caches each pid's (job, rank): a process's initial environment never changes.
+
+    `retain` drops pids not seen in the latest cycle, so a reused pid is re-read once its
+    previous owner has left the GPU for a cycle.
+    """
+
+    def __init__(self, source: EnvironSource = read_proc_environ) -> None:
+        self._source = source
+        self._cache: dict[int, tuple[str, str]] = {}
+
+    def attribute(self, pid: int) -> tuple[str, str]:
+        cached = self._cache.get(pid)
+        if cached is None:
+            cached = job_and_rank(self._source(pid))
+            self._cache[pid] = cached
+        return cached
+
+    def retain(self, pids: Iterable[int]) -> None:
+        keep = set(pids)
+        for pid in [p for p in self._cache if p not in keep]:
+            del self._cache[pid]

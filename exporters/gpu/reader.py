@@ -1,0 +1,302 @@
+"""One NVML collection cycle: read every GPU into an immutable `GpuSnapshot`.
+
+Error policy (DESIGN.md, hard problem 5):
+- NotSupported / FunctionNotFound: the series is absent (not 0, not NaN), not an error.
+- GpuIsLost, or any error getting the handle: that GPU is reported down; the others go on.
+- Uninitialized / DriverNotLoaded / LibraryNotFound: NVML itself is gone; the cycle stops
+  and the loop re-initialises with backoff (`NvmlGone`).
+- Anything else: counted in errors_total{call, error}; the series is absent this cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+
+from exporters.gpu import metrics as m
+from exporters.gpu.processes import ProcessAttributor
+from exporters.gpu.snapshot import GpuIdentity, GpuSnapshot, Labels, Sample, Tally
+
+ABSENT_ERRORS = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
+LOST_ERRORS = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_ResetRequired)
+GONE_ERRORS = (
+    pynvml.NVMLError_Uninitialized,
+    pynvml.NVMLError_DriverNotLoaded,
+    pynvml.NVMLError_LibraryNotFound,
+)
+
+MILLI = 1e-3
+MHZ = 1e6
+CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", pynvml.nvmlClocksEventReasonGpuIdle),
+    ("applications_clocks_setting", pynvml.nvmlClocksEventReasonApplicationsClocksSetting),
+    ("sw_power_cap", pynvml.nvmlClocksEventReasonSwPowerCap),
+    ("hw_slowdown", pynvml.nvmlClocksEventReasonHwSlowdown),
+    ("sync_boost", pynvml.nvmlClocksEventReasonSyncBoost),
+    ("sw_thermal_slowdown", pynvml.nvmlClocksEventReasonSwThermalSlowdown),
+    ("hw_thermal_slowdown", pynvml.nvmlClocksEventReasonHwThermalSlowdown),
+    ("hw_power_brake_slowdown", pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown),
+    ("display_clock_setting", pynvml.nvmlClocksEventReasonDisplayClockSetting),
+)
+ECC_KINDS = (
+    ("corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+    ("uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+)
+ECC_COUNTERS = (("volatile", pynvml.NVML_VOLATILE_ECC), ("aggregate", pynvml.NVML_AGGREGATE_ECC))
+NVLINK_COUNTERS = (
+    ("replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
+    ("recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+    ("crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+    ("crc_data", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+)
+
+
+POWER_READINGS = (
+    (m.POWER_USAGE, "nvmlDeviceGetPowerUsage"),
+    (m.POWER_LIMIT, "nvmlDeviceGetEnforcedPowerLimit"),
+    (m.POWER_LIMIT_DEFAULT, "nvmlDeviceGetPowerManagementDefaultLimit"),
+)
+
+
+class NvmlGone(Exception):
+    """NVML stopped working as a whole (driver unloaded); the loop must re-initialise."""
+
+
+class GpuLost(Exception):
+    """This GPU stopped answering; report it down and move on to the next one."""
+
+
+def error_name(exc: BaseException) -> str:
+    """'NVMLError_NoPermission' -> 'NoPermission': a bounded label value."""
+    return type(exc).__name__.removeprefix("NVMLError_")[:40]
+
+
+def text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def cuda_version_text(version: int) -> str:
+    """NVML reports CUDA 12.4 as 12040."""
+    return f"{version // 1000}.{(version % 1000) // 10}"
+
+
+class DeviceReader:
+    """Reads GPUs through an NVML-like object (pynvml, or exporters.gpu.fake_nvml)."""
+
+    def __init__(self, nvml: Any, errors: Tally, attributor: ProcessAttributor | None,
+                 read_nvlink: bool = True) -> None:
+        self.nvml = nvml
+        self.errors = errors
+        self.attributor = attributor
+        self.read_nvlink = read_nvlink
+        self.identities: dict[int, GpuIdentity] = {}
+
+    def call(self, fn_name: str, *args: Any) -> Any:
+        """Call NVML; None means 'absent this cycle'. Lost / gone errors propagate."""
+        try:
+            return getattr(self.nvml, fn_name)(*args)
+        except ABSENT_ERRORS:
+            return None
+        except LOST_ERRORS as exc:
+            raise GpuLost(fn_name) from exc
+        except GONE_ERRORS as exc:
+            raise NvmlGone(fn_name) from exc
+        except pynvml.NVMLError as exc:
+            self.errors.inc((fn_name, error_name(exc)))
+            return None
+
+    # --- one cycle ------------------------------------------------------------------------
+    def read_all(self) -> tuple[GpuSnapshot, ...]:
+        try:
+            count = self.nvml.nvmlDeviceGetCount()
+        except GONE_ERRORS as exc:
+            raise NvmlGone("nvmlDeviceGetCount") from exc
+        except pynvml.NVMLError as exc:
+            self.errors.inc(("nvmlDeviceGetCount", error_name(exc)))
+            raise NvmlGone("nvmlDeviceGetCount") from exc
+        gpus = []
+        seen_pids: set[int] = set()
+        for index in range(count):
+            gpus.append(self.read_gpu(index, seen_pids))
+        if self.attributor is not None:
+            self.attributor.retain(seen_pids)
+        return tuple(gpus)
+
+    def known_down(self) -> tuple[GpuSnapshot, ...]:
+        """Every GPU seen before, reported down: what we say while NVML itself is gone."""
+        return tuple(GpuSnapshot(identity, up=False) for _, identity in
+                     sorted(self.identities.items()))
+
+    def read_gpu(self, index: int, seen_pids: set[int]) -> GpuSnapshot:
+        fallback = self.identities.get(index, GpuIdentity(index, "", ""))
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+        except GONE_ERRORS as exc:
+            raise NvmlGone("nvmlDeviceGetHandleByIndex") from exc
+        except pynvml.NVMLError as exc:
+            self.errors.inc(("nvmlDeviceGetHandleByIndex", error_name(exc)))
+            return GpuSnapshot(fallback, up=False)
+        try:
+            identity = self.identities.get(index) or self._identify(index, handle)
+            samples: list[Sample] = []
+            for part in self._parts():
+                part(handle, samples.append, seen_pids)
+        except GpuLost as exc:
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            self.errors.inc((str(exc), error_name(cause)))
+            return GpuSnapshot(self.identities.get(index, fallback), up=False)
+        return GpuSnapshot(identity, up=True, samples=tuple(samples))
+
+    def _identify(self, index: int, handle: Any) -> GpuIdentity:
+        uuid = self.call("nvmlDeviceGetUUID", handle)
+        name = self.call("nvmlDeviceGetName", handle)
+        identity = GpuIdentity(index, text(uuid) if uuid else "", text(name) if name else "")
+        if uuid:  # only remember a complete identity
+            self.identities[index] = identity
+        return identity
+
+    def _parts(self) -> tuple[Callable[..., None], ...]:
+        parts = [self._info, self._utilization, self._memory, self._thermal_power, self._clocks,
+                 self._ecc, self._pcie, self._mig]
+        if self.read_nvlink:
+            parts.append(self._nvlink)
+        if self.attributor is not None:
+            parts.append(self._processes)
+        return tuple(parts)
+
+    # --- field groups: each appends Samples for what the GPU supports ----------------------
+    def _info(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
+        pci = self.call("nvmlDeviceGetPciInfo", h)
+        bus_id = text(pci.busId) if pci is not None else ""
+        emit(Sample(m.INFO, 1.0, (("pci_bus_id", bus_id),)))
+
+    def _utilization(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
+        util = self.call("nvmlDeviceGetUtilizationRates", h)
+        if util is not None:
+            emit(Sample(m.UTILIZATION, util.gpu / 100.0))
+            emit(Sample(m.MEMORY_UTILIZATION, util.memory / 100.0))
+
+    def _memory(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
+        mem = self.call("nvmlDeviceGetMemoryInfo", h)
+        if mem is not None:
+            emit(Sample(m.MEMORY_USED, float(mem.used)))
+            emit(Sample(m.MEMORY_FREE, float(mem.free)))
+            emit(Sample(m.MEMORY_TOTAL, float(mem.total)))
+
+    def _thermal_power(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
+        temp = self.call("nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU)
+        if temp is not None:
+            emit(Sample(m.TEMPERATURE, float(temp)))
+        for metric, fn_name in POWER_READINGS:
+            milliwatts = self.call(fn_name, h)
+            if milliwatts is not None:
+                emit(Sample(metric, milliwatts * MILLI))
+        limits = self.call("nvmlDeviceGetPowerManagementLimitConstraints", h)
+        if limits is not None:
+            emit(Sample(m.POWER_LIMIT_MIN, limits[0] * MILLI))
+            emit(Sample(m.POWER_LIMIT_MAX, limits[1] * MILLI))
+        millijoules = self.call("nvmlDeviceGetTotalEnergyConsumption", h)
+        if millijoules is not None:
+            emit(Sample(m.ENERGY, millijoules * MILLI))
+
+    def _clocks(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
+        for metric, clock in ((m.SM_CLOCK, pynvml.NVML_CLOCK_SM),
+                              (m.MEMORY_CLOCK, pynvml.NVML_CLOCK_MEM)):
+            mhz = self.call("nvmlDeviceGetClockInfo", h, clock)
+            if mhz is not None:
+                emit(Sample(metric, mhz * MHZ))
+        reasons = self.call("nvmlDeviceGetCurrentClocksEventReasons", h)
+        if reasons is not None:
+            for label, bit in CLOCK_EVENT_REASONS:
+                emit(Sample(m.CLOCK_EVENT_REASON, 1.0 if reasons & bit else 0.0,
+                            (("reason", label),)))
+
+    def _ecc(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
+        for kind, error_type in ECC_KINDS:
+            for counter, counter_type in ECC_COUNTERS:
+                count = self.call("nvmlDeviceGetTotalEccErrors", h, error_type, counter_type)
+                if count is not None:
+                    emit(Sample(m.ECC_ERRORS, float(count),
+                                (("error_type", kind), ("counter", counter))))
+        rows = self.call("nvmlDeviceGetRemappedRows", h)
+        if rows is not None:
+            correctable, uncorrectable, pending, failure = rows
+            emit(Sample(m.REMAPPED_ROWS, float(correctable), (("cause", "correctable"),)))
+            emit(Sample(m.REMAPPED_ROWS, float(uncorrectable), (("cause", "uncorrectable"),)))
+            emit(Sample(m.REMAP_PENDING, 1.0 if pending else 0.0))
+            emit(Sample(m.REMAP_FAILURE, 1.0 if failure else 0.0))
+
+    def _pcie(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
+        for metric, fn_name in ((m.PCIE_LINK_GENERATION, "nvmlDeviceGetCurrPcieLinkGeneration"),
+                                (m.PCIE_LINK_WIDTH, "nvmlDeviceGetCurrPcieLinkWidth"),
+                                (m.PCIE_REPLAYS, "nvmlDeviceGetPcieReplayCounter")):
+            value = self.call(fn_name, h)
+            if value is not None:
+                emit(Sample(metric, float(value)))
+
+    def _nvlink(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
+        """Links are numbered from 0; the first link NVML refuses ends the list."""
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                state = self.nvml.nvmlDeviceGetNvLinkState(h, link)
+            except (*ABSENT_ERRORS, pynvml.NVMLError_InvalidArgument):
+                return
+            except LOST_ERRORS as exc:
+                raise GpuLost("nvmlDeviceGetNvLinkState") from exc
+            except GONE_ERRORS as exc:
+                raise NvmlGone("nvmlDeviceGetNvLinkState") from exc
+            except pynvml.NVMLError as exc:
+                self.errors.inc(("nvmlDeviceGetNvLinkState", error_name(exc)))
+                return
+            link_label = (("link", str(link)),)
+            emit(Sample(m.NVLINK_UP, 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0,
+                        link_label))
+            for counter, counter_id in NVLINK_COUNTERS:
+                value = self.call("nvmlDeviceGetNvLinkErrorCounter", h, link, counter_id)
+                if value is not None:
+                    emit(Sample(m.NVLINK_ERRORS, float(value), (*link_label, ("counter", counter))))
+
+    def _processes(self, h: Any, emit: Callable[[Sample], None], seen_pids: set[int]) -> None:
+        procs = self.call("nvmlDeviceGetComputeRunningProcesses", h)
+        if procs is None or self.attributor is None:
+            return
+        by_owner: dict[Labels, float] = {}
+        for proc in procs:
+            pid = int(proc.pid)
+            seen_pids.add(pid)
+            job, rank = self.attributor.attribute(pid)
+            key: Labels = (("training_job", job), ("rank", rank))
+            used = proc.usedGpuMemory or 0  # None: not available (WDDM, some MIG setups)
+            by_owner[key] = by_owner.get(key, 0.0) + float(used)
+        emit(Sample(m.PROCESSES, float(len(procs))))
+        for key, used in sorted(by_owner.items()):
+            emit(Sample(m.PROCESS_MEMORY, used, key))
+
+    def _mig(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
+        mode = self.call("nvmlDeviceGetMigMode", h)
+        if mode is None:
+            return
+        enabled = mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+        emit(Sample(m.MIG_ENABLED, 1.0 if enabled else 0.0))
+        if not enabled:
+            return
+        slots = self.call("nvmlDeviceGetMaxMigDeviceCount", h) or 0
+        for slot in range(int(slots)):
+            try:
+                mig = self.nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+            except pynvml.NVMLError_NotFound:
+                continue  # an empty slot
+            except LOST_ERRORS as exc:
+                raise GpuLost("nvmlDeviceGetMigDeviceHandleByIndex") from exc
+            except pynvml.NVMLError as exc:
+                self.errors.inc(("nvmlDeviceGetMigDeviceHandleByIndex", error_name(exc)))
+                continue
+            mig_uuid = self.call("nvmlDeviceGetUUID", mig)
+            mem = self.call("nvmlDeviceGetMemoryInfo", mig)
+            if mem is None:
+                continue
+            labels = (("mig_index", str(slot)), ("mig_uuid", text(mig_uuid or "")))
+            emit(Sample(m.MIG_MEMORY_USED, float(mem.used), labels))
+            emit(Sample(m.MIG_MEMORY_TOTAL, float(mem.total), labels))
