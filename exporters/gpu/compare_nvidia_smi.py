@@ -1,0 +1,126 @@
+"""Compare a gpu-exporter scrape with `nvidia-smi --query-gpu` on a real GPU host.
+
+    python -m exporters.gpu.compare_nvidia_smi --url http://127.0.0.1:9445/metrics [--json]
+
+For each GPU and field, prints the nvidia-smi value, the exporter value (converted to
+nvidia-smi's units) and whether they agree within the field's tolerance: rounding for
+static values, a small band for values that move between the two reads (utilization, power,
+temperature, clocks). Exit 0 when every compared field agrees, 1 otherwise, 2 when nvidia-smi
+or the exporter cannot be reached. Fields nvidia-smi reports as [N/A] or [Not Supported] must
+be absent from the scrape; a value there is a mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporters.gpu import metrics as m
+
+
+@dataclass(frozen=True)
+class Field:
+    query: str  # nvidia-smi --query-gpu name
+    metric: str
+    scale: float  # exporter value * scale = nvidia-smi units
+    tolerance: float  # absolute, in nvidia-smi units
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("memory.total", m.MEMORY_TOTAL, 1 / 2**20, 1),  # MiB
+    Field("memory.used", m.MEMORY_USED, 1 / 2**20, 64),
+    Field("utilization.gpu", m.UTILIZATION, 100, 15),
+    Field("utilization.memory", m.MEMORY_UTILIZATION, 100, 15),
+    Field("temperature.gpu", m.TEMPERATURE, 1, 2),
+    Field("power.draw", m.POWER_USAGE, 1, 30),
+    Field("power.limit", m.POWER_LIMIT, 1, 0.5),
+    Field("power.min_limit", m.POWER_LIMIT_MIN, 1, 0.5),
+    Field("power.max_limit", m.POWER_LIMIT_MAX, 1, 0.5),
+    Field("power.default_limit", m.POWER_LIMIT_DEFAULT, 1, 0.5),
+    Field("clocks.sm", m.SM_CLOCK, 1e-6, 100),
+    Field("clocks.mem", m.MEMORY_CLOCK, 1e-6, 100),
+    Field("pcie.link.gen.current", m.PCIE_LINK_GENERATION, 1, 0),
+    Field("pcie.link.width.current", m.PCIE_LINK_WIDTH, 1, 0),
+    Field("ecc.errors.corrected.volatile.total", m.ECC_ERRORS, 1, 0,
+          (("error_type", "corrected"), ("counter", "volatile"))),
+    Field("ecc.errors.uncorrected.aggregate.total", m.ECC_ERRORS, 1, 0,
+          (("error_type", "uncorrected"), ("counter", "aggregate"))),
+)
+NOT_AVAILABLE = ("[N/A]", "[Not Supported]", "N/A")
+
+
+def query_nvidia_smi() -> list[dict[str, str]]:
+    keys = ["index", "uuid", *(f.query for f in FIELDS)]
+    out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(keys)}",
+                          "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=True, timeout=30).stdout
+    return [dict(zip(keys, (cell.strip() for cell in line.split(",")), strict=True))
+            for line in out.splitlines() if line.strip()]
+
+
+def scrape(url: str) -> dict[tuple[str, str, tuple[tuple[str, str], ...]], float]:
+    """(metric, gpu index, extra labels) -> value, for trainwatch_gpu_* series."""
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - operator's URL
+        body = response.read().decode()
+    values = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            if "gpu" not in sample.labels:
+                continue
+            extra = tuple(sorted((k, v) for k, v in sample.labels.items()
+                                 if k not in ("gpu", "uuid", "name")))
+            values[(sample.name, sample.labels["gpu"], extra)] = sample.value
+    return values
+
+
+def compare(smi_rows: list[dict[str, str]], scraped: dict) -> list[dict[str, object]]:
+    results = []
+    for row in smi_rows:
+        for field in FIELDS:
+            raw = row[field.query]
+            key = (field.metric, row["index"], tuple(sorted(field.labels)))
+            exported = scraped.get(key)
+            if raw in NOT_AVAILABLE:
+                ok, expected = exported is None, None
+            else:
+                expected = float(raw)
+                ok = exported is not None and abs(exported * field.scale - expected) <= (
+                    field.tolerance + 1e-9)
+            results.append({"gpu": row["index"], "field": field.query, "nvidia_smi": expected,
+                            "exporter": None if exported is None else exported * field.scale,
+                            "tolerance": field.tolerance, "ok": ok})
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:9445/metrics")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        smi = query_nvidia_smi()
+        scraped = scrape(args.url)
+    except (OSError, subprocess.SubprocessError) as exc:
+        print(f"compare_nvidia_smi: {exc}", file=sys.stderr)
+        return 2
+    results = compare(smi, scraped)
+    for r in results:
+        mark = "ok  " if r["ok"] else "DIFF"
+        print(f"{mark} gpu {r['gpu']} {r['field']:<42} nvidia-smi={r['nvidia_smi']} "
+              f"exporter={r['exporter']} (tolerance {r['tolerance']})")
+    failed = sum(not r["ok"] for r in results)
+    summary = {"compared": len(results), "mismatches": failed, "gpus": len(smi)}
+    print(json.dumps({**summary, "results": results} if args.json else summary))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
