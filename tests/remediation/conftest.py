@@ -1,0 +1,64 @@
+"""Fixtures: an in-process service (Flask test client + real worker threads + real SQLite)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from remediation.app import create_app
+from remediation.config import Config, load_config
+from remediation.playbooks import load_playbooks
+from remediation.store import Store
+from remediation.worker import Worker
+from tests.remediation.helpers import write_config, write_playbook
+from tests.support.net import wait_until
+
+
+@dataclass
+class Service:
+    client: FlaskClient
+    store: Store
+    worker: Worker | None
+    config: Config
+
+    def audit(self, decision: str | None = None) -> list[dict[str, Any]]:
+        return self.store.list_audit(100000, decision=decision)
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Until no intent is pending or running."""
+        def idle() -> bool:
+            states = self.store.state_counts()
+            return not states.get("pending") and not states.get("running")
+        wait_until(idle, timeout=timeout, what="all intents processed")
+
+
+@contextmanager
+def make_service(workdir: Path, playbooks: list[dict[str, Any]] | None = None, *,
+                 start_worker: bool = True, **overrides: Any) -> Iterator[Service]:
+    if playbooks is not None:
+        for doc in playbooks:
+            write_playbook(workdir / "playbooks", doc)
+        overrides["playbooks_dir"] = str(workdir / "playbooks")
+    config = load_config(write_config(workdir, **overrides))
+    store = Store(config.store_path)
+    books = load_playbooks(config.playbooks_dir)
+    worker = Worker(config, store, books) if start_worker else None
+    app = create_app(config, worker=worker, store=store, books=books)
+    if worker:
+        worker.start()
+    try:
+        yield Service(app.test_client(), store, worker, config)
+    finally:
+        if worker:
+            worker.stop()
+
+
+@pytest.fixture
+def service_factory(tmp_path: Path) -> Callable[..., Any]:
+    return lambda *args, **kw: make_service(tmp_path, *args, **kw)

@@ -1,0 +1,155 @@
+"""Decisions and execution with real worker threads, real SQLite and a real loopback HTTP
+target: cooldown, rate limit, circuit breaker, dry-run, approval (API and CLI), on_resolve,
+retries ending in `failed`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.remediation.helpers import TOKEN, alert, auth, payload, stub_server
+from tests.support.net import wait_until
+
+
+def http_book(hostport: str, **extra: Any) -> dict[str, Any]:
+    return {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
+            "target": ["training_job"],
+            "steps": [{"action": "http", "url": f"http://{hostport}/hook/${{labels.training_job}}",
+                       "json": {"job": "${labels.training_job}"}}], **extra}
+
+
+def send(svc, *alerts: dict[str, Any]) -> dict[str, Any]:
+    resp = svc.client.post("/v1/alerts", json=payload(*alerts), headers=auth())
+    assert resp.status_code == 200, resp.data
+    return resp.json
+
+
+def test_cooldown_then_rate_limit_per_target(service_factory) -> None:
+    with stub_server() as (hostport, state):
+        book = http_book(hostport, cooldown="1h", rate_limit={"count": 5, "window": "1h"})
+        with service_factory([book]) as svc:
+            send(svc, alert("TrainingLossSpike", {"training_job": "a"}))
+            svc.wait_idle()
+            send(svc, alert("TrainingLossSpike", {"training_job": "a"}),
+                 alert("TrainingLossSpike", {"training_job": "b"}))
+            svc.wait_idle()
+            assert sorted(r.path for r in state.posts()) == ["/hook/a", "/hook/b"]
+            (cooled,) = svc.audit("cooled_down")
+            assert cooled["target_key"] == "training_job=a"
+            assert len(svc.audit("acted")) == 2
+
+
+def test_rate_limit_counts_per_window(service_factory) -> None:
+    with stub_server() as (hostport, state):
+        book = http_book(hostport, rate_limit={"count": 2, "window": "1h"})
+        with service_factory([book]) as svc:
+            for _ in range(4):
+                send(svc, alert("TrainingLossSpike", {"training_job": "a"}))
+                svc.wait_idle()
+            assert len(state.posts()) == 2
+            limited = svc.audit("rate_limited")
+            assert len(limited) == 2 and "limit 2" in limited[0]["reason"]
+
+
+def test_circuit_breaker_opens_and_is_exported(service_factory) -> None:
+    with stub_server() as (hostport, state), service_factory([http_book(hostport)],
+                         circuit_breaker={"max_actions": 3, "window": "1h"}) as svc:
+        send(svc, *[alert("TrainingLossSpike", {"training_job": f"j{i}"}) for i in range(6)])
+        svc.wait_idle()
+        assert len(state.posts()) == 3
+        refused = svc.audit("refused")
+        assert len(refused) == 3
+        assert all("circuit breaker open" in r["reason"] for r in refused)
+        text = svc.client.get("/metrics").data.decode()
+        assert "trainwatch_remediation_circuit_breaker_open 1.0" in text
+
+
+def test_dry_run_plans_without_acting(service_factory) -> None:
+    with stub_server() as (hostport, state), \
+            with service_factory([http_book(hostport, dry_run=True)]) as svc:
+        send(svc, alert("TrainingLossSpike", {"training_job": "a"}))
+        svc.wait_idle()
+        assert state.posts() == []
+        (rec,) = svc.audit("dry_run")
+        assert rec["detail"]["steps"][0]["action"] == "http"
+
+
+def test_approval_gate_with_api_and_reject(service_factory) -> None:
+    with stub_server() as (hostport, state), \
+            with service_factory([http_book(hostport, requires_approval=True)]) as svc:
+        first = send(svc, alert("TrainingLossSpike", {"training_job": "a"}))["intents"][0]
+        second = send(svc, alert("TrainingLossSpike", {"training_job": "b"}))["intents"][0]
+        svc.wait_idle()
+        assert state.posts() == []
+        assert len(svc.audit("awaiting_approval")) == 2
+        assert svc.client.post(f"/v1/actions/{first}/approve").status_code == 401
+        assert svc.client.post(f"/v1/actions/{first}/approve",
+                               headers=auth()).status_code == 200
+        assert svc.client.post(f"/v1/actions/{second}/reject",
+                               headers=auth()).status_code == 200
+        assert svc.client.post(f"/v1/actions/{second}/approve",
+                               headers=auth()).status_code == 409
+        svc.wait_idle()
+        assert [r.path for r in state.posts()] == ["/hook/a"]
+        assert {a["decision"] for a in svc.audit()} >= {"approved", "rejected", "acted"}
+
+
+def test_failing_action_retries_then_fails_and_counts(service_factory) -> None:
+    book = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
+            "target": ["training_job"],
+            "steps": [{"action": "http", "url": "http://127.0.0.1:1/nothing-listens"}]}
+    with service_factory([book], max_attempts=2, retry_backoff_seconds=0.05) as svc:
+        send(svc, alert("TrainingLossSpike", {"training_job": "a"}))
+        svc.wait_idle()
+        (failed,) = svc.audit("failed")
+        assert failed["detail"]["attempts"] == 2 and failed["action"] == "http"
+        text = svc.client.get("/metrics").data.decode()
+        assert ('trainwatch_remediation_actions_total{action="http",playbook="page",'
+                'result="failed"} 1.0') in text
+
+
+def test_on_resolve_runs_only_after_the_firing_alert_acted(service_factory) -> None:
+    with stub_server() as (hostport, state):
+        book = http_book(hostport)
+        book["on_resolve"] = [{"action": "http", "url": f"http://{hostport}/restore"}]
+        with service_factory([book]) as svc:
+            fired = alert("TrainingLossSpike", {"training_job": "a"}, fingerprint="f1")
+            send(svc, fired)
+            svc.wait_idle()
+            send(svc, {**fired, "status": "resolved"})
+            svc.wait_idle()
+            never_fired = alert("TrainingLossSpike", {"training_job": "b"}, fingerprint="f2",
+                                status="resolved")
+            send(svc, never_fired)
+            svc.wait_idle()
+            assert [r.path for r in state.posts()] == ["/hook/a", "/restore"]
+            reasons = [a["reason"] for a in svc.audit("resolved_recorded")]
+            assert any("never acted on" in r for r in reasons)
+
+
+def test_cli_lists_and_approves(tmp_path: Path) -> None:
+    """The CLI against a real service process (gunicorn), approving an awaiting intent."""
+    from tests.remediation.processes import running_service
+
+    with stub_server() as (hostport, state), running_service(
+            tmp_path, [http_book(hostport, requires_approval=True)]) as svc:
+        intent = svc.post(payload(alert("TrainingLossSpike", {"training_job": "a"}))).json()[
+            "intents"][0]
+        wait_until(lambda: svc.actions(state="awaiting_approval")["actions"], timeout=20)
+        token_file = tmp_path / "cli.token"
+        token_file.write_text(TOKEN)
+        cli = [sys.executable, "-m", "remediation.cli", "--url", svc.url, "--token-file",
+               str(token_file)]
+        listed = subprocess.run([*cli, "actions", "--state", "awaiting_approval"],
+                                capture_output=True, text=True, timeout=30, check=True)
+        assert f'"id": {intent}' in listed.stdout
+        subprocess.run([*cli, "--user", "alice", "approve", str(intent)], capture_output=True,
+                       text=True, timeout=30, check=True)
+        wait_until(lambda: state.posts(), timeout=20, what="approved action ran")
+        approved = svc.actions(decision="approved")["audit"]
+        assert approved[0]["reason"] == "approved by alice"
+        again = subprocess.run([*cli, "approve", str(intent)], capture_output=True, text=True,
+                               timeout=30, check=False)
+        assert again.returncode == 1

@@ -1,0 +1,178 @@
+"""Webhook intake: authentication, limits, schema, idempotency, and what is recorded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from remediation.config import ConfigError, load_config
+from remediation.playbooks import PlaybookError, load_playbooks
+from remediation.store import Store
+from tests.remediation.helpers import REPO, alert, auth, payload, write_config, write_playbook
+
+PAGE = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
+        "target": ["training_job"],
+        "steps": [{"action": "http", "url": "http://127.0.0.1:1/${labels.training_job}"}]}
+
+
+def test_real_alertmanager_025_payload_is_accepted(service_factory) -> None:
+    fixture = Path("/work/shared/fixtures/alertmanager-0.25-webhook-firing.json")
+    body = fixture.read_text() if fixture.exists() else json.dumps(payload(alert("AlwaysFiring")))
+    with service_factory([PAGE], start_worker=False) as svc:
+        resp = svc.client.post("/v1/alerts", data=body, headers=auth(),
+                               content_type="application/json")
+        assert resp.status_code == 200
+        assert resp.json["unmatched"] == 1
+        assert svc.audit("unmatched")[0]["alertname"] == "AlwaysFiring"
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
+                                     {"Authorization": "Basic dGVzdA=="},
+                                     {"Authorization": "Bearer "}])
+def test_missing_or_bad_token_is_401_and_records_nothing(service_factory, headers) -> None:
+    with service_factory([PAGE], start_worker=False) as svc:
+        resp = svc.client.post("/v1/alerts", json=payload(alert("TrainingLossSpike",
+                               {"training_job": "j"})), headers=headers)
+        assert resp.status_code == 401
+        assert svc.store.list_intents() == []
+        assert svc.client.get("/v1/actions", headers=headers).status_code == 401
+
+
+def test_oversized_body_is_413(service_factory) -> None:
+    with service_factory([PAGE], start_worker=False, max_body_bytes=4096) as svc:
+        big = payload(alert("TrainingLossSpike", {"training_job": "j", "x": "y" * 5000}))
+        resp = svc.client.post("/v1/alerts", json=big, headers=auth())
+        assert resp.status_code == 413
+        assert svc.store.list_intents() == []
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[]", b'{"version": "3", "status": "firing",'
+                                  b' "alerts": []}', json.dumps({"version": "4", "status":
+                                  "firing", "alerts": [{"labels": {}}]}).encode()])
+def test_invalid_payload_is_400_so_alertmanager_does_not_retry(service_factory, body) -> None:
+    with service_factory([PAGE], start_worker=False) as svc:
+        resp = svc.client.post("/v1/alerts", data=body, headers=auth(),
+                               content_type="application/json")
+        assert resp.status_code == 400
+        assert "error" in resp.json
+        assert svc.store.list_intents() == []
+
+
+def test_unknown_extra_fields_are_accepted(service_factory) -> None:
+    with service_factory([PAGE], start_worker=False) as svc:
+        body = payload(alert("TrainingLossSpike", {"training_job": "j"}))
+        body["newField"] = {"anything": 1}
+        body["alerts"][0]["newAlertField"] = [1, 2]
+        assert svc.client.post("/v1/alerts", json=body, headers=auth()).json["accepted"] == 1
+
+
+def test_redelivery_is_deduplicated_and_audited(service_factory) -> None:
+    with service_factory([PAGE], start_worker=False) as svc:
+        body = payload(alert("TrainingLossSpike", {"training_job": "j"}, fingerprint="aa"))
+        answers = [svc.client.post("/v1/alerts", json=body, headers=auth()).json
+                   for _ in range(3)]
+        assert [a["accepted"] for a in answers] == [1, 0, 0]
+        assert len(svc.store.list_intents()) == 1
+        dups = svc.audit("deduplicated")
+        assert len(dups) == 2 and {d["intent_id"] for d in dups} == {answers[0]["intents"][0]}
+
+
+def test_missing_target_label_is_refused_fail_closed(service_factory) -> None:
+    with service_factory([PAGE], start_worker=False) as svc:
+        resp = svc.client.post("/v1/alerts", json=payload(alert("TrainingLossSpike")),
+                               headers=auth())
+        assert resp.status_code == 200 and resp.json["refused"] == 1
+        (refusal,) = svc.audit("refused")
+        assert "missing target label 'training_job'" in refusal["reason"]
+        assert svc.store.state_counts() == {"refused": 1}
+
+
+@pytest.mark.parametrize("value", ["a;rm -rf /", "../../etc", "$(id)", "-e", "a b", "`x`", ""])
+def test_hostile_label_values_are_refused(service_factory, value) -> None:
+    with service_factory([PAGE], start_worker=False) as svc:
+        resp = svc.client.post("/v1/alerts", json=payload(alert("TrainingLossSpike",
+                               {"training_job": value})), headers=auth())
+        assert resp.status_code == 200 and resp.json["refused"] == 1
+        assert svc.store.state_counts() == {"refused": 1}
+
+
+def test_resolved_alert_is_recorded_not_acted(service_factory) -> None:
+    with service_factory([PAGE], start_worker=False) as svc:
+        resp = svc.client.post("/v1/alerts", json=payload(alert(
+            "TrainingLossSpike", {"training_job": "j"}, status="resolved")), headers=auth())
+        assert resp.json["resolved"] == 1 and resp.json["accepted"] == 0
+        (rec,) = svc.audit("resolved_recorded")
+        assert "no on_resolve" in rec["reason"]
+        assert svc.store.state_counts() == {"done": 1}
+
+
+def test_truncated_alerts_are_recorded_and_escalated(service_factory) -> None:
+    with service_factory([PAGE], start_worker=False) as svc:
+        body = payload(alert("TrainingLossSpike", {"training_job": "j"}), truncated=7)
+        assert svc.client.post("/v1/alerts", json=body, headers=auth()).status_code == 200
+        (rec,) = svc.audit("truncated_escalated")
+        assert rec["detail"]["truncatedAlerts"] == 7
+        metrics = svc.client.get("/metrics").data.decode()
+        assert ('trainwatch_remediation_decisions_total{decision="truncated_escalated"} 1.0'
+                in metrics)
+
+
+def test_audit_table_is_append_only(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    with store.transaction() as conn:
+        Store.audit(conn, "acted", reason="x")
+    import sqlite3
+
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"), store.transaction() as conn:
+        conn.execute("UPDATE audit SET reason='forged'")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"), store.transaction() as conn:
+        conn.execute("DELETE FROM audit")
+
+
+def test_health_ready_metrics(service_factory) -> None:
+    with service_factory([PAGE]) as svc:
+        assert svc.client.get("/healthz").status_code == 200
+        ready = svc.client.get("/readyz")
+        assert ready.status_code == 200 and ready.json["playbooks"] == ["page"]
+        text = svc.client.get("/metrics").data.decode()
+        assert "trainwatch_remediation_circuit_breaker_open 0.0" in text
+
+
+def test_shipped_playbooks_validate_and_cover_the_contract() -> None:
+    books = load_playbooks(REPO / "remediation" / "playbooks")
+    assert set(books) == {"lr_reduction", "checkpoint_rollback", "disk_cleanup",
+                          "gpu_power_limit", "stalled_job_diagnostics"}
+    assert books["lr_reduction"].alertnames == {"TrainingLossSpike", "TrainingGradNormExplosion"}
+    assert books["gpu_power_limit"].on_resolve
+    assert books["gpu_power_limit"].target == ("node", "gpu")
+    for book in books.values():
+        for step in (*book.steps, *book.on_resolve):
+            if step["action"] == "ansible":
+                assert (REPO / "ansible" / "remediation" / step["playbook"]).is_file()
+
+
+def test_bad_playbook_names_file_and_key(tmp_path: Path) -> None:
+    write_playbook(tmp_path, {"name": "x", "match": {"alertname": ["A"]}, "target": ["node"],
+                              "steps": [{"action": "ansible", "playbook": "../evil.yml"}]})
+    with pytest.raises(PlaybookError, match=r"x\.yaml: steps/0"):
+        load_playbooks(tmp_path)
+
+
+def test_bad_config_names_file_and_key(tmp_path: Path) -> None:
+    path = write_config(tmp_path, port="ninety")
+    with pytest.raises(ConfigError, match=r"remediation\.yml: port"):
+        load_config(path)
+    raw = yaml.safe_load(path.read_text())
+    raw["port"] = 1
+    raw["surprise"] = True
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="surprise"):
+        load_config(path)
+    proc = subprocess.run([sys.executable, "-m", "remediation.server", "--config", str(path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "surprise" in proc.stderr
