@@ -68,7 +68,7 @@ def test_circuit_breaker_opens_and_is_exported(service_factory) -> None:
 
 def test_dry_run_plans_without_acting(service_factory) -> None:
     with stub_server() as (hostport, state), \
-            with service_factory([http_book(hostport, dry_run=True)]) as svc:
+            service_factory([http_book(hostport, dry_run=True)]) as svc:
         send(svc, alert("TrainingLossSpike", {"training_job": "a"}))
         svc.wait_idle()
         assert state.posts() == []
@@ -78,7 +78,7 @@ def test_dry_run_plans_without_acting(service_factory) -> None:
 
 def test_approval_gate_with_api_and_reject(service_factory) -> None:
     with stub_server() as (hostport, state), \
-            with service_factory([http_book(hostport, requires_approval=True)]) as svc:
+            service_factory([http_book(hostport, requires_approval=True)]) as svc:
         first = send(svc, alert("TrainingLossSpike", {"training_job": "a"}))["intents"][0]
         second = send(svc, alert("TrainingLossSpike", {"training_job": "b"}))["intents"][0]
         svc.wait_idle()
