@@ -160,6 +160,16 @@ class FakeNvml:
                                          eventType=pynvml.nvmlEventTypeXidCriticalError,
                                          eventData=xid, gpuInstanceId=0, computeInstanceId=0))
 
+    @property
+    def init_attempts(self) -> int:
+        return self._init_attempts
+
+    def unload_driver(self) -> None:
+        """The driver goes away under a running process: every call is Uninitialized until
+        the next successful nvmlInit (combine with `init_error` to keep init failing)."""
+        with self._lock:
+            self._initialised = False
+
     def _reload_if_changed(self) -> None:
         if self._path is None:
             return

@@ -1,0 +1,96 @@
+"""The real `gpu-exporter` process over HTTP (fake NVML via --simulate / TRAINWATCH_FAKE_NVML)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import requests
+
+from exporters.gpu import metrics as m
+from exporters.gpu.fake_nvml import ENV_FAKE_NVML, simulated_scenario
+from tests.gpu.helpers import Series, parse, value, values
+from tests.support.net import free_port, wait_until
+from tests.support.procs import running
+
+EXPORTER = str(Path(sys.executable).parent / "gpu-exporter")
+
+
+def scrape(url: str) -> Series:
+    response = requests.get(url, timeout=2)  # a scrape must never wait on NVML
+    response.raise_for_status()
+    return parse(response.text)
+
+
+def write_atomically(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def test_simulate_8_serves_every_gpu_over_http_and_stops_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    argv = [EXPORTER, "--bind", "127.0.0.1", "--port", str(port), "--interval", "0.5",
+            "--simulate", "8"]
+    with running(argv, tmp_path / "exporter.log", ready_url=url) as proc:
+        series = wait_until(lambda: (s := scrape(url)) and values(s, m.UP) and s,
+                            timeout=20, what="first snapshot")
+        assert values(series, m.UP) == [1.0] * 8
+        assert value(series, m.SIMULATED) == 1
+        assert value(series, m.NVML_UP) == 1
+        assert len(values(series, m.PROCESS_MEMORY, training_job="demo-llm")) == 8
+        assert values(series, "process_resident_memory_bytes")
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.proc.wait(timeout=10) == 0
+        assert "stopping" in proc.log_text()
+
+
+def test_bad_config_exits_2_with_the_offending_key(tmp_path: Path) -> None:
+    config = tmp_path / "gpu.yml"
+    config.write_text("interval: 5\nintervall: 3\n")
+    proc = subprocess.run([EXPORTER, "--config", str(config), "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "intervall" in proc.stderr
+    proc = subprocess.run([EXPORTER, "--interval", "0"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+
+
+def test_scenario_file_hang_power_limit_and_sigterm_while_hung(tmp_path: Path) -> None:
+    """Other processes drive the simulated machine through the shared scenario file."""
+    scenario = simulated_scenario(2, dynamic=False)
+    path = tmp_path / "scenario.json"
+    write_atomically(path, scenario)
+    config = tmp_path / "gpu.yml"
+    config.write_text("interval: 0.2\ndeadline: 0.5\nxid_events: false\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    argv = [EXPORTER, "--bind", "127.0.0.1", "--port", str(port), "--config", str(config)]
+    with running(argv, tmp_path / "exporter.log", ready_url=url,
+                 env={ENV_FAKE_NVML: str(path)}) as proc:
+        wait_until(lambda: values(scrape(url), m.UP) == [1.0, 1.0], timeout=20,
+                   what="both GPUs up")
+        assert value(scrape(url), m.SIMULATED) == 1
+
+        tool = subprocess.run(
+            [sys.executable, "-m", "exporters.gpu.power_limit", "--gpu", "1", "--watts", "450"],
+            env={**os.environ, ENV_FAKE_NVML: str(path)}, capture_output=True, text=True,
+            timeout=60)
+        assert tool.returncode == 0, tool.stderr
+        wait_until(lambda: value(scrape(url), m.POWER_LIMIT, gpu="1") == 450, timeout=20,
+                   what="exporter to see the new power limit")
+
+        scenario = json.loads(path.read_text())
+        scenario["hang"] = ["nvmlDeviceGetTemperature"]
+        write_atomically(path, scenario)
+        wait_until(lambda: value(scrape(url), m.STALE) == 1, timeout=20, what="stale")
+        series = scrape(url)
+        assert value(series, m.POWER_LIMIT, gpu="1") == 450  # last complete snapshot
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.proc.wait(timeout=15) == 0, proc.log_text()

@@ -1,0 +1,183 @@
+"""Collection behaviour against the fake NVML (real pynvml exception classes; no GPU here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporters.gpu import metrics as m
+from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
+
+
+@pytest.mark.parametrize("gpus", [1, 8])
+def test_fake_nvml_every_gpu_reports_its_values_in_base_units(gpus: int) -> None:
+    fake = static_fake(gpus)
+    loop = make_loop(fake)
+    loop.run_once()
+    series = parse(render(loop))
+    assert len(values(series, m.UP)) == gpus
+    for i in range(gpus):
+        gpu = str(i)
+        assert value(series, m.UP, gpu=gpu) == 1
+        assert value(series, m.MEMORY_TOTAL, gpu=gpu) == 80 * 2**30
+        assert value(series, m.MEMORY_USED, gpu=gpu) == (60 + i) * 2**30
+        assert value(series, m.MEMORY_FREE, gpu=gpu) == (20 - i) * 2**30
+        assert value(series, m.UTILIZATION, gpu=gpu) == pytest.approx((90 - i) / 100)
+        assert value(series, m.POWER_USAGE, gpu=gpu) == pytest.approx(500 + i)
+        assert value(series, m.POWER_LIMIT, gpu=gpu) == 700
+        assert value(series, m.SM_CLOCK, gpu=gpu) == 1980e6
+        assert value(series, m.TEMPERATURE, gpu=gpu) == 55 + i
+        assert value(series, m.ENERGY, gpu=gpu) == pytest.approx(1_000_000 + i / 1000)
+        assert value(series, m.ECC_ERRORS, gpu=gpu, error_type="corrected",
+                     counter="aggregate") == 2
+    assert value(series, m.NVML_UP) == 1
+    assert value(series, m.STALE) == 0
+    assert value(series, m.SIMULATED) == 1
+    assert value(series, m.DRIVER_INFO, driver_version="550.54.15", cuda_version="12.4") == 1
+
+
+def test_clock_event_reasons_are_flags() -> None:
+    fake = static_fake(1)
+    fake.update(lambda s: s["gpus"][0].update(clock_event_reasons=0x4 | 0x40))
+    loop = make_loop(fake)
+    loop.run_once()
+    series = parse(render(loop))
+    active = {dict(lbls)["reason"] for (n, lbls), v in series.items()
+              if n == m.CLOCK_EVENT_REASON and v == 1}
+    assert active == {"sw_power_cap", "hw_thermal_slowdown"}
+    assert len(values(series, m.CLOCK_EVENT_REASON)) == 9
+
+
+NOT_SUPPORTED_CASES = {
+    "nvmlDeviceGetTemperature": [m.TEMPERATURE],
+    "nvmlDeviceGetPowerUsage": [m.POWER_USAGE],
+    "nvmlDeviceGetTotalEnergyConsumption": [m.ENERGY],
+    "nvmlDeviceGetUtilizationRates": [m.UTILIZATION, m.MEMORY_UTILIZATION],
+    "nvmlDeviceGetTotalEccErrors": [m.ECC_ERRORS],
+    "nvmlDeviceGetRemappedRows": [m.REMAPPED_ROWS, m.REMAP_PENDING, m.REMAP_FAILURE],
+    "nvmlDeviceGetNvLinkState": [m.NVLINK_UP, m.NVLINK_ERRORS],
+    "nvmlDeviceGetMigMode": [m.MIG_ENABLED],
+    "nvmlDeviceGetCurrentClocksEventReasons": [m.CLOCK_EVENT_REASON],
+    "nvmlDeviceGetPcieReplayCounter": [m.PCIE_REPLAYS],
+    "nvmlDeviceGetComputeRunningProcesses": [m.PROCESSES, m.PROCESS_MEMORY],
+}
+
+
+@pytest.mark.parametrize("call", sorted(NOT_SUPPORTED_CASES))
+def test_not_supported_field_is_absent_not_zero_and_not_an_error(call: str) -> None:
+    fake = static_fake(2)
+    fake.update(lambda s: s["gpus"][1].update(not_supported=[call]))
+    loop = make_loop(fake)
+    loop.run_once()
+    series = parse(render(loop))
+    for metric in NOT_SUPPORTED_CASES[call]:
+        assert values(series, metric, gpu="0"), f"{metric} missing on the healthy GPU"
+        assert values(series, metric, gpu="1") == [], f"{metric} present though NotSupported"
+    assert value(series, m.UP, gpu="1") == 1
+    assert values(series, m.ERRORS) == []
+    assert value(series, m.TEMPERATURE if call != "nvmlDeviceGetTemperature" else m.POWER_USAGE,
+                 gpu="1") > 0
+
+
+def test_other_nvml_errors_are_counted_by_call_and_error() -> None:
+    fake = static_fake(1)
+    fake.update(lambda s: s["gpus"][0].update(errors={"nvmlDeviceGetPowerUsage": "NoPermission"}))
+    loop = make_loop(fake)
+    loop.run_once()
+    loop.run_once()
+    series = parse(render(loop))
+    assert value(series, m.ERRORS, call="nvmlDeviceGetPowerUsage", error="NoPermission") == 2
+    assert values(series, m.POWER_USAGE) == []
+    assert value(series, m.UP, gpu="0") == 1
+
+
+def test_gpu_lost_mid_run_goes_down_and_the_others_keep_reporting() -> None:
+    fake = static_fake(4)
+    loop = make_loop(fake)
+    loop.run_once()
+    fake.update(lambda s: s["gpus"][2].update(lost=True))
+    loop.run_once()
+    series = parse(render(loop))
+    assert value(series, m.UP, gpu="2", uuid="GPU-5a1e0000-0000-4000-8000-000000000002") == 0
+    assert values(series, m.TEMPERATURE, gpu="2") == []
+    for gpu in ("0", "1", "3"):
+        assert value(series, m.UP, gpu=gpu) == 1
+        assert value(series, m.TEMPERATURE, gpu=gpu) > 0
+    assert value(series, m.NVML_UP) == 1
+    assert value(series, m.ERRORS, error="GpuIsLost") >= 1
+
+
+def test_handle_error_marks_only_that_gpu_down() -> None:
+    fake = static_fake(2)
+    fake.update(lambda s: s["gpus"][0].update(errors={"nvmlDeviceGetHandleByIndex": "Unknown"}))
+    loop = make_loop(fake)
+    loop.run_once()
+    series = parse(render(loop))
+    assert value(series, m.UP, gpu="0") == 0
+    assert value(series, m.UP, gpu="1") == 1
+    assert value(series, m.ERRORS, call="nvmlDeviceGetHandleByIndex", error="Unknown") == 1
+
+
+def test_init_failure_keeps_serving_and_recovers_with_backoff() -> None:
+    fake = static_fake(2)
+    fake.update(lambda s: s.update(init_error="DriverNotLoaded", init_failures=2))
+    loop = make_loop(fake, interval=10.0)
+    loop.run_once()
+    series = parse(render(loop))
+    assert value(series, m.NVML_UP) == 0
+    assert values(series, m.UP) == []
+    assert value(series, m.ERRORS, call="nvmlInit", error="DriverNotLoaded") == 1
+    # Within the backoff window a cycle serves "NVML down" without calling nvmlInit again.
+    assert loop.run_once().nvml_up is False
+    assert fake.init_attempts == 1
+    for expected_attempts in (2, 3):  # the backoff has passed (we move the clock, not sleep)
+        loop._next_init = 0.0
+        loop.run_once()
+        assert fake.init_attempts == expected_attempts
+    series = parse(render(loop))
+    assert value(series, m.NVML_UP) == 1
+    assert value(series, m.UP, gpu="1") == 1
+    assert value(series, m.ERRORS, call="nvmlInit", error="DriverNotLoaded") == 2
+
+
+def test_init_backoff_grows_and_is_capped() -> None:
+    fake = static_fake(1)
+    fake.update(lambda s: s.update(init_error="LibraryNotFound"))
+    loop = make_loop(fake, interval=1.0)
+    seen = []
+    for _ in range(10):
+        loop._next_init = 0.0
+        loop.run_once()
+        seen.append(loop._backoff)
+    assert seen[:3] == [2.0, 4.0, 8.0]
+    assert max(seen) == 60.0
+
+
+def test_driver_gone_mid_run_reports_known_gpus_down_then_reinitialises() -> None:
+    fake = static_fake(2)
+    loop = make_loop(fake)
+    loop.run_once()
+    fake.update(lambda s: s.update(init_error="DriverNotLoaded", init_failures=-1))
+    fake.unload_driver()
+    loop.run_once()
+    series = parse(render(loop))
+    assert value(series, m.NVML_UP) == 0
+    assert values(series, m.UP) == [0.0, 0.0]
+    fake.update(lambda s: s.update(init_error=None))
+    loop._next_init = 0.0
+    loop.run_once()
+    series = parse(render(loop))
+    assert value(series, m.NVML_UP) == 1
+    assert values(series, m.UP) == [1.0, 1.0]
+
+
+def test_mig_devices_are_reported_when_enabled() -> None:
+    fake = static_fake(1)
+    devices = [{"uuid": f"MIG-{i}", "memory_total": 10 * 2**30, "memory_used": i * 2**30}
+               for i in range(3)]
+    fake.update(lambda s: s["gpus"][0].update(mig={"enabled": True, "devices": devices}))
+    loop = make_loop(fake)
+    loop.run_once()
+    series = parse(render(loop))
+    assert value(series, m.MIG_ENABLED, gpu="0") == 1
+    assert value(series, m.MIG_MEMORY_USED, mig_index="2", mig_uuid="MIG-2") == 2 * 2**30
+    assert len(values(series, m.MIG_MEMORY_TOTAL)) == 3

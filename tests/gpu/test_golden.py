@@ -1,0 +1,44 @@
+"""The 8-GPU simulated exposition, byte for byte (timing values normalised).
+
+A change to names, labels, units, HELP text or ordering makes this fail, so it is a
+deliberate decision that dashboards and rules are checked against. To regenerate after an
+intended change:
+
+    TRAINWATCH_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/gpu/test_golden.py
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.gpu.helpers import make_loop, normalise, render, static_fake
+
+GOLDEN = Path(__file__).parent / "golden" / "simulated_8_gpus.prom"
+
+
+def current_exposition() -> str:
+    fake = static_fake(8)
+    fake.update(lambda s: s["gpus"][3].update(
+        not_supported=["nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetNvLinkState"],
+        clock_event_reasons=0x20))
+    fake.update(lambda s: s["gpus"][5].update(lost=True))
+    loop = make_loop(fake)
+    loop.run_once()
+    return normalise(render(loop))
+
+
+def test_simulated_8_gpu_exposition_matches_golden_file() -> None:
+    text = current_exposition()
+    if os.environ.get("TRAINWATCH_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(text)
+    expected = GOLDEN.read_text()
+    assert text == expected, (
+        "exposition drifted from tests/gpu/golden/simulated_8_gpus.prom; if intended, "
+        "regenerate with TRAINWATCH_UPDATE_GOLDEN=1 (see module docstring)")
+
+
+def test_normalise_hides_only_timing_values() -> None:
+    text = current_exposition()
+    assert text.count("<normalised>") == 3
+    assert "trainwatch_gpu_exporter_stale 0.0" in text

@@ -1,0 +1,65 @@
+"""Job/rank attribution from /proc/<pid>/environ: untrusted input, validated and bounded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporters.gpu.processes import (
+    MAX_ENVIRON_BYTES,
+    ProcessAttributor,
+    job_and_rank,
+    read_proc_environ,
+)
+
+
+def write_environ(root: Path, pid: int, data: bytes) -> None:
+    (root / str(pid)).mkdir(parents=True)
+    (root / str(pid) / "environ").write_bytes(data)
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"TRAINWATCH_JOB": "job-a", "RANK": "2"}, ("job-a", "2")),
+    ({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "07"},
+     ("4242", "7")),
+    ({"TRAINWATCH_JOB": "bad job; rm -rf /", "SLURM_JOB_ID": "17"}, ("17", "")),
+    ({"TRAINWATCH_JOB": "x" * 500, "RANK": "-1"}, ("", "")),
+    ({"RANK": "12345678"}, ("", "")),
+    ({}, ("", "")),
+    (None, ("", "")),
+])
+def test_job_and_rank_accepts_only_bounded_well_formed_values(env, expected) -> None:
+    assert job_and_rank(env) == expected
+
+
+def test_read_proc_environ_keeps_only_known_variables(tmp_path: Path) -> None:
+    write_environ(tmp_path, 10, b"PATH=/bin\0TRAINWATCH_JOB=j1\0SECRET_TOKEN=abc\0RANK=1\0")
+    assert read_proc_environ(10, tmp_path) == {"TRAINWATCH_JOB": "j1", "RANK": "1"}
+
+
+def test_read_proc_environ_is_bounded_and_drops_a_cut_entry(tmp_path: Path) -> None:
+    big = b"A=" + b"x" * MAX_ENVIRON_BYTES + b"\0RANK=5\0"
+    write_environ(tmp_path, 11, b"TRAINWATCH_JOB=j2\0" + big)
+    assert read_proc_environ(11, tmp_path) == {"TRAINWATCH_JOB": "j2"}
+
+
+def test_unreadable_or_invalid_pid_is_unattributed(tmp_path: Path) -> None:
+    assert read_proc_environ(12345, tmp_path) is None
+    assert read_proc_environ(-1, tmp_path) is None
+
+
+def test_attributor_caches_and_forgets_exited_pids() -> None:
+    reads: list[int] = []
+
+    def source(pid: int) -> dict[str, str]:
+        reads.append(pid)
+        return {"TRAINWATCH_JOB": f"job{pid}", "RANK": "0"}
+
+    attributor = ProcessAttributor(source)
+    assert attributor.attribute(5) == ("job5", "0")
+    assert attributor.attribute(5) == ("job5", "0")
+    assert reads == [5]
+    attributor.retain([])
+    attributor.attribute(5)
+    assert reads == [5, 5]
