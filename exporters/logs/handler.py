@@ -1,0 +1,268 @@
+"""`AsyncEcsHandler`: a logging.Handler whose caller only appends the record to a queue.
+
+Why not the stdlib: `QueueListener` drops what is still queued at exit, and a handler that
+formats or writes on the caller's thread costs the training loop microseconds per call. Here
+the caller pays for a filter check, a type check of the message args and a deque append;
+rendering, JSON encoding, batching and file I/O happen on one background thread.
+
+Choices a user should know about (see docs/logging.md):
+
+* Message args are rendered on the writer thread. If an arg is not an immutable scalar
+  (int, float, str, bytes, bool, None) the caller renders the message itself, so a list or
+  tensor mutated after the call cannot change what is logged. A non-string `msg` object is
+  rendered late; log `str(obj)` when it may change.
+* `exc_info` is turned into text on the caller (rare, and its traceback may change later).
+* Overflow: the queue holds `capacity` records. With `overflow="drop"` (default) a full queue
+  never blocks the caller: the record is dropped and counted, and the writer logs one
+  WARNING summary record with the number dropped. `overflow="block"` makes the caller wait
+  for room instead (for logs that must not be lost, at the price of stalling the loop).
+* Records are flushed by `flush()`, `close()` (idempotent), at interpreter exit and on
+  SIGTERM (chained to the previous SIGTERM handler). A stalled disk cannot hang exit: close
+  waits at most `close_timeout` seconds and reports what it had to abandon.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from exporters.logs import shutdown_hooks
+from exporters.logs.ecs import EcsFormatter, capture_error, make_encoder
+from exporters.logs.identity import (
+    detect_job,
+    detect_rank,
+    rank_log_path,
+    validate_job,
+    validate_rank,
+)
+from exporters.logs.rotating_writer import RotatingJsonlWriter
+
+OVERFLOW_POLICIES = ("drop", "block")
+_IMMUTABLE_ARG_TYPES = frozenset({int, float, str, bytes, bool, type(None)})
+
+
+class LineWriter(Protocol):
+    """Where encoded lines go; RotatingJsonlWriter in production, injectable for tests."""
+
+    def write_lines(self, lines: list[bytes]) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class AsyncEcsHandler(logging.Handler):
+    """ECS JSON lines for one training rank, written by a background thread.
+
+    Give `directory` (the file is `<directory>/<job>/rank-<rank>.jsonl`) or an explicit
+    `path`. `job` and `rank` default to the launcher environment (TRAINWATCH_JOB,
+    TORCHELASTIC_RUN_ID, SLURM_JOB_ID; RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK).
+    """
+
+    def __init__(
+        self,
+        directory: str | Path | None = None,
+        *,
+        path: str | Path | None = None,
+        job: str | None = None,
+        rank: int | None = None,
+        service: str = "training",
+        max_bytes: int = 100 * 1024 * 1024,
+        backup_count: int = 5,
+        capacity: int = 100_000,
+        overflow: str = "drop",
+        batch_size: int = 2048,
+        flush_interval: float = 0.2,
+        close_timeout: float = 10.0,
+        writer: LineWriter | None = None,
+        use_orjson: bool = True,
+        install_signal_handler: bool = True,
+        level: int = logging.NOTSET,
+    ) -> None:
+        super().__init__(level)
+        if overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+        if capacity < 1 or batch_size < 1:
+            raise ValueError("capacity and batch_size must be >= 1")
+        if flush_interval <= 0 or close_timeout <= 0:
+            raise ValueError("flush_interval and close_timeout must be > 0")
+        self.job = validate_job(job if job is not None else detect_job())
+        self.rank = validate_rank(rank if rank is not None else detect_rank())
+        if writer is None:
+            if path is None and directory is None:
+                raise ValueError("give a log directory or an explicit path")
+            target = Path(path) if path is not None else rank_log_path(
+                directory, self.job, self.rank)  # type: ignore[arg-type]
+            writer = RotatingJsonlWriter(target, max_bytes=max_bytes, backup_count=backup_count)
+            self.path: Path | None = target
+        else:
+            self.path = Path(path) if path is not None else None
+        self._writer = writer
+        self._capacity = capacity
+        self._block = overflow == "block"
+        self._batch_size = batch_size
+        self._wake_at = min(batch_size, capacity)
+        self._flush_interval = flush_interval
+        self._close_timeout = close_timeout
+        self._queue: deque[logging.LogRecord] = deque()
+        self._wake = threading.Event()
+        self._cond = threading.Condition()
+        self._drop_lock = threading.Lock()
+        self._busy = False
+        self._stopping = False
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._exception_formatter = logging.Formatter()
+        self._ecs = EcsFormatter(service=service, job=self.job, rank=self.rank)
+        self._encode: Callable[[dict[str, Any]], bytes] = make_encoder(use_orjson)
+        # Counters: callers only increment `_dropped` (under a lock, on the rare overflow path);
+        # the writer thread alone updates the others.
+        self._dropped = 0
+        self._dropped_reported = 0
+        self.written = 0
+        self.lost = 0
+        self.format_errors = 0
+        self._thread = threading.Thread(target=self._run, name=f"trainwatch-log-writer-{id(self)}",
+                                         daemon=True)
+        self._thread.start()
+        shutdown_hooks.register(self, sigterm=install_signal_handler)
+
+    # --- caller side: keep this short ---------------------------------------------------------
+    @property
+    def dropped(self) -> int:
+        """Records refused because the queue was full (or the handler already closed)."""
+        return self._dropped
+
+    def handle(self, record: logging.LogRecord) -> logging.LogRecord | bool:
+        """Like Handler.handle but without the per-call handler lock: emit is thread-safe."""
+        rv = self.filter(record)
+        if rv:
+            if isinstance(rv, logging.LogRecord):
+                record = rv
+            self.emit(record)
+        return rv
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if record.exc_info:
+                capture_error(record, self._exception_formatter)
+            args = record.args
+            if args and (type(args) is not tuple
+                         or not _IMMUTABLE_ARG_TYPES.issuperset(map(type, args))):
+                record.msg = record.getMessage()
+                record.args = None
+        except Exception:  # logging must never raise into the training loop
+            self.handleError(record)
+            return
+        queue = self._queue
+        if len(queue) < self._capacity and not self._closed:
+            queue.append(record)
+            if len(queue) >= self._wake_at and not self._wake.is_set():
+                self._wake.set()
+        else:
+            self._overflow(record)
+
+    def _overflow(self, record: logging.LogRecord) -> None:
+        if self._block and not self._closed:
+            with self._cond:
+                while len(self._queue) >= self._capacity and not self._closed:
+                    self._wake.set()
+                    self._cond.wait(0.1)
+            if not self._closed:
+                self._queue.append(record)
+                return
+        with self._drop_lock:
+            self._dropped += 1
+
+    # --- writer thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._flush_interval)
+            self._wake.clear()
+            self._drain()
+            if self._stopping:
+                self._drain()
+                return
+
+    def _drain(self) -> None:
+        queue = self._queue
+        while True:
+            with self._cond:
+                if not queue and self._dropped == self._dropped_reported:
+                    self._cond.notify_all()
+                    return
+                self._busy = True
+            count = min(len(queue), self._batch_size)
+            pop = queue.popleft
+            batch = [pop() for _ in range(count)]
+            lines = self._encode_batch(batch)
+            summary = self._drop_summary()
+            if summary is not None:
+                lines.append(summary)
+            try:
+                self._writer.write_lines(lines)
+                if not queue:
+                    self._writer.flush()
+                self.written += count
+            except Exception as exc:  # a full disk must not kill the writer
+                self.lost += count
+                print(f"trainwatch AsyncEcsHandler: lost {count} records: {exc!r}",
+                      file=sys.stderr)
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _encode_batch(self, batch: list[logging.LogRecord]) -> list[bytes]:
+        document, encode = self._ecs.document, self._encode
+        lines = []
+        for record in batch:
+            try:
+                lines.append(encode(document(record)))
+            except Exception:  # one odd record must not cost the batch
+                self.format_errors += 1
+        return lines
+
+    def _drop_summary(self) -> bytes | None:
+        dropped = self._dropped
+        newly = dropped - self._dropped_reported
+        if newly <= 0:
+            return None
+        self._dropped_reported = dropped
+        record = logging.LogRecord(
+            "trainwatch.logs", logging.WARNING, __file__, 0,
+            "dropped %d log records: queue full (capacity %d); %d dropped since start",
+            (newly, self._capacity, dropped), None)
+        record.trainwatch = {"dropped_records": newly, "dropped_total": dropped}  # type: ignore[attr-defined]
+        return self._encode(self._ecs.document(record))
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued so far is written; False if `timeout` passed first."""
+        if not self._thread.is_alive():
+            return not self._queue
+        self._wake.set()
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: not self._queue and not self._busy
+                and self._dropped == self._dropped_reported,
+                self._close_timeout if timeout is None else timeout)
+
+    def close(self) -> None:
+        """Write what is queued and stop the writer; safe to call any number of times."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(self._close_timeout)
+        if self._thread.is_alive():
+            print(f"trainwatch AsyncEcsHandler: writer stalled; abandoning {len(self._queue)} "
+                  f"queued records after {self._close_timeout}s", file=sys.stderr)
+        else:
+            self._writer.close()
+        shutdown_hooks.unregister(self)
+        super().close()

@@ -1,0 +1,76 @@
+"""Append JSON lines to one file and rotate it by size the way log shippers expect.
+
+Rotation renames `rank-0.jsonl` to `rank-0.jsonl.1` (older ones shift to `.2` ... up to
+`backup_count`) and opens a fresh `rank-0.jsonl`, exactly like the stdlib
+RotatingFileHandler. A shipper that follows by inode (Filebeat, our own scanner) finishes the
+renamed file and picks up the new one; nothing is ever truncated or copied.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class RotatingJsonlWriter:
+    """Writes whole lines; a file is rotated before a line would push it past `max_bytes`."""
+
+    def __init__(self, path: str | os.PathLike[str], max_bytes: int = 100 * 1024 * 1024,
+                 backup_count: int = 5) -> None:
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0 (0 disables rotation)")
+        if backup_count < 0:
+            raise ValueError("backup_count must be >= 0")
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self.backup_count = backup_count
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "ab")  # noqa: SIM115 - owned until close()
+        self._size = self._file.tell()
+        self.rotations = 0
+
+    def write_lines(self, lines: list[bytes]) -> None:
+        """Append `lines` (each without its newline) with as few write calls as possible."""
+        if not lines:
+            return
+        if self.max_bytes == 0:
+            self._append(b"\n".join(lines) + b"\n")
+            return
+        start = 0
+        size = self._size
+        for index, line in enumerate(lines):
+            needed = len(line) + 1
+            if size + needed > self.max_bytes and size > 0:
+                if index > start:
+                    self._append(b"\n".join(lines[start:index]) + b"\n")
+                self._rotate()
+                start, size = index, 0
+            size += needed
+        self._append(b"\n".join(lines[start:]) + b"\n")
+
+    def _append(self, data: bytes) -> None:
+        self._file.write(data)
+        self._size += len(data)
+
+    def _rotate(self) -> None:
+        self._file.flush()
+        self._file.close()
+        if self.backup_count > 0:
+            for index in range(self.backup_count - 1, 0, -1):
+                older = self.path.with_name(f"{self.path.name}.{index}")
+                if older.exists():
+                    os.replace(older, self.path.with_name(f"{self.path.name}.{index + 1}"))
+            os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
+        else:
+            self.path.unlink(missing_ok=True)
+        self._file = open(self.path, "ab")  # noqa: SIM115
+        self._size = 0
+        self.rotations += 1
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.flush()
+            self._file.close()
