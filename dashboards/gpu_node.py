@@ -1,0 +1,85 @@
+"""GPU node detail: one node's GPUs in depth, for the engineer chasing a hardware alert."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as gd
+
+from dashboards.panels import (
+    Q,
+    add_panels,
+    cluster_variable,
+    new_dashboard,
+    query_variable,
+    table_panel,
+    timeseries_panel,
+)
+
+UID = "trainwatch-gpu-node"
+G = 'cluster=~"$cluster",job=~"$job",instance=~"$instance",gpu=~"$gpu"'
+E = 'cluster=~"$cluster",job=~"$job",instance=~"$instance"'
+WHO = "GPU {{gpu}}"
+
+
+def build() -> gd.Dashboard:
+    dashboard = (
+        new_dashboard(UID, "Trainwatch / GPU node detail",
+                      "One node's GPUs in depth: clocks, throttling, memory errors, links and "
+                      "the exporter itself.", ["gpu"])
+        .with_variable(cluster_variable("trainwatch_gpu_up"))
+        .with_variable(query_variable("job", "Job",
+                                      'label_values(trainwatch_gpu_up{cluster=~"$cluster"}, job)'))
+        .with_variable(query_variable(
+            "instance", "Instance",
+            'label_values(trainwatch_gpu_up{cluster=~"$cluster",job=~"$job"}, instance)'))
+        .with_variable(query_variable(
+            "gpu", "GPU",
+            'label_values(trainwatch_gpu_up{job=~"$job",instance=~"$instance"}, gpu)'))
+    )
+    return add_panels(
+        dashboard,
+        table_panel("GPU inventory", "Every GPU on the node with its product name, UUID and "
+                    "PCI bus id (value 1 = present).", "none",
+                    Q(f"trainwatch_gpu_info{{{G}}}")),
+        timeseries_panel("Memory used", "Device memory used per GPU, in bytes.", "bytes",
+                         Q(f"trainwatch_gpu_memory_used_bytes{{{G}}}", WHO),
+                         Q(f"trainwatch_gpu_memory_total_bytes{{{G}}}", WHO + " total")),
+        timeseries_panel("SM clock", "Streaming-multiprocessor clock per GPU; a drop under load "
+                         "means throttling.", "hertz",
+                         Q(f"trainwatch_gpu_sm_clock_hertz{{{G}}}", WHO)),
+        timeseries_panel("Power usage and limit", "Power draw against the enforced limit "
+                         "(Trainwatch's gpu_power_limit playbook lowers the limit).", "watt",
+                         Q(f"trainwatch_gpu_power_usage_watts{{{G}}}", WHO),
+                         Q(f"trainwatch_gpu_power_limit_watts{{{G}}}", WHO + " limit")),
+        timeseries_panel("Clock-event reasons", "1 while a throttle reason is active, per "
+                         "GPU and reason.", "none",
+                         Q(f"trainwatch_gpu_clock_event_reason_active{{{G}}}",
+                           WHO + " {{reason}}")),
+        timeseries_panel("ECC errors", "New ECC errors per GPU, type and counter "
+                         "(corrected errors are absorbed; uncorrected corrupt memory).", "none",
+                         Q(f"increase(trainwatch_gpu_ecc_errors_total{{{G}}}[$__rate_interval])",
+                           WHO + " {{error_type}} {{counter}}")),
+        timeseries_panel("Remapped rows", "Rows remapped for correctable/uncorrectable causes, "
+                         "a pending remap (needs a GPU reset) and remap failure (needs RMA).",
+                         "none",
+                         Q(f"trainwatch_gpu_remapped_rows{{{G}}}", WHO + " {{cause}}"),
+                         Q(f"trainwatch_gpu_row_remap_pending{{{G}}}", WHO + " pending"),
+                         Q(f"trainwatch_gpu_row_remap_failure{{{G}}}", WHO + " failure")),
+        timeseries_panel("PCIe replays", "PCIe replay rate per GPU; a rising rate points at a "
+                         "bad riser, slot or cable.", "ops",
+                         Q(f"rate(trainwatch_gpu_pcie_replays_total{{{G}}}[$__rate_interval])",
+                           WHO)),
+        timeseries_panel("NVLink errors", "NVLink error rate per GPU, link and counter.", "ops",
+                         Q(f"rate(trainwatch_gpu_nvlink_errors_total{{{G}}}[$__rate_interval])",
+                           WHO + " link {{link}} {{counter}}")),
+        timeseries_panel("Processes and their memory", "Compute processes per GPU, and the "
+                         "device memory of each training rank on it.", "bytes",
+                         Q(f"trainwatch_gpu_process_memory_used_bytes{{{G}}}",
+                           WHO + " {{training_job}} rank {{rank}}")),
+        timeseries_panel("Exporter data age", "Seconds since the GPU exporter's data was "
+                         "collected; above a few intervals means NVML is hanging "
+                         "(GpuExporterStale).", "s",
+                         Q(f"trainwatch_gpu_exporter_data_age_seconds{{{E}}}", "{{instance}}")),
+        timeseries_panel("Exporter collection duration", "Time one NVML collection cycle took.",
+                         "s", Q(f"trainwatch_gpu_exporter_collection_duration_seconds{{{E}}}",
+                                "{{instance}}")),
+    )

@@ -1,0 +1,88 @@
+"""Remediation and alerts: what is firing, and what Trainwatch did about it."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as gd
+
+from dashboards.panels import (
+    Q,
+    add_panels,
+    cluster_variable,
+    new_dashboard,
+    query_variable,
+    stat_panel,
+    table_panel,
+    timeseries_panel,
+)
+
+UID = "trainwatch-remediation-alerts"
+R = 'cluster=~"$cluster",job=~"$job",instance=~"$instance"'
+C = 'cluster=~"$cluster"'
+P = "trainwatch_remediation_"
+
+
+def build() -> gd.Dashboard:
+    dashboard = (
+        new_dashboard(UID, "Trainwatch / Remediation and alerts",
+                      "Firing alerts and the remediation service's decisions, actions and "
+                      "safety switches.", ["remediation", "alerts"])
+        .with_variable(cluster_variable(f"{P}circuit_breaker_open"))
+        .with_variable(query_variable(
+            "job", "Job", f'label_values({P}circuit_breaker_open{{cluster=~"$cluster"}}, job)'))
+        .with_variable(query_variable(
+            "instance", "Instance",
+            f'label_values({P}circuit_breaker_open{{cluster=~"$cluster",job=~"$job"}}, instance)'))
+    )
+    return add_panels(
+        dashboard,
+        stat_panel("Firing alerts", "Alerts firing now, Watchdog included (so never 0 while "
+                   "the pipeline works).", "none",
+                   Q(f'count(ALERTS{{{C},alertstate="firing"}})')),
+        stat_panel("Circuit breaker", "1 = open: the remediation service stopped acting "
+                   "automatically (RemediationCircuitBreakerOpen).", "bool_on_off",
+                   Q(f"max({P}circuit_breaker_open{{{R}}})")),
+        stat_panel("Actions in breaker window", "Actions granted inside the circuit breaker's "
+                   "window; the breaker opens at its configured maximum.", "none",
+                   Q(f"max({P}actions_in_breaker_window{{{R}}})")),
+        stat_panel("Oldest unfinished intent", "Age of the oldest remediation intent not yet "
+                   "finished (waiting for approval or still running).", "s",
+                   Q(f"max({P}oldest_pending_age_seconds{{{R}}})")),
+        table_panel("Firing alerts", "Every firing alert with its labels.", "none",
+                    Q(f'ALERTS{{{C},alertstate="firing"}}')),
+        timeseries_panel("Firing alerts by severity", "Firing alerts over time, by severity.",
+                         "none", Q(f'sum by (severity) (ALERTS{{{C},alertstate="firing"}})',
+                                   "{{severity}}"), min_value=0),
+        timeseries_panel("Pending alerts", "Alerts whose condition holds but whose `for` has not "
+                         "elapsed yet.", "none",
+                         Q(f'sum by (alertname) (ALERTS{{{C},alertstate="pending"}})',
+                           "{{alertname}}"), min_value=0),
+        timeseries_panel("Webhook alerts by outcome", "Alerts the remediation webhook received, "
+                         "by what intake did with them (accepted, deduplicated, refused, "
+                         "resolved, unmatched).", "none",
+                         Q(f"sum by (outcome) (increase({P}webhook_alerts_total{{{R}}}"
+                           f"[$__rate_interval]))", "{{outcome}}"), min_value=0),
+        timeseries_panel("Webhook latency p99", "Time to persist and answer one Alertmanager "
+                         "webhook call.", "s",
+                         Q(f"histogram_quantile(0.99, sum by (le) (rate("
+                           f"{P}webhook_duration_seconds_bucket{{{R}}}[$__rate_interval])))",
+                           "p99")),
+        timeseries_panel("Decisions", "Remediation decisions by kind (acted, refused, "
+                         "cooled_down, ...).", "none",
+                         Q(f"sum by (decision) (increase({P}decisions_total{{{R}}}"
+                           f"[$__rate_interval]))", "{{decision}}"), min_value=0),
+        timeseries_panel("Actions by result", "Playbook actions that finished, by playbook, "
+                         "action and result.", "none",
+                         Q(f"sum by (playbook, action, result) (increase({P}actions_total{{{R}}}"
+                           f"[$__rate_interval]))", "{{playbook}} {{action}} {{result}}"),
+                         min_value=0),
+        timeseries_panel("Intents by state", "Remediation intents in the store by state.",
+                         "none", Q(f"sum by (state) ({P}intents{{{R}}})", "{{state}}"),
+                         min_value=0),
+        timeseries_panel("Alertmanager notifications", "Notifications Alertmanager sent and "
+                         "failed, per integration (webhook = remediation).", "ops",
+                         Q(f"sum by (integration) (rate(alertmanager_notifications_total{{{C}}}"
+                           f"[$__rate_interval]))", "{{integration}} sent"),
+                         Q(f"sum by (integration) (rate("
+                           f"alertmanager_notifications_failed_total{{{C}}}[$__rate_interval]))",
+                           "{{integration}} failed"), min_value=0),
+    )

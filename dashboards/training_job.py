@@ -1,0 +1,113 @@
+"""Training job: one job's health per rank, for the ML engineer on call."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard as gd
+
+from alert_rules import recording
+from dashboards.panels import (
+    Q,
+    add_panels,
+    cluster_variable,
+    new_dashboard,
+    query_variable,
+    stat_panel,
+    timeseries_panel,
+)
+
+UID = "trainwatch-training-job"
+# training-exporter series
+T = ('cluster=~"$cluster",job=~"$job",instance=~"$instance",'
+     'training_job=~"$training_job",rank=~"$rank"')
+# log-scanner series come from another scrape job and instance
+LOGS = 'cluster=~"$cluster",training_job=~"$training_job",rank=~"$rank"'
+# recording rules aggregate by training_job
+J = 'training_job=~"$training_job"'
+RANK = "{{training_job}} rank {{rank}}"
+
+
+def build() -> gd.Dashboard:
+    dashboard = (
+        new_dashboard(UID, "Trainwatch / Training job",
+                      "One training job per rank: loss, learning rate, gradient norm, "
+                      "throughput, step time and stragglers.", ["training"])
+        .with_variable(cluster_variable("training_step"))
+        .with_variable(query_variable("job", "Job",
+                                      'label_values(training_step{cluster=~"$cluster"}, job)'))
+        .with_variable(query_variable(
+            "instance", "Instance",
+            'label_values(training_step{cluster=~"$cluster",job=~"$job"}, instance)'))
+        .with_variable(query_variable(
+            "training_job", "Training job",
+            'label_values(training_step{job=~"$job",instance=~"$instance"}, training_job)'))
+        .with_variable(query_variable(
+            "rank", "Rank", 'label_values(training_step{training_job=~"$training_job"}, rank)'))
+    )
+    return add_panels(
+        dashboard,
+        stat_panel("Step", "Highest step any selected rank reported.", "none",
+                   Q(f"max(training_step{{{T}}})")),
+        stat_panel("World size", "Ranks the launcher started (WORLD_SIZE).", "none",
+                   Q(f"max(training_world_size{{{T}}})")),
+        stat_panel("Restarts", "Restarts of the job reported by its launcher.", "none",
+                   Q(f"max(training_restarts{{{T}}})")),
+        stat_panel("Since last step", "Seconds since the newest step of any selected rank; "
+                   "TrainingStalled fires when this stays high.", "s",
+                   Q(f"time() - max(training_last_step_timestamp_seconds{{{T}}})")),
+        timeseries_panel("Loss per rank", "Training loss each rank reported at its last step. "
+                         "A spike on all ranks is divergence; on one rank, its data or GPU.",
+                         "none", Q(f"training_loss{{{T}}}", RANK)),
+        timeseries_panel("Learning rate", "Learning rate per rank; Trainwatch's lr_reduction "
+                         "playbook shows as a step down on every rank at the same step.", "sci",
+                         Q(f"training_learning_rate{{{T}}}", RANK)),
+        timeseries_panel("Gradient norm", "Global gradient norm per rank; explosions usually "
+                         "come before loss spikes.", "none",
+                         Q(f"training_grad_norm{{{T}}}", RANK)),
+        timeseries_panel("Throughput", "Samples and tokens per second over all selected ranks.",
+                         "short",
+                         Q(f"sum by (training_job) (rate(training_samples_total{{{T}}}"
+                           f"[$__rate_interval]))", "{{training_job}} samples/s"),
+                         Q(f"sum by (training_job) (rate(training_tokens_total{{{T}}}"
+                           f"[$__rate_interval]))", "{{training_job}} tokens/s")),
+        timeseries_panel("Step time per rank", "Mean wall time of one step per rank.", "s",
+                         Q(f"rate(training_step_duration_seconds_sum{{{T}}}[$__rate_interval])\n"
+                           f"/\nrate(training_step_duration_seconds_count{{{T}}}"
+                           f"[$__rate_interval])", RANK)),
+        timeseries_panel("Step time p90 per rank", "90th percentile step time per rank, from the "
+                         "step-duration histogram.", "s",
+                         Q(f"histogram_quantile(0.9, sum by (training_job, rank, le) "
+                           f"(rate(training_step_duration_seconds_bucket{{{T}}}"
+                           f"[$__rate_interval])))", RANK)),
+        timeseries_panel("Straggler view: step time / job median", "Each rank's mean step time "
+                         "divided by the median rank of its job. 1 = typical; "
+                         "TrainingStragglerRank fires above 1.5.", "none",
+                         Q(f'{recording.STEP_TIME_PER_RANK}{{{J},rank=~"$rank"}}\n'
+                           f"/ on (training_job) group_left ()\n"
+                           f"{recording.STEP_TIME_MEDIAN_RANK}{{{J}}}", RANK)),
+        timeseries_panel("Data wait", "Seconds the last step waited for its input batch; high "
+                         "means the input pipeline is the bottleneck.", "s",
+                         Q(f"training_data_wait_seconds{{{T}}}", RANK)),
+        timeseries_panel("CUDA memory", "Memory allocated by tensors and reserved by PyTorch's "
+                         "caching allocator, per rank.", "bytes",
+                         Q(f"training_cuda_memory_allocated_bytes{{{T}}}", RANK + " allocated"),
+                         Q(f"training_cuda_memory_reserved_bytes{{{T}}}", RANK + " reserved")),
+        timeseries_panel("Non-finite losses", "Steps whose loss was NaN or infinite, per rank "
+                         "(TrainingNonFiniteLoss).", "none",
+                         Q(f"increase(training_nonfinite_loss_total{{{T}}}[$__rate_interval])",
+                           RANK), min_value=0),
+        timeseries_panel("Log events", "Anomalies the log scanner found in the ranks' logs, by "
+                         "kind (CUDA OOM, NCCL timeout/error, XID, ...).", "none",
+                         Q(f"sum by (training_job, rank, kind) (increase(training_log_events_total"
+                           f"{{{LOGS}}}[$__rate_interval]))", RANK + " {{kind}}"), min_value=0),
+        timeseries_panel("Commands applied and rollbacks", "Control commands (scale_lr, "
+                         "rollback, ...) applied per rank, and checkpoint rollbacks.", "none",
+                         Q(f"sum by (training_job, rank, command) (increase("
+                           f"training_commands_applied_total{{{T}}}[$__rate_interval]))",
+                           RANK + " {{command}}"),
+                         Q(f"increase(training_rollbacks_total{{{T}}}[$__rate_interval])",
+                           RANK + " rollbacks"), min_value=0),
+        timeseries_panel("Dropped step reports", "Step reports a rank could not hand to the "
+                         "exporter (buffer full or exporter down); training never waits.", "ops",
+                         Q(f"rate(training_dropped_samples_total{{{T}}}[$__rate_interval])",
+                           RANK), min_value=0),
+    )
