@@ -7,6 +7,7 @@ files directly inside the configured ansible_playbooks_dir can be run.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -69,20 +70,23 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
             "extravars": extravars,
             "quiet": True,
             "timeout": int(timeout_of(step, ctx.config.action_timeout_seconds)),
-            "envvars": {"ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+            # ansible-playbook comes with the service's own environment (a dependency)
+            "envvars": {"PATH": f"{Path(sys.executable).parent}{os.pathsep}"
+                                f"{os.environ.get('PATH', os.defpath)}",
                         "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0"},
         }
         if inventory is not None:
             kwargs["inventory"] = str(inventory)
         runner = ansible_runner.run(**kwargs)
+        # events and stats live in the private data dir: read them before it is removed
         output = runner.stdout.read() if runner.stdout else ""
         captured = _registered_output(runner)
+        processed = set((runner.stats or {}).get("processed") or {})
     result = {"playbook": path.name, "limit": node, "status": runner.status, "rc": runner.rc,
               "output_tail": output[-OUTPUT_LIMIT:], "captured": captured}
     if runner.status != "successful" or runner.rc != 0:
         raise ActionError(f"ansible: {path.name} on {node} ended {runner.status} rc={runner.rc}: "
                           f"{output[-1500:]}")
-    processed = set((runner.stats or {}).get("processed") or {})
     missing = [host for host in node.split(":") if host not in processed]
     if missing:
         raise ActionError(f"ansible: {path.name}: no inventory host named {missing!r}")

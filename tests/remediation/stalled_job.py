@@ -1,0 +1,28 @@
+"""A real 2-rank gloo job that stalls the way an NCCL hang does: rank 1 stops stepping (sleeps)
+and rank 0 blocks in an all_reduce waiting for it. Each rank touches <dir>/rank<N>.ready once
+the process group is up. Used by the stalled_job_diagnostics acceptance test."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    ready_dir = Path(sys.argv[1])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    (ready_dir / f"rank{rank}.ready").write_text(str(os.getpid()))
+    if rank == 1:
+        while True:
+            time.sleep(1)  # the "dead" rank: alive but never steps again
+    dist.all_reduce(torch.ones(1))  # blocks forever: rank 1 never joins
+
+
+if __name__ == "__main__":
+    main()

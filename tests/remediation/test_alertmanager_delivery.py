@@ -1,0 +1,235 @@
+"""Acceptance 1: a real Alertmanager (rendered from the shipped template) delivers to a real
+remediation-server, and each shipped playbook runs once for its alert.
+
+Real parts: Prometheus, Alertmanager, remediation-server (gunicorn), ansible-runner on
+localhost, the GPU power-limit tool (on the fake NVML: there is no GPU here), py-spy against a
+real 2-rank torchrun job, a real directory tree for disk cleanup.
+
+STAND-IN: the node training exporter (exporters/training) was not available when this was
+written, so `stand_in_training_exporter` is a loopback HTTP server implementing the control API
+of docs/contracts.md (idempotent command ids, bearer token) and a /metrics page with
+`training_step` for the job, which real Prometheus scrapes so the action finds it as it would
+the real exporter. The lead's end-to-end test covers the real exporter and ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+from alert_rules.alertmanager import render as render_alertmanager
+from tests.remediation.helpers import REPO, TOKEN, StubState, stub_server, write_config
+from tests.remediation.processes import RunningService, start_service
+from tests.support.net import free_port, wait_until
+from tests.support.procs import alertmanager, prometheus, running
+from tests.support.stack import torchrun_argv
+
+JOB = "e2ejob"
+NODE = "127.0.0.1"  # what the rules' `node` label is for exporters scraped at 127.0.0.1:port
+DAY = 86400
+
+
+@dataclass
+class Env:
+    workdir: Path
+    am: str
+    service: RunningService
+    exporter: StubState
+    cleanup_root: Path
+    scenario: Path
+
+
+def _training_metrics() -> str:
+    return "".join(f'training_step{{training_job="{JOB}",rank="{r}",node="{NODE}"}} 120\n'
+                   for r in (0, 1))
+
+
+def _disk_tree(root: Path) -> None:
+    ckpt = root / "ckpt"
+    ckpt.mkdir(parents=True)
+    entries = []
+    for step, healthy in ((100, True), (200, True), (300, False), (400, False), (500, False),
+                          (600, False)):
+        name = f"step-{step:06d}.pt"
+        (ckpt / name).write_bytes(b"x" * 1000)
+        entries.append({"step": step, "loss": 1.0, "healthy": healthy, "path": name})
+    (ckpt / "manifest.json").write_text(json.dumps({"checkpoints": entries}))
+    old = time.time() - 10 * DAY
+    for sub, name, age in (("logs", "old.log", old), ("logs", "new.log", None),
+                           ("cache", "old.bin", old)):
+        (root / sub).mkdir(exist_ok=True)
+        path = root / sub / name
+        path.write_bytes(b"y" * 500)
+        if age:
+            os.utime(path, (age, age))
+    outside = root.parent / "outside-victim.log"
+    outside.write_bytes(b"must survive")
+    os.utime(outside, (old, old))
+    (root / "logs" / "link-to-outside.log").symlink_to(outside)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory, real_binaries: dict) -> Iterator[Env]:
+    workdir = tmp_path_factory.mktemp("am-delivery")
+    cleanup_root = workdir / "node-data"
+    _disk_tree(cleanup_root)
+    scenario = workdir / "gpus.json"
+    scenario.write_text(json.dumps({"gpus": [{
+        "name": "Fake H100", "uuid": "GPU-e2e0", "power_limit_mw": 300000,
+        "power_min_mw": 100000, "power_max_mw": 350000, "power_default_mw": 300000}]}))
+    with ExitStack() as stack:
+        exporter_hostport, exporter = stack.enter_context(
+            stub_server(StubState(metrics_text=_training_metrics())))
+        prom_cfg = workdir / "prometheus.yml"
+        prom_cfg.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s"},
+            "scrape_configs": [{"job_name": "training",
+                                "static_configs": [{"targets": [exporter_hostport]}]}]}))
+        prom_url = stack.enter_context(prometheus(workdir, prom_cfg))
+        port = free_port()
+        token_file = workdir / "webhook.token"
+        token_file.write_text(TOKEN)
+        am_cfg = workdir / "alertmanager.yml"
+        am_cfg.write_text(render_alertmanager({
+            "alertmanager_remediation_url": f"http://127.0.0.1:{port}/v1/alerts",
+            "alertmanager_remediation_token_file": str(token_file),
+            "alertmanager_group_wait": "1s", "alertmanager_group_interval": "1s",
+            "alertmanager_repeat_interval": "1h"}))
+        am_url = stack.enter_context(alertmanager(workdir, am_cfg))
+        inventory = workdir / "inventory.yml"
+        inventory.write_text(yaml.safe_dump({"all": {"hosts": {NODE: {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "trainwatch_python": sys.executable,
+            "trainwatch_cleanup_allowed_roots": [str(cleanup_root)],
+            "trainwatch_cleanup_checkpoint_dirs": [str(cleanup_root / "ckpt")],
+            "trainwatch_cleanup_log_dirs": [str(cleanup_root / "logs")],
+            "trainwatch_cleanup_cache_dirs": [str(cleanup_root / "cache")],
+            "trainwatch_fake_nvml": str(scenario),
+            "trainwatch_power_limit_state_file": str(workdir / "power-state.json"),
+        }}}}))
+        config = write_config(workdir, port=port, prometheus_url=prom_url,
+                              alertmanager_url=am_url, ansible_inventory=str(inventory),
+                              pager_url=f"http://{exporter_hostport}/page")
+        service = stack.enter_context(start_service(config, port))
+        wait_until(lambda: requests.get(f"{prom_url}/api/v1/query", params={
+            "query": f'training_step{{training_job="{JOB}"}}'}, timeout=5).json()["data"][
+            "result"], timeout=30, what="Prometheus to scrape the stand-in exporter")
+        yield Env(workdir, am_url, service, exporter, cleanup_root, scenario)
+
+
+def fire(env: Env, labels: dict[str, str], *, resolve: bool = False) -> None:
+    """Post an alert to Alertmanager the way Prometheus does."""
+    now = datetime.now(timezone.utc)
+    body: dict[str, Any] = {"labels": labels, "annotations": {"summary": "acceptance test"},
+                            "generatorURL": "http://prometheus.test/graph"}
+    if resolve:
+        body["endsAt"] = (now - timedelta(seconds=1)).isoformat()
+    resp = requests.post(f"{env.am}/api/v2/alerts", json=[body], timeout=5)
+    assert resp.status_code == 200, resp.text
+
+
+def audit_for(env: Env, playbook: str, decision: str, count: int = 1,
+              timeout: float = 60) -> list[dict[str, Any]]:
+    def found() -> list[dict[str, Any]] | None:
+        rows = [r for r in env.service.actions(limit=5000)["audit"]
+                if r["playbook"] == playbook and r["decision"] in (decision, "failed")]
+        failed = [r for r in rows if r["decision"] == "failed"]
+        if failed:
+            raise AssertionError(f"{playbook} failed: {failed[0]['reason']}")
+        return rows if len(rows) >= count else None
+
+    return wait_until(found, timeout=timeout, what=f"{playbook} {decision}")
+
+
+def commands(env: Env) -> list[dict[str, Any]]:
+    return [p.body for p in env.exporter.posts(f"/v1/jobs/{JOB}/commands")]
+
+
+def test_lr_reduction_sends_one_scale_lr_to_the_job(env: Env) -> None:
+    fire(env, {"alertname": "TrainingLossSpike", "training_job": JOB, "severity": "warning",
+               "component": "training"})
+    (_acted,) = audit_for(env, "lr_reduction", "acted")
+    scale = [c for c in commands(env) if c["type"] == "scale_lr"]
+    assert len(scale) == 1
+    assert scale[0]["args"] == {"factor": 0.5, "floor": 1e-6} and len(scale[0]["id"]) == 32
+    post = env.exporter.posts(f"/v1/jobs/{JOB}/commands")[0]
+    assert post.headers["Authorization"].startswith("Bearer ")
+
+
+def test_checkpoint_rollback_rolls_back_then_cuts_lr(env: Env) -> None:
+    fire(env, {"alertname": "TrainingNonFiniteLoss", "training_job": JOB,
+               "severity": "critical", "component": "training"})
+    audit_for(env, "checkpoint_rollback", "acted")
+    types = [c["type"] for c in commands(env)]
+    assert types.count("rollback") == 1
+    rollback = next(c for c in commands(env) if c["type"] == "rollback")
+    assert rollback["args"] == {"skip_batches": 200}
+    ids = [c["id"] for c in commands(env)]
+    assert len(ids) == len(set(ids))
+
+
+def test_disk_cleanup_keeps_newest_and_newest_healthy_only_under_allowed_roots(env: Env) -> None:
+    fire(env, {"alertname": "NodeDiskFilling", "node": NODE, "severity": "warning",
+               "component": "node", "mountpoint": "/"})
+    (acted,) = audit_for(env, "disk_cleanup", "acted", timeout=90)
+    root = env.cleanup_root
+    remaining = sorted(p.name for p in (root / "ckpt").glob("*.pt"))
+    assert remaining == ["step-000200.pt", "step-000400.pt", "step-000500.pt", "step-000600.pt"]
+    manifest = json.loads((root / "ckpt" / "manifest.json").read_text())
+    assert [e["step"] for e in manifest["checkpoints"]] == [200, 400, 500, 600]
+    assert not (root / "logs" / "old.log").exists() and (root / "logs" / "new.log").exists()
+    assert not (root / "cache" / "old.bin").exists()
+    assert (root / "logs" / "link-to-outside.log").is_symlink()
+    assert (root.parent / "outside-victim.log").read_bytes() == b"must survive"
+    captured = acted["detail"]["results"][0]["result"]["captured"]
+    report = json.loads(next(iter(captured.values())))
+    assert report["bytes_freed"] == 2 * 1000 + 2 * 500
+
+
+def test_gpu_power_limit_lowers_then_restores_on_resolve(env: Env) -> None:
+    labels = {"alertname": "GpuTemperatureHigh", "node": NODE, "gpu": "0",
+              "severity": "warning", "component": "gpu"}
+
+    def limit() -> int:
+        return json.loads(env.scenario.read_text())["gpus"][0]["power_limit_mw"]
+
+    fire(env, labels)
+    audit_for(env, "gpu_power_limit", "acted", timeout=90)
+    assert limit() == 255000  # 300 W - 15 %, inside the card's [100, 350] W
+    fire(env, labels, resolve=True)
+    audit_for(env, "gpu_power_limit", "acted", count=2, timeout=90)
+    assert limit() == 300000
+
+
+def test_stalled_job_diagnostics_dumps_every_rank_and_pages(env: Env) -> None:
+    ready = env.workdir / "stalled-ready"
+    ready.mkdir()
+    job_env = {"TRAINWATCH_JOB": JOB, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    argv = torchrun_argv(REPO / "tests" / "remediation" / "stalled_job.py", str(ready))
+    with running(argv, env.workdir / "stalled-job.log", env=job_env, cwd=REPO) as job:
+        wait_until(lambda: len(list(ready.glob("rank*.ready"))) == 2, timeout=120,
+                   what=f"both ranks up:\n{job.log_text()[-2000:]}")
+        fire(env, {"alertname": "TrainingStalled", "training_job": JOB,
+                   "severity": "critical", "component": "training"})
+        (acted,) = audit_for(env, "stalled_job_diagnostics", "acted", timeout=120)
+        assert job.alive()  # diagnostics never kill anything
+    captured = acted["detail"]["results"][0]["result"]["captured"]
+    dump = json.loads(next(iter(captured.values())))
+    ranks = sorted(p["rank"] for p in dump["processes"])
+    assert ranks == ["0", "1"]
+    assert all("Thread" in p["dump"] for p in dump["processes"]), dump
+    pages = env.exporter.posts("/page")
+    assert len(pages) == 1 and pages[0].body["training_job"] == JOB
