@@ -9,22 +9,19 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.process_collector import ProcessCollector
-
 from exporters.gpu.collector_loop import CollectionLoop
 from exporters.gpu.config import ConfigError, Settings, build_parser, resolve
 from exporters.gpu.exposition import GpuCollector
 from exporters.gpu.fake_nvml import FakeNvml, ScenarioError, load_nvml
+from exporters.gpu.http_server import ExpositionApp, serve
 from exporters.gpu.processes import ProcessAttributor, read_proc_environ
 
 log = logging.getLogger("gpu-exporter")
 
 
-def build(settings: Settings, nvml: Any, simulated: bool) -> tuple[CollectionLoop,
-                                                                    CollectorRegistry]:
-    """The loop and a registry holding only what we serve (no default gc/platform collectors:
-    they cost RSS and scrape time and say nothing about GPUs)."""
+def build(settings: Settings, nvml: Any, simulated: bool) -> tuple[CollectionLoop, ExpositionApp]:
+    """The loop and the app serving it: GPU series plus process metrics only (the default
+    gc/platform collectors cost RSS and scrape time and say nothing about GPUs)."""
     attributor = None
     if settings.process_attribution:
         source = read_proc_environ
@@ -37,10 +34,7 @@ def build(settings: Settings, nvml: Any, simulated: bool) -> tuple[CollectionLoo
     loop = CollectionLoop(nvml, interval=settings.interval, deadline=settings.cycle_deadline,
                           attributor=attributor, watch_xid=settings.xid_events,
                           read_nvlink=settings.nvlink)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(GpuCollector(loop, simulated))
-    ProcessCollector(registry=registry)
-    return loop, registry
+    return loop, ExpositionApp(GpuCollector(loop, simulated))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,13 +48,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=settings.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    loop, registry = build(settings, nvml, simulated)
+    loop, app = build(settings, nvml, simulated)
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        server, _ = start_http_server(settings.port, addr=settings.bind, registry=registry)
+        server, _ = serve(app, settings.bind, settings.port)
     except OSError as exc:
         print(f"gpu-exporter: cannot listen on {settings.bind}:{settings.port}: {exc.strerror}",
               file=sys.stderr)

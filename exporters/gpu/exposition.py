@@ -132,6 +132,15 @@ class GpuCollector(Collector):
         snapshot = self.loop.snapshot
         if snapshot is not None:
             yield from self._families_for(snapshot)
+        yield from self.live_families(snapshot)
+
+    def snapshot_part(self) -> tuple[Snapshot | None, list[Metric]]:
+        """The published snapshot and its (cached) families."""
+        snapshot = self.loop.snapshot
+        return snapshot, ([] if snapshot is None else self._families_for(snapshot))
+
+    def live_families(self, snapshot: Snapshot | None) -> Iterator[Metric]:
+        """What changes between snapshots: XID counters, age, staleness, self counters."""
         yield from self._xid_families()
         yield from self._dynamic_families(snapshot)
 

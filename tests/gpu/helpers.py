@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporters.gpu.collector_loop import CollectionLoop
 from exporters.gpu.exposition import GpuCollector
 from exporters.gpu.fake_nvml import FakeNvml, simulated_scenario
+from exporters.gpu.http_server import ExpositionApp
 from exporters.gpu.processes import ProcessAttributor, read_proc_environ
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -44,6 +45,12 @@ def parse(text: str) -> Series:
 
 
 def render(loop: CollectionLoop) -> str:
+    """Exactly the bytes the exporter serves (cached snapshot text + live series)."""
+    return ExpositionApp(GpuCollector(loop, True), process_metrics=False).render().decode()
+
+
+def render_via_registry(loop: CollectionLoop) -> str:
+    """The same families through a plain prometheus_client registry (no caching)."""
     return generate_latest(registry_for(loop)).decode()
 
 

@@ -9,15 +9,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import requests
-from prometheus_client import start_http_server
 
 from exporters.gpu import metrics as m
 from exporters.gpu.collector_loop import CollectionLoop
+from exporters.gpu.exposition import GpuCollector
+from exporters.gpu.http_server import ExpositionApp, serve
 from tests.gpu.helpers import (
     Series,
     make_loop,
     parse,
-    registry_for,
     render,
     started,
     static_fake,
@@ -30,7 +30,7 @@ from tests.support.net import free_port, wait_until
 @contextmanager
 def served(loop: CollectionLoop) -> Iterator[str]:
     port = free_port()
-    server, _ = start_http_server(port, addr="127.0.0.1", registry=registry_for(loop))
+    server, _ = serve(ExpositionApp(GpuCollector(loop, True)), "127.0.0.1", port)
     try:
         yield f"http://127.0.0.1:{port}/metrics"
     finally:

@@ -12,7 +12,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.gpu.helpers import make_loop, normalise, render, static_fake
+from exporters.gpu import metrics as m
+from tests.gpu.helpers import (
+    make_loop,
+    normalise,
+    parse,
+    render,
+    render_via_registry,
+    static_fake,
+    value,
+)
 
 GOLDEN = Path(__file__).parent / "golden" / "simulated_8_gpus.prom"
 
@@ -42,3 +51,18 @@ def test_normalise_hides_only_timing_values() -> None:
     text = current_exposition()
     assert text.count("<normalised>") == 3
     assert "trainwatch_gpu_exporter_stale 0.0" in text
+
+
+def test_cached_served_text_matches_a_plain_registry_render() -> None:
+    fake = static_fake(8)
+    loop = make_loop(fake)
+    loop.run_once()
+    served = parse(render(loop))
+    plain = parse(render_via_registry(loop))
+    volatile = {m.DATA_AGE}
+    assert {k: v for k, v in served.items() if k[0] not in volatile} == {
+        k: v for k, v in plain.items() if k[0] not in volatile}
+    loop.run_once()  # a new snapshot must not be served from the old cache
+    fake.update(lambda s: s["gpus"][0].update(temperature=91))
+    loop.run_once()
+    assert value(parse(render(loop)), m.TEMPERATURE, gpu="0") == 91
