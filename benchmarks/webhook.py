@@ -1,0 +1,288 @@
+"""Benchmark the remediation webhook: accepted alerts/s and latency of the 2xx at 200 req/s.
+
+    .venv/bin/python benchmarks/webhook.py [--seconds 10] [--rate 200]
+
+Trainwatch (remediation-server under gunicorn: authenticate, validate, commit the intent to
+SQLite WAL with synchronous=FULL, answer; a worker acts afterwards) is compared, in the same
+run and on the same action target, with the naive design several existing receivers use: run
+the action synchronously before answering (here one HTTP call per alert to a target that takes
+20 ms, no persistence). Both servers are gunicorn gthread with the same thread count.
+
+The load generator runs in a second process and posts real-shaped Alertmanager v4 payloads
+(distinct fingerprints, so every request is new work) over loopback:
+  * latency: open loop at --rate req/s (1 alert each) for --seconds; latency is measured from
+    the scheduled send time, so a stalled server cannot hide queueing (no coordinated omission);
+  * throughput: closed loop, 8 connections, payloads of 10 alerts, for --seconds / 2.
+Prints one line per phase and, last, a JSON object with both results and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.net import free_port, wait_until  # noqa: E402
+
+TOKEN = secrets.token_hex(16)
+ACTION_SECONDS = 0.02
+THREADS = 8
+
+
+# --- the action target both designs call --------------------------------------------------------
+class _SlowTarget(BaseHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        time.sleep(ACTION_SECONDS)
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+
+# --- the naive baseline: act synchronously, then answer ------------------------------------------
+def serve_baseline(port: int, target: str) -> None:
+    from flask import Flask, jsonify, request
+    from gunicorn.app.base import BaseApplication
+
+    app = Flask("naive-receiver")
+    session = requests.Session()
+
+    @app.post("/v1/alerts")
+    def alerts() -> Any:
+        if request.headers.get("Authorization") != f"Bearer {TOKEN_FROM_ENV}":
+            return jsonify({"error": "unauthorized"}), 401
+        payload = request.get_json()
+        for alert in payload["alerts"]:
+            session.post(f"http://{target}/act", json=alert["labels"], timeout=10)
+        return jsonify({"ok": True})
+
+    @app.get("/healthz")
+    def healthz() -> Any:
+        return jsonify({"status": "ok"})
+
+    class Server(BaseApplication):  # type: ignore[misc]
+        def load_config(self) -> None:
+            for key, value in {"bind": f"127.0.0.1:{port}", "workers": 1,
+                               "worker_class": "gthread", "threads": THREADS,
+                               "loglevel": "warning", "accesslog": None}.items():
+                self.cfg.set(key, value)
+
+        def load(self) -> Any:
+            return app
+
+    Server().run()
+
+
+TOKEN_FROM_ENV = os.environ.get("BENCH_TOKEN", "")
+
+
+# --- load generation (second process) ------------------------------------------------------------
+def _payload(n_alerts: int) -> bytes:
+    alerts = [{"status": "firing",
+               "labels": {"alertname": "TrainingLossSpike",
+                          "training_job": f"job{secrets.randbelow(50)}",
+                          "severity": "warning", "component": "training",
+                          "instance": "10.0.0.7:9446", "rank": "0", "node": "gpu-node-07"},
+               "annotations": {"summary": "loss spiked", "runbook_url": "https://runbooks/x"},
+               "startsAt": "2026-11-21T18:03:15.119Z", "endsAt": "0001-01-01T00:00:00Z",
+               "generatorURL": "http://monitor-01:9090/graph?g0.expr=x",
+               "fingerprint": secrets.token_hex(8)} for _ in range(n_alerts)]
+    return json.dumps({"receiver": "remediation", "status": "firing", "alerts": alerts,
+                       "groupLabels": {"alertname": "TrainingLossSpike"},
+                       "commonLabels": {"alertname": "TrainingLossSpike"},
+                       "commonAnnotations": {}, "externalURL": "http://monitor-01:9093",
+                       "version": "4", "groupKey": "{}:{alertname=\"TrainingLossSpike\"}",
+                       "truncatedAlerts": 0}).encode()
+
+
+def _generate(url: str, rate: float, seconds: float, out: Any) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    local = threading.local()
+
+    def post(body: bytes) -> int:
+        if not hasattr(local, "s"):
+            local.s = requests.Session()
+        return local.s.post(url, data=body, headers=headers, timeout=30).status_code
+
+    result: dict[str, Any] = {}
+    # open loop at a fixed rate
+    n = int(rate * seconds)
+    bodies = [_payload(1) for _ in range(n)]
+    latencies: list[float] = []
+    codes: dict[int, int] = {}
+    lock = threading.Lock()
+    start = time.perf_counter() + 0.2
+
+    def one(i: int) -> None:
+        scheduled = start + i / rate
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        try:
+            code = post(bodies[i])
+        except requests.RequestException:
+            code = 0
+        with lock:
+            latencies.append(time.perf_counter() - scheduled)
+            codes[code] = codes.get(code, 0) + 1
+
+    with ThreadPoolExecutor(64) as pool:
+        list(pool.map(one, range(n)))
+    latencies.sort()
+    result["latency"] = {"requests": n, "codes": codes,
+                         "p50_ms": 1000 * latencies[len(latencies) // 2],
+                         "p99_ms": 1000 * latencies[int(len(latencies) * 0.99) - 1],
+                         "mean_ms": 1000 * statistics.fmean(latencies)}
+    # closed loop throughput
+    batch, conns, duration = 10, 8, max(seconds / 2, 2.0)
+    stop = time.perf_counter() + duration
+    accepted = [0] * conns
+
+    def loop(k: int) -> None:
+        while time.perf_counter() < stop:
+            try:
+                if post(_payload(batch)) == 200:
+                    accepted[k] += batch
+            except requests.RequestException:
+                pass
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(conns) as pool:
+        list(pool.map(loop, range(conns)))
+    result["throughput"] = {"alerts_per_s": sum(accepted) / (time.perf_counter() - t0),
+                            "alerts_per_request": batch, "connections": conns}
+    out.put(result)
+
+
+def measure(url: str, rate: float, seconds: float) -> dict[str, Any]:
+    queue: Any = mp.Queue()
+    proc = mp.Process(target=_generate, args=(url, rate, seconds, queue))
+    proc.start()
+    result = queue.get(timeout=seconds * 10 + 120)
+    proc.join(30)
+    return result
+
+
+def _start(argv: list[str], url: str, env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    wait_until(lambda: requests.get(url, timeout=1).status_code == 200, timeout=60,
+               what=f"{argv[0]} ready")
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, 15)
+    proc.wait(20)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=200.0)
+    args = parser.parse_args()
+    if args.seconds <= 0 or args.rate <= 0:
+        parser.error("--seconds and --rate must be positive")
+
+    target_server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowTarget)
+    target_server.daemon_threads = True
+    threading.Thread(target=target_server.serve_forever, daemon=True).start()
+    target = f"127.0.0.1:{target_server.server_address[1]}"
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-webhook-") as tmp:
+        work = Path(tmp)
+        (work / "token").write_text(TOKEN)
+        (work / "playbooks").mkdir()
+        (work / "playbooks" / "bench.yaml").write_text(yaml.safe_dump({
+            "name": "bench", "match": {"alertname": ["TrainingLossSpike"]},
+            "target": ["training_job"],
+            "steps": [{"action": "http", "url": f"http://{target}/act/${{labels.training_job}}"}]}))
+        port = free_port()
+        config = work / "remediation.yml"
+        config.write_text(yaml.safe_dump({
+            "bind": "127.0.0.1", "port": port, "webhook_token_file": str(work / "token"),
+            "store_path": str(work / "store.sqlite"), "prometheus_url": "http://127.0.0.1:1",
+            "alertmanager_url": "http://127.0.0.1:1",
+            "training_exporter_token_file": str(work / "token"),
+            "playbooks_dir": str(work / "playbooks"), "http_threads": THREADS,
+            "circuit_breaker": {"max_actions": 1000000, "window": "1h"}}))
+        env = {**os.environ, "BENCH_TOKEN": TOKEN}
+        venv_bin = Path(sys.executable).parent
+        proc = _start([str(venv_bin / "remediation-server"), "--config", str(config)],
+                      f"http://127.0.0.1:{port}/readyz", env, work / "trainwatch.log")
+        try:
+            results["trainwatch"] = measure(f"http://127.0.0.1:{port}/v1/alerts", args.rate,
+                                            args.seconds)
+        finally:
+            _stop(proc)
+        bport = free_port()
+        proc = _start([sys.executable, __file__, "--serve-baseline", str(bport), target],
+                      f"http://127.0.0.1:{bport}/healthz", env, work / "baseline.log")
+        try:
+            results["naive_sync"] = measure(f"http://127.0.0.1:{bport}/v1/alerts", args.rate,
+                                            args.seconds)
+        finally:
+            _stop(proc)
+    target_server.shutdown()
+
+    for name, res in results.items():
+        lat, thr = res["latency"], res["throughput"]
+        print(f"{name:12s} at {args.rate:.0f} req/s: p50 {lat['p50_ms']:.1f} ms, "
+              f"p99 {lat['p99_ms']:.1f} ms, codes {lat['codes']}; "
+              f"closed loop {thr['alerts_per_s']:.0f} alerts/s")
+    tw, base = results["trainwatch"], results["naive_sync"]
+    summary = {
+        "benchmark": "webhook",
+        "machine": f"{platform.machine()} {os.cpu_count()} cpu, {platform.platform()}",
+        "rate_req_per_s": args.rate,
+        "seconds": args.seconds,
+        "accepted_alerts_per_s": round(tw["throughput"]["alerts_per_s"], 1),
+        "p50_ms": round(tw["latency"]["p50_ms"], 2),
+        "p99_ms": round(tw["latency"]["p99_ms"], 2),
+        "codes": tw["latency"]["codes"],
+        "baseline_naive_sync": {
+            "accepted_alerts_per_s": round(base["throughput"]["alerts_per_s"], 1),
+            "p50_ms": round(base["latency"]["p50_ms"], 2),
+            "p99_ms": round(base["latency"]["p99_ms"], 2),
+            "codes": base["latency"]["codes"]},
+        "ratios": {
+            "throughput_x": round(tw["throughput"]["alerts_per_s"]
+                                  / max(base["throughput"]["alerts_per_s"], 1e-9), 2),
+            "p99_baseline_over_trainwatch": round(base["latency"]["p99_ms"]
+                                                  / max(tw["latency"]["p99_ms"], 1e-9), 2)},
+        "goals_met": {"p99_le_25ms": tw["latency"]["p99_ms"] <= 25.0,
+                      "alerts_per_s_ge_500": tw["throughput"]["alerts_per_s"] >= 500},
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve-baseline":
+        serve_baseline(int(sys.argv[2]), sys.argv[3])
+    else:
+        sys.exit(main())
