@@ -1,0 +1,93 @@
+"""The failure messages the scanner recognises, as the frameworks print them.
+
+Sources of the texts (read in their code):
+* PyTorch CUDACachingAllocator: "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a
+  total capacity of ..." raised as `torch.OutOfMemoryError` (older: torch.cuda.OutOfMemoryError);
+  the CUDA runtime's own "CUDA error: out of memory".
+* ProcessGroupNCCL watchdog: "[Rank 0] Watchdog caught collective operation timeout:
+  WorkNCCL(SeqNum=1, OpType=ALLREDUCE, ..., Timeout(ms)=600000) ran for 600081 milliseconds
+  before timing out."; older releases: "Caught collective operation timeout"; "Timeout at NCCL
+  work: ...".
+* NCCL errors as PyTorch reports them: "NCCL error in: .../ProcessGroupNCCL.cpp:1275, unhandled
+  cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3" followed by the
+  ncclResult_t name (ncclUnhandledCudaError, ncclSystemError, ncclInternalError,
+  ncclInvalidArgument, ncclInvalidUsage, ncclRemoteError).
+* torchelastic: "failed (exitcode: 1) local_rank: 0 (pid: 123) of binary: ..." from
+  multiprocessing/api.py, then `torch.distributed.elastic.multiprocessing.errors.ChildFailedError`.
+* Rendezvous: `torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError` (raised without
+  a message) and the TCPStore's "Timed out after 901 seconds waiting for clients. 1/2 clients
+  joined." (static rendezvous / env:// init).
+* Non-finite loss: Megatron-LM "found NaN in local forward loss calculation" / "found NaN in
+  local grad norm"; Lightning "Detected nan and/or inf values in `...`" and "Monitored metric
+  val_loss = nan is not finite"; torch autograd anomaly mode "Function 'MulBackward0' returned
+  nan values in its 0th output."; torch clip_grad_norm_ "... is non-finite, so it cannot be
+  clipped"; fairseq "gradients are Nan/Inf" and "Minimum loss scale reached"; common training
+  loop prints "loss is nan", "Loss became nan at step 10", "loss=inf", "grad norm is nan",
+  "Detected inf or nan", "non-finite loss". DeepSpeed's fp16 "OVERFLOW! ... Skipping step" is
+  routine loss scaling and deliberately not matched.
+* NVIDIA kernel driver: "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen
+  off the bus." (older drivers print "NVRM: Xid (0000:3b:00): 79, ...").
+"""
+
+from __future__ import annotations
+
+import re
+
+# Cheap first pass over whole chunks: a line without one of these can match no class below.
+# Only literal, fairly rare tokens, so the regex engine skips ordinary step lines quickly.
+PREFILTER = re.compile(
+    r"out of memory|OutOfMemory|NCCL|nccl|ChildFailedError|exitcode|[Rr]endezvous"
+    r"|clients joined|[Nn][Aa][Nn]|(?:inf|Inf|INF)\b|non-finite|not finite|Xid"
+    r"|[Ll]oss scale reached"
+)
+
+_NUMBER_NONFINITE = r"[-+]?(?:nan|inf(?:inity)?)\b"
+
+CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("cuda_oom", re.compile(
+        r"CUDA out of memory|\btorch\.(?:cuda\.)?OutOfMemoryError\b|CUDA error: out of memory")),
+    ("nccl_timeout", re.compile(
+        r"[Cc]aught collective operation timeout|\d milliseconds before timing out"
+        r"|Timeout at NCCL work")),
+    ("nccl_error", re.compile(
+        r"\bNCCL error\b|\bnccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage"
+        r"|Remote)Error\b")),
+    ("elastic_child_failed", re.compile(
+        r"\bChildFailedError\b|\bfailed \(exitcode: -?\d+\) local_rank: \d+")),
+    ("rendezvous_timeout", re.compile(
+        r"\bRendezvousTimeout(?:Error|Exception)\b|waiting for clients\. \d+/\d+ clients joined")),
+    ("nonfinite_loss", re.compile(
+        r"(?<![A-Za-z])loss(?:es)?\b(?: value)?\s*(?:is|was|became|has become|=|:)\s*"
+        + _NUMBER_NONFINITE +
+        r"|(?<![A-Za-z])grad(?:ient)?[ _]norm\b\s*(?:is|was|=|:)\s*" + _NUMBER_NONFINITE +
+        r"|\bnon-?finite loss\b|\bloss is not finite\b|\bDetected (?:inf or nan|nan or inf)\b"
+        r"|\bnan and/or inf values\b|\breturned nan values in its \d+\w* output\b"
+        r"|\bis non-finite, so it cannot be clipped\b"
+        r"|\bfound NaN in local (?:forward loss|grad norm)"
+        r"|\bgradients are Nan/Inf\b|\bMinimum loss scale reached\b"
+        r"|= " + _NUMBER_NONFINITE + r" is not finite",
+        re.IGNORECASE)),
+)
+
+XID = re.compile(
+    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): (\d+)\b")
+
+# "[rank1]:" is what torchrun puts in front of each line of a rank's redirected output.
+RANK_PREFIX = re.compile(r"\[(?:default)?rank(\d+)\]:\s?")
+
+# A line that starts a new log record (timestamp, glog "E1121 ", "[...", JSON, level word);
+# anything else after a traceback belongs to the exception message before it.
+RECORD_START = re.compile(
+    r"(?:\d|\{|\[(?!\d+\]:)|[IWEFD]\d{4} |(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|FATAL)\b"
+    r"|NVRM)")
+
+TRACEBACK_HEADER = "Traceback (most recent call last):"
+CHAIN_MARKERS = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+
+
+def classify_text(text: str) -> list[str]:
+    """Every class whose message appears in `text` (each at most once)."""
+    return [kind for kind, pattern in CLASS_PATTERNS if pattern.search(text)]

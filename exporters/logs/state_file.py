@@ -1,0 +1,52 @@
+"""Scanner offsets on disk: loaded at start, replaced atomically, so a restart resumes exactly.
+
+The file is written to a temporary name in the same directory, fsynced and renamed over the
+old one; a crash leaves either the old or the new state, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+STATE_VERSION = 1
+
+
+class StateFileError(ValueError):
+    """The state file exists but is not one this scanner wrote."""
+
+
+def load_state(path: Path | None) -> dict[str, Any]:
+    """The saved state, or an empty one when there is no file yet."""
+    if path is None or not path.exists():
+        return {"version": STATE_VERSION, "files": {}, "kmsg_seq": None}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise StateFileError(f"cannot read state file {path}: {exc}") from exc
+    if (not isinstance(data, dict) or data.get("version") != STATE_VERSION
+            or not isinstance(data.get("files"), dict)):
+        raise StateFileError(f"state file {path} is not a version-{STATE_VERSION} scanner state")
+    for key, entry in data["files"].items():
+        if not (isinstance(entry, dict) and isinstance(entry.get("offset"), int)
+                and entry["offset"] >= 0 and isinstance(key, str)):
+            raise StateFileError(f"state file {path}: bad entry for {key!r}")
+    data.setdefault("kmsg_seq", None)
+    return data
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    """Replace `path` with `state` atomically (temp file, fsync, rename), mode 0600."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(state, handle, separators=(",", ":"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
