@@ -1,0 +1,139 @@
+"""Generated dashboards: no drift, linter rules pass, stable uids, variables, provisioning."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dashboards import check, generate, lint
+from tests.dashboards.dashboard_files import DASHBOARDS_DIR, GENERATED, load_all
+
+EXPECTED_UIDS = {
+    "gpu-fleet.json": "trainwatch-gpu-fleet",
+    "gpu-node.json": "trainwatch-gpu-node",
+    "training-job.json": "trainwatch-training-job",
+    "remediation-alerts.json": "trainwatch-remediation-alerts",
+    "stack-health.json": "trainwatch-stack-health",
+}
+COMMON_VARIABLES = {"datasource", "cluster", "job", "instance"}
+EXTRA_VARIABLES = {
+    "gpu-fleet.json": {"gpu"}, "gpu-node.json": {"gpu"},
+    "training-job.json": {"training_job", "rank"},
+}
+
+
+def test_committed_files_match_the_generator(tmp_path: Path) -> None:
+    assert generate.main(["--out", str(tmp_path)]) == 0
+    for sub in ("generated", "provisioning"):
+        fresh = {p.name: p.read_text() for p in (tmp_path / sub).iterdir()}
+        committed = {p.name: p.read_text() for p in (DASHBOARDS_DIR / sub).iterdir()}
+        assert fresh == committed, f"dashboards/{sub} is stale: run `python -m dashboards.generate`"
+
+
+def test_uids_are_stable_and_unique() -> None:
+    dashboards = load_all()
+    assert {name: d["uid"] for name, d in dashboards.items()} == EXPECTED_UIDS
+    for name, d in dashboards.items():
+        ids = [p["id"] for p in check.panels(d)]
+        assert ids == list(range(1, len(ids) + 1)), f"{name}: panel ids must be 1..n"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_UIDS))
+def test_dashboard_passes_the_linter_rules(name: str) -> None:
+    assert lint.lint(load_all()[name]) == {}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_UIDS))
+def test_dashboard_has_its_variables(name: str) -> None:
+    variables = {v["name"] for v in load_all()[name]["templating"]["list"]}
+    assert COMMON_VARIABLES | EXTRA_VARIABLES.get(name, set()) <= variables
+
+
+def test_every_rate_uses_rate_interval_somewhere() -> None:
+    """Each dashboard has rate()s and they all use $__rate_interval (the lint rule's subject)."""
+    for name, d in load_all().items():
+        exprs = [t["expr"] for p in check.panels(d) for t in p.get("targets", [])]
+        assert any("$__rate_interval" in e for e in exprs), name
+
+
+# --- each linter rule catches what it is meant to catch -------------------------------------
+
+Mutation = Callable[[dict], object]
+
+
+def _broken(mutate: Mutation) -> dict:
+    d = copy.deepcopy(load_all()["training-job.json"])
+    mutate(d)
+    return d
+
+
+def _first_timeseries(d: dict) -> dict:
+    return next(p for p in check.panels(d) if p["type"] == "timeseries")
+
+
+def _set_expr(expr: str) -> Mutation:
+    def mutate(d: dict) -> None:
+        _first_timeseries(d)["targets"][0]["expr"] = expr
+    return mutate
+
+
+def _variable(d: dict, name: str) -> dict:
+    return next(v for v in d["templating"]["list"] if v["name"] == name)
+
+
+@pytest.mark.parametrize(("rule", "mutate"), [
+    ("template-datasource-rule",
+     lambda d: d["templating"]["list"].remove(_variable(d, "datasource"))),
+    ("template-job-rule", lambda d: _variable(d, "job").update(allValue=".*")),
+    ("template-job-rule", lambda d: _variable(d, "job").update(multi=False)),
+    ("template-instance-rule",
+     lambda d: _variable(d, "instance").update(datasource={"uid": "prometheus"})),
+    ("template-instance-rule", lambda d: d["templating"]["list"].remove(_variable(d, "instance"))),
+    ("target-rate-interval-rule", _set_expr("rate(training_samples_total[5m])")),
+    ("target-counter-agg-rule", _set_expr("training_samples_total")),
+    ("target-counter-agg-rule", _set_expr("sum(training_step_duration_seconds_count)")),
+    ("panel-title-description-rule", lambda d: _first_timeseries(d).update(description="")),
+    ("panel-units-rule", lambda d: _first_timeseries(d)["fieldConfig"]["defaults"].pop("unit")),
+    ("panel-units-rule",
+     lambda d: _first_timeseries(d)["fieldConfig"]["defaults"].update(unit="furlongs")),
+])
+def test_each_lint_rule_catches_its_problem(rule: str, mutate: Mutation) -> None:
+    assert rule in lint.lint(_broken(mutate))
+
+
+# --- helpers the end-to-end test reuses -----------------------------------------------------
+
+def test_panel_queries_substitute_variables() -> None:
+    d = load_all()["training-job.json"]
+    queries = dict(check.panel_queries(d, {"training_job": "demo", "rank": "0|1"}))
+    assert 'training_job=~"demo"' in queries["Loss per rank"]
+    assert 'rank=~"0|1"' in queries["Loss per rank"]
+    assert "[1m]" in queries["Throughput"] and "$" not in "".join(queries.values())
+
+
+def test_substitute_refuses_unknown_variables() -> None:
+    with pytest.raises(KeyError, match="nope"):
+        check.substitute("up{job=~\"$nope\"}", {})
+
+
+def test_failure_only_panels_exist_and_are_documented() -> None:
+    by_uid = {d["uid"]: d for d in load_all().values()}
+    readme = (DASHBOARDS_DIR / "README.md").read_text()
+    for (uid, title), reason in check.FAILURE_ONLY.items():
+        assert title in {p["title"] for p in check.panels(by_uid[uid])}, (uid, title)
+        assert f"| {title} |" in readme and reason in readme, (uid, title)
+
+
+def test_provisioning_points_grafana_at_the_dashboards_and_prometheus() -> None:
+    provisioning = DASHBOARDS_DIR / "provisioning"
+    dashboards = yaml.safe_load((provisioning / "dashboards.yml").read_text())
+    provider = dashboards["providers"][0]
+    assert provider["type"] == "file" and provider["options"]["path"]
+    datasources = yaml.safe_load((provisioning / "datasources.yml").read_text())
+    source = datasources["datasources"][0]
+    assert source["type"] == "prometheus" and source["uid"] == generate.DATASOURCE_UID
+    assert GENERATED.is_dir()
