@@ -1,0 +1,184 @@
+"""A small data-parallel training job instrumented with Trainwatch (CPU/gloo or GPU/NCCL).
+
+    python -m torch.distributed.run --nproc-per-node 2 examples/train_ddp.py \
+        --job demo --steps 300 --step-time 0.05 --spike-at-step 100 --checkpoint-dir /tmp/ck
+
+An MLP learns a fixed noisy regression target with SGD and gradient-norm clipping (max 1).
+`--spike-at-step N` multiplies the learning rate by `--spike-factor` (40) at step N: SGD is
+then unstable around the minimum, the clipped updates keep throwing the weights about, and
+the loss sits at about 4x its baseline (about 1.8 against 0.45) - high, finite, and
+persistent, because clipping bounds each update without ever letting it settle. It stays
+there until something cuts the learning rate again, which is what the Trainwatch stack does
+with a `scale_lr` command (factor 0.1 brings it back under ~0.6 within about 25 steps).
+`--nan-at-step N` makes the loss at step N NaN once, which poisons the weights (every later
+loss is NaN) until a `rollback` command restores the newest healthy checkpoint.
+
+Every rank prints JSON lines on stdout for demo timelines and tests: start, step (every
+--print-every steps), spike_injected, nan_injected, checkpoint_saved, command_applied
+(with the new lr or the restored step and a digest of the restored weights), summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from exporters.training.checkpoint import CheckpointManager, weights_digest
+from exporters.training.client import TrainingMonitor
+
+FEATURES = 16
+
+
+def emit(event: str, **fields: Any) -> None:
+    """One JSON line per event, written in one call so ranks' lines never interleave."""
+    sys.stdout.write(json.dumps({"event": event, **fields, "time": time.time()}) + "\n")
+    sys.stdout.flush()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--job", default=None, help="training_job label (default: from env)")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--step-time", type=float, default=0.05,
+                        help="pad every step to at least this many seconds")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--clip", type=float, default=1.0, help="max gradient norm")
+    parser.add_argument("--spike-at-step", type=int, default=None)
+    parser.add_argument("--spike-factor", type=float, default=40.0)
+    parser.add_argument("--nan-at-step", type=int, default=None)
+    parser.add_argument("--checkpoint-dir", default=None)
+    parser.add_argument("--checkpoint-every", type=int, default=10)
+    parser.add_argument("--keep-checkpoints", type=int, default=3)
+    parser.add_argument("--tensorboard-dir", default=None)
+    parser.add_argument("--print-every", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=1234)
+    args = parser.parse_args(argv)
+    if (args.steps < 1 or args.batch_size < 1 or args.lr <= 0 or args.step_time < 0
+            or args.clip <= 0 or args.spike_factor <= 0):
+        parser.error("--steps, --batch-size, --lr, --clip, --spike-factor must be positive "
+                     "and --step-time >= 0")
+    if args.checkpoint_every < 1 or args.print_every < 1:
+        parser.error("--checkpoint-every and --print-every must be >= 1")
+    return args
+
+
+class Data:
+    """Deterministic batches: batch i of rank r is the same on every run (so skips replay)."""
+
+    def __init__(self, seed: int, rank: int, batch_size: int) -> None:
+        target = torch.Generator().manual_seed(seed)
+        self.w1 = torch.randn(FEATURES, 32, generator=target)
+        self.w2 = torch.randn(32, 1, generator=target) / 4
+        self.seed, self.rank, self.batch_size = seed, rank, batch_size
+
+    def batch(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.rank * 7919 + index)
+        x = torch.randn(self.batch_size, FEATURES, generator=gen)
+        y = torch.tanh(x @ self.w1) @ self.w2 + 0.1 * torch.randn(self.batch_size, 1,
+                                                                   generator=gen)
+        return x, y
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
+    rank = dist.get_rank() if distributed else 0
+    world = dist.get_world_size() if distributed else 1
+    torch.manual_seed(args.seed)  # identical initial weights on every rank
+    net = nn.Sequential(nn.Linear(FEATURES, 64), nn.LeakyReLU(0.1), nn.Linear(64, 1))
+    model: nn.Module = DistributedDataParallel(net) if distributed else net
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    data = Data(args.seed, rank, args.batch_size)
+
+    checkpoints = (CheckpointManager(args.checkpoint_dir, model, optimizer,
+                                     keep=args.keep_checkpoints)
+                   if args.checkpoint_dir else None)
+    monitor = TrainingMonitor(job=args.job, optimizer=optimizer, checkpoints=checkpoints,
+                              tensorboard_dir=args.tensorboard_dir)
+
+    def set_batch_size(cmd_args: dict[str, Any], step: int) -> dict[str, Any]:
+        """A script-defined command: the stack can shrink the batch (e.g. after an OOM)."""
+        data.batch_size = int(cmd_args["batch_size"])
+        return {"batch_size": data.batch_size}
+
+    monitor.register_command("set_batch_size", set_batch_size, schema={
+        "type": "object", "properties": {"batch_size": {"type": "integer", "minimum": 1,
+                                                         "maximum": 65536}},
+        "required": ["batch_size"], "additionalProperties": False})
+
+    step, batch_offset = 0, 0
+    if checkpoints is not None and checkpoints.newest_healthy() is not None:
+        step = checkpoints.rollback() + 1  # an elastic restart resumes where it left off
+        emit("resumed", rank=rank, step=step)
+    emit("start", rank=rank, world_size=world, job=monitor.info.job, step=step,
+         restarts=monitor.info.restarts)
+    spiked = nan_done = False
+    loss_value = float("nan")
+    steps_run = 0
+    while step < args.steps:
+        started = time.perf_counter()
+        x, y = data.batch(step + batch_offset)
+        data_wait = time.perf_counter() - started
+        if step == args.spike_at_step and not spiked:
+            spiked = True
+            for group in optimizer.param_groups:
+                group["lr"] *= args.spike_factor
+            emit("spike_injected", rank=rank, step=step, lr=optimizer.param_groups[0]["lr"])
+        loss = nn.functional.mse_loss(model(x), y)
+        if step == args.nan_at_step and not nan_done:
+            nan_done = True
+            loss = loss * float("nan")
+            emit("nan_injected", rank=rank, step=step)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        optimizer.step()
+        loss_value = loss.item()
+        monitor.report(step, loss=loss_value, grad_norm=grad_norm.item(),
+                       samples=data.batch_size, data_wait=data_wait)
+        if step % args.print_every == 0:
+            emit("step", rank=rank, step=step, loss=loss_value,
+                 lr=optimizer.param_groups[0]["lr"])
+        if checkpoints is not None and step > 0 and step % args.checkpoint_every == 0:
+            checkpoints.save(step, loss=loss_value)
+            emit("checkpoint_saved", rank=rank, step=step, finite=math.isfinite(loss_value))
+        control = monitor.step_end(step)
+        for event in control.applied:
+            extra: dict[str, Any] = {}
+            if event["type"] == "rollback" and event["status"] == "applied":
+                extra["weights_sha256"] = weights_digest(model)
+            emit("command_applied", rank=rank, step=step, id=event["id"], type=event["type"],
+                 status=event["status"], result=event.get("result"), error=event.get("error"),
+                 lr=optimizer.param_groups[0]["lr"], **extra)
+        batch_offset += control.skip_batches
+        step = control.next_step
+        steps_run += 1
+        remaining = args.step_time - (time.perf_counter() - started)
+        if remaining > 0:
+            time.sleep(remaining)
+
+    monitor.close()
+    emit("summary", rank=rank, steps_run=steps_run, final_step=step - 1, final_loss=loss_value,
+         lr=optimizer.param_groups[0]["lr"], weights_sha256=weights_digest(model),
+         **monitor.stats())
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

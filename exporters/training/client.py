@@ -1,0 +1,292 @@
+"""Training-side library: report each step cheaply, apply control commands consistently.
+
+    tw = TrainingMonitor(job="llm-7b", optimizer=opt, scheduler=sched, checkpoints=ckpt)
+    step = start
+    while step < total:
+        ...forward, backward, optimizer.step()...
+        tw.report(step, loss=loss_value, grad_norm=gn, samples=batch_size)
+        control = tw.step_end(step)
+        step = control.next_step        # step + 1, or the step after a restored checkpoint
+        skip += control.skip_batches     # batches to skip after a rollback
+    tw.close()
+
+`report` runs on the training thread and only appends a tuple to a bounded deque (about a
+microsecond); a background thread does everything else. `step_end` is where commands are
+agreed and applied: every `sync_every` steps all ranks exchange the commands they know over
+the job's process group and apply the union at that same step (see exporters.training.sync).
+Nothing here raises into the loop except a failing collective, which means the job itself is
+broken (hiding it would leave ranks out of step).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exporters import catalog
+from exporters.training import commands as cmd
+from exporters.training import sync
+from exporters.training.forwarders import (
+    Forwarder,
+    ForwarderThread,
+    MlflowForwarder,
+    TensorBoardForwarder,
+)
+from exporters.training.launcher import RankInfo, detect
+from exporters.training.shipper import ControlPoller, Shipper
+
+log = logging.getLogger(__name__)
+DEFAULT_EXPORTER_URL = f"http://127.0.0.1:{catalog.PORTS['training_exporter']}"
+CommandHandler = Callable[[dict[str, Any], int], Any]
+
+
+@dataclass
+class Control:
+    """What the loop must do after `step_end(step)`."""
+
+    next_step: int
+    skip_batches: int = 0
+    rolled_back: bool = False
+    applied: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _read_token(env: dict[str, str] | os._Environ[str]) -> str | None:
+    path = env.get(catalog.ENV_CONTROL_TOKEN_FILE)
+    if path:
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError as exc:
+            log.warning("cannot read %s: %s", catalog.ENV_CONTROL_TOKEN_FILE, exc.strerror)
+            return None
+    return env.get(catalog.ENV_CONTROL_TOKEN) or None
+
+
+class TrainingMonitor:
+    """Per-rank reporter and command applier. Create one per process, after init_process_group.
+
+    Arguments not given come from the environment: job, rank, local rank, world size and
+    restarts from the launcher (torchrun, Slurm, Open MPI); socket, exporter URL, token and
+    sync period from TRAINWATCH_* variables (docs/contracts.md). `checkpoints` (a
+    CheckpointManager) enables the rollback and checkpoint commands.
+    """
+
+    def __init__(self, job: str | None = None, *, optimizer: Any = None, scheduler: Any = None,
+                 checkpoints: Any = None, process_group: Any = None,
+                 socket_path: str | None = None, exporter_url: str | None = None,
+                 token: str | None = None, sync_every: int | None = None,
+                 flush_interval: float = 0.2, poll_interval: float = 0.5,
+                 buffer_size: int = 8192, tensorboard_dir: str | None = None,
+                 mlflow_run_id: str | None = None, mlflow_tracking_uri: str | None = None,
+                 forwarders: list[Forwarder] | None = None, cuda_device: int | None = None,
+                 rank_info: RankInfo | None = None, control: bool = True) -> None:
+        env = os.environ
+        self.info = rank_info or detect(job=job)
+        self._optimizer = optimizer
+        self._scheduler = scheduler
+        self._checkpoints = checkpoints
+        self._group = process_group
+        sync_every = sync_every or int(env.get(catalog.ENV_SYNC_EVERY, "10") or 10)
+        if sync_every < 1:
+            raise ValueError(f"{catalog.ENV_SYNC_EVERY} must be >= 1")
+        self.sync_every = sync_every
+        # State the training thread writes and the shipper reads. Plain attributes: each
+        # write is one bytecode-level store under the GIL, and the shipper tolerates reading a
+        # value one step old.
+        self._buffer: deque[tuple[Any, ...]] = deque(maxlen=buffer_size)
+        self._seq = 0
+        self._samples = 0.0
+        self._tokens = 0.0
+        self._nonfinite = 0
+        self._rollbacks = 0
+        self._applied_counts: dict[str, int] = {}
+        self._applied_events: deque[tuple[float, dict[str, Any]]] = deque(maxlen=200)
+        self._applied_ids: set[str] = set()
+        self._known: dict[str, dict[str, Any]] = {}
+        self._incoming: deque[dict[str, Any]] = deque(maxlen=1000)
+        self._custom: dict[str, tuple[CommandHandler, dict[str, Any]]] = {}
+        self._last_report: float | None = None
+        self._last_loss: float | None = None
+        self._wall_offset = time.time() - time.perf_counter()
+        self._cuda_device = cuda_device
+        self._closed = False
+
+        socket_path = socket_path or env.get(catalog.ENV_EXPORTER_SOCKET,
+                                             catalog.DEFAULT_EXPORTER_SOCKET)
+        token = token or _read_token(env)
+        url = exporter_url or env.get(catalog.ENV_EXPORTER_URL, DEFAULT_EXPORTER_URL)
+        poller = None
+        if control and token:
+            poller = ControlPoller(url, token, self.info.job, self.info.rank)
+        elif control:
+            log.info("no control token (%s): commands are not polled",
+                     catalog.ENV_CONTROL_TOKEN_FILE)
+        all_forwarders: list[Forwarder] = list(forwarders or [])
+        if tensorboard_dir:
+            all_forwarders.append(TensorBoardForwarder(tensorboard_dir))
+        if mlflow_run_id:
+            all_forwarders.append(MlflowForwarder(mlflow_run_id, mlflow_tracking_uri))
+        self._forwarders = ForwarderThread(all_forwarders) if all_forwarders else None
+        if self._forwarders:
+            self._forwarders.start()
+        self._shipper = Shipper(self, self.info, socket_path, poller, self._forwarders,
+                                flush_interval, poll_interval, self._incoming.append)
+        self._shipper.start()
+
+    # --- hot path (training thread) -------------------------------------------------------
+    def report(self, step: int, loss: Any = None, lr: Any = None, grad_norm: Any = None,
+               samples: float | None = None, tokens: float | None = None,
+               data_wait: float | None = None, step_time: float | None = None) -> None:
+        """Record one step. Never blocks, never raises for bad values, never does I/O.
+
+        Pass Python floats where you have them (`loss.item()` is usually computed anyway);
+        tensors are accepted and converted on the background thread. `lr` defaults to the
+        optimizer's first param group; `step_time` to the time since the previous report.
+        """
+        now = time.perf_counter()
+        if step_time is None and self._last_report is not None:
+            step_time = now - self._last_report
+        self._last_report = now
+        if lr is None and self._optimizer is not None:
+            lr = self._optimizer.param_groups[0]["lr"]
+        if samples:
+            self._samples += samples
+        if tokens:
+            self._tokens += tokens
+        if type(loss) is float:
+            self._last_loss = loss
+            if loss - loss != 0.0:  # NaN or +-Inf: count now, ship now
+                self._nonfinite += 1
+                self._shipper.wake.set()
+        self._seq += 1
+        self._buffer.append((self._seq, step, now, step_time, loss, lr, grad_norm, data_wait))
+
+    def step_end(self, step: int) -> Control:
+        """Call once per step on every rank, after `report`. Applies agreed commands.
+
+        Every `sync_every` steps this is a collective over the process group: all ranks
+        must call it with the same step.
+        """
+        if step % self.sync_every != 0 or self._closed:
+            return Control(next_step=step + 1)
+        while self._incoming:
+            command = self._incoming.popleft()
+            if command["id"] not in self._applied_ids:
+                self._known.setdefault(command["id"], command)
+        agreed = sync.union(sync.gather(list(self._known.values()), self._group),
+                            self._applied_ids)
+        control = Control(next_step=step + 1)
+        for command in agreed:
+            self._apply(command, step, control)
+        return control
+
+    # --- commands -------------------------------------------------------------------------
+    def register_command(self, name: str, handler: CommandHandler,
+                         schema: dict[str, Any] | None = None) -> None:
+        """Accept a script-defined command type; the exporter learns it (and its args schema)
+        from this rank's datagrams and rejects other types with 400.
+
+        `handler(args, step)` runs on the training thread at the agreed step on every rank.
+        """
+        self._custom[name] = (handler, cmd.check_custom_schema(name, schema))
+
+    def _schemas(self) -> dict[str, dict[str, Any]]:
+        return {**cmd.BUILTIN_SCHEMAS, **{n: s for n, (_, s) in self._custom.items()}}
+
+    def _apply(self, command: dict[str, Any], step: int, control: Control) -> None:
+        command_id = command["id"]
+        self._applied_ids.add(command_id)
+        self._known.pop(command_id, None)
+        event: dict[str, Any] = {"id": command_id, "type": command.get("type"),
+                                 "args": command.get("args") or {}, "step": step}
+        try:
+            checked = cmd.validate({"id": command_id, "type": command.get("type"),
+                                    "args": command.get("args") or {}}, self._schemas())
+            result = self._run(checked, step, control)
+            event.update(status="applied", result=result)
+            self._applied_counts[checked.type] = self._applied_counts.get(checked.type, 0) + 1
+        except Exception as exc:  # a failed command is reported, not raised
+            log.warning("command %s (%s) failed at step %d: %s", command_id,
+                        command.get("type"), step, exc)
+            event.update(status="failed", error=str(exc)[:500])
+            if not cmd.COMMAND_TYPE_PATTERN.match(str(event["type"])):
+                event["type"] = "invalid"
+        control.applied.append(event)
+        self._applied_events.append((time.monotonic(), event))
+        self._shipper.wake.set()
+
+    def _run(self, command: cmd.Command, step: int, control: Control) -> Any:
+        args = command.args
+        if command.type == cmd.SCALE_LR:
+            return self._scale_lr(float(args["factor"]), float(args.get("floor", 0.0)))
+        if command.type == cmd.ROLLBACK:
+            if self._checkpoints is None:
+                raise RuntimeError("no CheckpointManager given to TrainingMonitor")
+            restored = self._checkpoints.rollback()
+            self._rollbacks += 1
+            control.rolled_back = True
+            control.next_step = restored + 1
+            control.skip_batches += int(args.get("skip_batches", 0))
+            return {"restored_step": restored}
+        if command.type == cmd.CHECKPOINT:
+            if self._checkpoints is None:
+                raise RuntimeError("no CheckpointManager given to TrainingMonitor")
+            return {"path": str(self._checkpoints.save(step, loss=self._last_loss))}
+        handler, _ = self._custom[command.type]
+        return handler(args, step)
+
+    def _scale_lr(self, factor: float, floor: float) -> dict[str, Any]:
+        if self._optimizer is None:
+            raise RuntimeError("no optimizer given to TrainingMonitor")
+        for group in self._optimizer.param_groups:
+            group["lr"] = max(group["lr"] * factor, floor)
+        if self._scheduler is not None and hasattr(self._scheduler, "base_lrs"):
+            self._scheduler.base_lrs = [max(lr * factor, floor)
+                                        for lr in self._scheduler.base_lrs]
+        return {"lr": self._optimizer.param_groups[0]["lr"]}
+
+    # --- lifecycle ------------------------------------------------------------------------
+    def _cuda_memory(self) -> list[float] | None:
+        """Allocated/reserved bytes when this process uses CUDA (read on the shipper)."""
+        import sys
+
+        torch = sys.modules.get("torch")
+        try:  # torch may be absent, half-imported by the main thread, or CPU-only
+            if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+                return None
+            device = self._cuda_device if self._cuda_device is not None else self.info.local_rank
+            return [float(torch.cuda.memory_allocated(device)),
+                    float(torch.cuda.memory_reserved(device))]
+        except Exception:
+            return None
+
+    def stats(self) -> dict[str, Any]:
+        """Delivery figures for this rank (also what a run summary should print)."""
+        return {"reported": self._seq, "dropped": self._shipper.dropped,
+                "nonfinite": self._nonfinite + self._shipper.nonfinite_late,
+                "datagrams_sent": self._shipper.datagrams_sent,
+                "poll_errors": self._shipper.poll_errors,
+                "forward_dropped_batches": (self._forwarders.dropped_batches
+                                            if self._forwarders else 0),
+                "applied": dict(self._applied_counts), "rollbacks": self._rollbacks}
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush what is buffered (one last datagram) and stop the background threads."""
+        if self._closed:
+            return
+        self._closed = True
+        self._shipper.stop(timeout)
+        if self._forwarders is not None:
+            self._forwarders.close(timeout)
+
+    def __enter__(self) -> TrainingMonitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

@@ -1,0 +1,244 @@
+"""The node exporter's memory: per-job, per-rank state and the job's commands.
+
+Everything the HTTP threads and the datagram receiver share lives here behind one lock; the
+critical sections are dictionary updates, so one lock is simpler than finer ones and fast
+enough for a node's worth of ranks. Jobs that stop reporting expire, and with them their
+series and commands (the collector only yields what is here).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporters.training import commands as cmd
+from exporters.training.wire import RankReport
+
+STEP_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                         60.0, 120.0)
+MAX_COMMANDS_PER_JOB = 1000
+MAX_JOBS = 1000
+
+
+@dataclass
+class RankState:
+    """Latest values and cumulative counters of one rank."""
+
+    local_rank: int = 0
+    world_size: int = 1
+    restarts: int = 0
+    dropped: int = 0
+    nonfinite: int = 0
+    samples_total: float = 0.0
+    tokens_total: float = 0.0
+    rollbacks: int = 0
+    applied_counts: dict[str, int] = field(default_factory=dict)
+    command_types: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cuda: tuple[float, float] | None = None
+    step: int | None = None
+    loss: float | None = None
+    lr: float | None = None
+    grad_norm: float | None = None
+    data_wait: float | None = None
+    last_step_time: float | None = None
+    bucket_counts: list[int] = field(default_factory=lambda: [0] * len(STEP_DURATION_BUCKETS))
+    duration_sum: float = 0.0
+    duration_count: int = 0
+    last_seen: float = 0.0
+
+
+@dataclass
+class CommandRecord:
+    command: cmd.Command
+    created: float
+    origin: str  # "api" (posted here) or "peer" (learned from a rank's applied report)
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass
+class JobState:
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    commands: OrderedDict[str, CommandRecord] = field(default_factory=OrderedDict)
+    last_seen: float = 0.0
+
+
+class ApiError(Exception):
+    """An HTTP error the control API returns as JSON."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Store:
+    """Thread-safe state of every job that reports to this node."""
+
+    def __init__(self, job_expiry_seconds: float, clock: Any = time.monotonic) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[str, JobState] = {}
+        self._expiry = job_expiry_seconds
+        self._clock = clock
+        self.datagrams = 0
+        self.malformed = 0
+
+    # --- ingest (receiver thread) ---------------------------------------------------------
+    def ingest(self, report: RankReport) -> None:
+        now = self._clock()
+        with self._lock:
+            self.datagrams += 1
+            job = self._jobs.get(report.job)
+            if job is None:
+                if len(self._jobs) >= MAX_JOBS:
+                    return
+                job = self._jobs[report.job] = JobState()
+            job.last_seen = now
+            state = job.ranks.setdefault(report.rank, RankState())
+            state.last_seen = now
+            state.local_rank = report.local_rank
+            state.world_size = report.world_size
+            state.restarts = report.restarts
+            # Cumulative counters never go backwards within one process; a restarted rank
+            # starts again from 0, which Prometheus treats as a counter reset.
+            state.dropped = report.dropped
+            state.nonfinite = report.nonfinite
+            state.samples_total = report.samples_total
+            state.tokens_total = report.tokens_total
+            state.rollbacks = report.rollbacks
+            state.applied_counts = dict(report.applied_counts)
+            state.command_types = dict(report.command_types)
+            if report.cuda is not None:
+                state.cuda = report.cuda
+            for step, wall, duration, loss, lr, grad_norm, data_wait in report.steps:
+                state.step = step
+                state.last_step_time = wall if wall is not None else state.last_step_time
+                state.loss = loss
+                state.lr = lr if lr is not None else state.lr
+                state.grad_norm = grad_norm if grad_norm is not None else state.grad_norm
+                state.data_wait = data_wait if data_wait is not None else state.data_wait
+                if duration is not None and math.isfinite(duration) and duration >= 0:
+                    state.duration_sum += duration
+                    state.duration_count += 1
+                    for i, bound in enumerate(STEP_DURATION_BUCKETS):
+                        if duration <= bound:
+                            state.bucket_counts[i] += 1
+            for event in report.applied:
+                self._record_applied(job, report.rank, event, now)
+
+    def _record_applied(self, job: JobState, rank: int, event: dict[str, Any],
+                        now: float) -> None:
+        record = job.commands.get(event["id"])
+        if record is None:
+            # Learned by a rank through the in-band agreement, posted to another node.
+            record = CommandRecord(cmd.Command(event["id"], event["type"],
+                                               dict(event.get("args", {}))), now, "peer")
+            self._add_command(job, record)
+        status = {"status": event["status"], "step": event["step"]}
+        if event.get("error"):
+            status["error"] = str(event["error"])[:500]
+        record.ranks[rank] = status
+
+    @staticmethod
+    def _add_command(job: JobState, record: CommandRecord) -> None:
+        job.commands[record.command.id] = record
+        while len(job.commands) > MAX_COMMANDS_PER_JOB:
+            job.commands.popitem(last=False)
+
+    # --- expiry ---------------------------------------------------------------------------
+    def expire(self) -> None:
+        cutoff = self._clock() - self._expiry
+        with self._lock:
+            for name in [n for n, j in self._jobs.items() if j.last_seen < cutoff]:
+                del self._jobs[name]
+
+    # --- control API (HTTP threads) -------------------------------------------------------
+    def _job(self, name: str) -> JobState:
+        job = self._jobs.get(name)
+        if job is None or job.last_seen < self._clock() - self._expiry:
+            raise ApiError(404, f"unknown job {name!r}: no rank of it reports to this node")
+        return job
+
+    @staticmethod
+    def _schemas(job: JobState) -> dict[str, dict[str, Any]]:
+        schemas = dict(cmd.BUILTIN_SCHEMAS)
+        for state in job.ranks.values():
+            for name, schema in state.command_types.items():
+                schemas.setdefault(name, schema)
+        return schemas
+
+    def post_command(self, job_name: str, payload: Any) -> tuple[int, dict[str, Any]]:
+        """Validate and store a command; the same id again returns the stored one (200)."""
+        with self._lock:
+            job = self._job(job_name)
+            try:
+                command = cmd.validate(payload, self._schemas(job))
+            except cmd.CommandError as exc:
+                raise ApiError(400, str(exc)) from None
+            if command.id:
+                existing = job.commands.get(command.id)
+                if existing is not None:
+                    if (existing.command.type, existing.command.args) != (command.type,
+                                                                          command.args):
+                        raise ApiError(409, f"command id {command.id!r} exists with a "
+                                            "different type or args")
+                    return 200, self._describe(job, existing)
+            else:
+                command = cmd.Command(uuid.uuid4().hex, command.type, command.args)
+            record = CommandRecord(command, self._clock(), "api")
+            self._add_command(job, record)
+            return 202, self._describe(job, record)
+
+    @staticmethod
+    def _describe(job: JobState, record: CommandRecord) -> dict[str, Any]:
+        ranks = {str(r): {"status": "pending"} for r in sorted(job.ranks)}
+        ranks.update({str(r): dict(s) for r, s in sorted(record.ranks.items())})
+        statuses = {s["status"] for s in ranks.values()}
+        overall = ("applied" if statuses == {"applied"} else
+                   "failed" if "failed" in statuses else
+                   "partial" if "applied" in statuses else "pending")
+        return {**record.command.to_wire(), "status": overall, "origin": record.origin,
+                "ranks": ranks}
+
+    def get_command(self, job_name: str, command_id: str) -> dict[str, Any]:
+        with self._lock:
+            job = self._job(job_name)
+            record = job.commands.get(command_id)
+            if record is None:
+                raise ApiError(404, f"unknown command {command_id!r} for job {job_name!r}")
+            return self._describe(job, record)
+
+    def list_commands(self, job_name: str, pending_for_rank: int | None) -> list[dict[str, Any]]:
+        """All commands of a job, or those a given rank has not yet reported as done."""
+        with self._lock:
+            job = self._job(job_name)
+            return [self._describe(job, r) for r in job.commands.values()
+                    if pending_for_rank is None or pending_for_rank not in r.ranks]
+
+    def list_jobs(self) -> list[dict[str, Any]]:
+        cutoff = self._clock() - self._expiry
+        with self._lock:
+            return [{
+                "job": name,
+                "world_size": max((s.world_size for s in job.ranks.values()), default=0),
+                "ranks": {str(r): {"step": s.step, "local_rank": s.local_rank,
+                                   "restarts": s.restarts,
+                                   "command_types": sorted(cmd.BUILTIN_SCHEMAS)
+                                   + sorted(s.command_types)}
+                          for r, s in sorted(job.ranks.items())},
+                "last_step": max((s.step for s in job.ranks.values() if s.step is not None),
+                                 default=None),
+            } for name, job in sorted(self._jobs.items()) if job.last_seen >= cutoff]
+
+    # --- collector --------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, dict[int, RankState]]:
+        """A private copy for one scrape, so rendering happens outside the lock."""
+        cutoff = self._clock() - self._expiry
+        with self._lock:
+            return {name: copy.deepcopy(job.ranks) for name, job in self._jobs.items()
+                    if job.last_seen >= cutoff}
