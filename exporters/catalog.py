@@ -78,6 +78,48 @@ GPU_UP = "trainwatch_gpu_up"
 GPU_XID_ERRORS = "trainwatch_gpu_xid_errors_total"  # + label "xid"
 GPU_EXPORTER_PREFIX = "trainwatch_gpu_exporter_"
 GPU_EXPORTER_SIMULATED = "trainwatch_gpu_exporter_simulated"
+# Per-GPU series (exporters/gpu/metrics.py groups them; docs/gpu_exporter.md explains them).
+# Base units: bytes, watts, celsius, hertz, joules, ratio 0-1. Extra labels noted after '+'.
+GPU_INFO = GPU_PREFIX + "info"  # + pci_bus_id; value 1
+GPU_DRIVER_INFO = GPU_PREFIX + "driver_info"  # labels driver_version, cuda_version only
+GPU_UTILIZATION = GPU_PREFIX + "utilization_ratio"
+GPU_MEMORY_UTILIZATION = GPU_PREFIX + "memory_utilization_ratio"
+GPU_MEMORY_USED = GPU_PREFIX + "memory_used_bytes"
+GPU_MEMORY_FREE = GPU_PREFIX + "memory_free_bytes"
+GPU_MEMORY_TOTAL = GPU_PREFIX + "memory_total_bytes"
+GPU_TEMPERATURE = GPU_PREFIX + "temperature_celsius"
+GPU_POWER_USAGE = GPU_PREFIX + "power_usage_watts"
+GPU_POWER_LIMIT = GPU_PREFIX + "power_limit_watts"  # the enforced limit
+GPU_POWER_LIMIT_MIN = GPU_PREFIX + "power_limit_min_watts"
+GPU_POWER_LIMIT_MAX = GPU_PREFIX + "power_limit_max_watts"
+GPU_POWER_LIMIT_DEFAULT = GPU_PREFIX + "power_limit_default_watts"
+GPU_ENERGY = GPU_PREFIX + "energy_joules_total"
+GPU_SM_CLOCK = GPU_PREFIX + "sm_clock_hertz"
+GPU_MEMORY_CLOCK = GPU_PREFIX + "memory_clock_hertz"
+GPU_CLOCK_EVENT_REASON = GPU_PREFIX + "clock_event_reason_active"  # + reason; 0/1
+GPU_ECC_ERRORS = GPU_PREFIX + "ecc_errors_total"  # + error_type, counter (volatile|aggregate)
+GPU_REMAPPED_ROWS = GPU_PREFIX + "remapped_rows"  # + cause (correctable|uncorrectable)
+GPU_ROW_REMAP_PENDING = GPU_PREFIX + "row_remap_pending"
+GPU_ROW_REMAP_FAILURE = GPU_PREFIX + "row_remap_failure"
+GPU_PCIE_LINK_GENERATION = GPU_PREFIX + "pcie_link_generation"
+GPU_PCIE_LINK_WIDTH = GPU_PREFIX + "pcie_link_width"
+GPU_PCIE_REPLAYS = GPU_PREFIX + "pcie_replays_total"
+GPU_NVLINK_UP = GPU_PREFIX + "nvlink_up"  # + link
+GPU_NVLINK_ERRORS = GPU_PREFIX + "nvlink_errors_total"  # + link, counter
+GPU_PROCESSES = GPU_PREFIX + "processes"
+GPU_PROCESS_MEMORY = GPU_PREFIX + "process_memory_used_bytes"  # + training_job, rank
+GPU_MIG_ENABLED = GPU_PREFIX + "mig_enabled"
+GPU_MIG_MEMORY_USED = GPU_PREFIX + "mig_memory_used_bytes"  # + mig_index, mig_uuid
+GPU_MIG_MEMORY_TOTAL = GPU_PREFIX + "mig_memory_total_bytes"  # + mig_index, mig_uuid
+# Exporter self-metrics (no GPU labels).
+GPU_EXPORTER_NVML_UP = GPU_EXPORTER_PREFIX + "nvml_up"
+GPU_EXPORTER_COLLECTION_DURATION = GPU_EXPORTER_PREFIX + "collection_duration_seconds"
+GPU_EXPORTER_LAST_SUCCESS = GPU_EXPORTER_PREFIX + "last_success_timestamp_seconds"
+GPU_EXPORTER_DATA_AGE = GPU_EXPORTER_PREFIX + "data_age_seconds"
+GPU_EXPORTER_STALE = GPU_EXPORTER_PREFIX + "stale"  # 1: a cycle overran its deadline
+GPU_EXPORTER_COLLECTIONS = GPU_EXPORTER_PREFIX + "collections_total"  # + result
+GPU_EXPORTER_ERRORS = GPU_EXPORTER_PREFIX + "errors_total"  # + call, error
+GPU_EXPORTER_XID_WATCH_UP = GPU_EXPORTER_PREFIX + "xid_watch_up"
 
 # --- remediation service metrics ----------------------------------------------------------------
 REMEDIATION_PREFIX = "trainwatch_remediation_"
