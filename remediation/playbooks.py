@@ -76,6 +76,8 @@ def parse_playbook(doc: object, source: Path) -> Playbook:
     on_resolve = tuple(doc.get("on_resolve", ()))
     rate = doc.get("rate_limit")
     used = set(doc["target"]) | referenced_labels([*steps, *on_resolve])
+    for step in (*steps, *on_resolve):  # silence matchers copy label values into Alertmanager
+        used.update(step.get("matchers", ()) if step["action"] == "silence" else ())
     return Playbook(
         name=doc["name"],
         alertnames=frozenset(doc["match"]["alertname"]),
