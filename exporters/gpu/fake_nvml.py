@@ -345,6 +345,10 @@ class FakeNvml:
         gpu = self._enter("nvmlDeviceGetCurrentClocksEventReasons", h)
         return int(gpu.get("clock_event_reasons", 0))
 
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: FakeHandle) -> int:
+        gpu = self._enter("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        return int(gpu.get("clock_event_reasons", 0))
+
     def nvmlDeviceGetTotalEccErrors(self, h: FakeHandle, error_type: int, counter: int) -> int:
         gpu = self._enter("nvmlDeviceGetTotalEccErrors", h)
         corrected = error_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED

@@ -208,6 +208,8 @@ class DeviceReader:
             if mhz is not None:
                 emit(Sample(metric, mhz * MHZ))
         reasons = self.call("nvmlDeviceGetCurrentClocksEventReasons", h)
+        if reasons is None:  # drivers before 535 only have the older name
+            reasons = self.call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
         if reasons is not None:
             for label, bit in CLOCK_EVENT_REASONS:
                 emit(Sample(m.CLOCK_EVENT_REASON, 1.0 if reasons & bit else 0.0,

@@ -94,3 +94,20 @@ def test_scenario_file_hang_power_limit_and_sigterm_while_hung(tmp_path: Path) -
         assert value(series, m.POWER_LIMIT, gpu="1") == 450  # last complete snapshot
         os.killpg(proc.pid, signal.SIGTERM)
         assert proc.proc.wait(timeout=15) == 0, proc.log_text()
+
+
+def test_no_driver_here_real_pynvml_keeps_serving_nvml_down_and_retries(tmp_path: Path) -> None:
+    """Real pynvml on this GPU-less machine: nvmlInit fails (no libnvidia-ml)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/metrics"
+    argv = [EXPORTER, "--bind", "127.0.0.1", "--port", str(port), "--interval", "0.1"]
+    with running(argv, tmp_path / "exporter.log", ready_url=url, env={ENV_FAKE_NVML: ""}):
+        series = wait_until(lambda: (s := scrape(url)) and values(s, m.NVML_UP) and s,
+                            timeout=20, what="first cycle")
+        assert value(series, m.NVML_UP) == 0
+        assert value(series, m.SIMULATED) == 0
+        assert values(series, m.UP) == []
+        first = sum(values(series, m.ERRORS, call="nvmlInit"))
+        assert first >= 1
+        wait_until(lambda: sum(values(scrape(url), m.ERRORS, call="nvmlInit")) > first,
+                   timeout=20, what="an init retry after backoff")

@@ -56,7 +56,7 @@ NOT_SUPPORTED_CASES = {
     "nvmlDeviceGetRemappedRows": [m.REMAPPED_ROWS, m.REMAP_PENDING, m.REMAP_FAILURE],
     "nvmlDeviceGetNvLinkState": [m.NVLINK_UP, m.NVLINK_ERRORS],
     "nvmlDeviceGetMigMode": [m.MIG_ENABLED],
-    "nvmlDeviceGetCurrentClocksEventReasons": [m.CLOCK_EVENT_REASON],
+    "nvmlDeviceGetCurrentClocksThrottleReasons": [],  # only the fallback: still reported
     "nvmlDeviceGetPcieReplayCounter": [m.PCIE_REPLAYS],
     "nvmlDeviceGetComputeRunningProcesses": [m.PROCESSES, m.PROCESS_MEMORY],
 }
@@ -69,6 +69,8 @@ def test_not_supported_field_is_absent_not_zero_and_not_an_error(call: str) -> N
     loop = make_loop(fake)
     loop.run_once()
     series = parse(render(loop))
+    if call == "nvmlDeviceGetCurrentClocksThrottleReasons":
+        assert len(values(series, m.CLOCK_EVENT_REASON, gpu="1")) == 9
     for metric in NOT_SUPPORTED_CASES[call]:
         assert values(series, metric, gpu="0"), f"{metric} missing on the healthy GPU"
         assert values(series, metric, gpu="1") == [], f"{metric} present though NotSupported"
@@ -181,3 +183,24 @@ def test_mig_devices_are_reported_when_enabled() -> None:
     assert value(series, m.MIG_ENABLED, gpu="0") == 1
     assert value(series, m.MIG_MEMORY_USED, mig_index="2", mig_uuid="MIG-2") == 2 * 2**30
     assert len(values(series, m.MIG_MEMORY_TOTAL)) == 3
+
+
+def test_clock_reasons_fall_back_to_the_pre_535_call() -> None:
+    fake = static_fake(2)
+    fake.update(lambda s: s["gpus"][1].update(
+        errors={"nvmlDeviceGetCurrentClocksEventReasons": "FunctionNotFound"},
+        clock_event_reasons=0x8))
+    loop = make_loop(fake)
+    loop.run_once()
+    series = parse(render(loop))
+    assert value(series, m.CLOCK_EVENT_REASON, gpu="1", reason="hw_slowdown") == 1
+    assert values(series, m.ERRORS) == []
+
+
+def test_both_clock_reason_calls_unsupported_means_absent() -> None:
+    fake = static_fake(1)
+    fake.update(lambda s: s["gpus"][0].update(not_supported=[
+        "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"]))
+    loop = make_loop(fake)
+    loop.run_once()
+    assert values(parse(render(loop)), m.CLOCK_EVENT_REASON) == []
