@@ -1,15 +1,11 @@
 """Acceptance 1: a real Alertmanager (rendered from the shipped template) delivers to a real
 remediation-server, and each shipped playbook runs once for its alert.
 
-Real parts: Prometheus, Alertmanager, remediation-server (gunicorn), ansible-runner on
-localhost, the GPU power-limit tool (on the fake NVML: there is no GPU here), py-spy against a
-real 2-rank torchrun job, a real directory tree for disk cleanup.
-
-STAND-IN: the node training exporter (exporters/training) was not available when this was
-written, so `stand_in_training_exporter` is a loopback HTTP server implementing the control API
-of docs/contracts.md (idempotent command ids, bearer token) and a /metrics page with
-`training_step` for the job, which real Prometheus scrapes so the action finds it as it would
-the real exporter. The lead's end-to-end test covers the real exporter and ranks.
+Real parts: Prometheus, Alertmanager, remediation-server (gunicorn), the node training exporter
+(`training-exporter`) with a real 2-rank torchrun job (examples/train_ddp.py) for the training
+playbooks, ansible-runner on localhost, the GPU power-limit tool (on the fake NVML: there is no
+GPU here), py-spy against a second real 2-rank job that stalls, and a real directory tree for
+disk cleanup. The only stand-in is the pager (an HTTP server on loopback that records pages).
 """
 
 from __future__ import annotations
@@ -30,13 +26,22 @@ import requests
 import yaml
 
 from alert_rules.alertmanager import render as render_alertmanager
-from tests.remediation.helpers import REPO, TOKEN, StubState, stub_server, write_config
+from tests.remediation.helpers import (
+    CONTROL_TOKEN,
+    REPO,
+    TOKEN,
+    VENV_BIN,
+    StubState,
+    stub_server,
+    write_config,
+)
 from tests.remediation.processes import RunningService, start_service
 from tests.support.net import free_port, wait_until
-from tests.support.procs import alertmanager, prometheus, running
+from tests.support.procs import ManagedProcess, alertmanager, prometheus, running
 from tests.support.stack import torchrun_argv
 
 JOB = "e2ejob"
+STALLED = "stalledjob"
 NODE = "127.0.0.1"  # what the rules' `node` label is for exporters scraped at 127.0.0.1:port
 DAY = 86400
 
@@ -46,14 +51,19 @@ class Env:
     workdir: Path
     am: str
     service: RunningService
-    exporter: StubState
+    pager: StubState
     cleanup_root: Path
     scenario: Path
+    prometheus: str
+    job: ManagedProcess
+    job_environment: dict[str, str]
 
-
-def _training_metrics() -> str:
-    return "".join(f'training_step{{training_job="{JOB}",rank="{r}",node="{NODE}"}} 120\n'
-                   for r in (0, 1))
+    def job_events(self, event: str) -> list[dict[str, Any]]:
+        out = []
+        for line in self.job.log_text().splitlines():
+            if line.startswith("{") and f'"event": "{event}"' in line:
+                out.append(json.loads(line))
+        return out
 
 
 def _disk_tree(root: Path) -> None:
@@ -89,9 +99,28 @@ def env(tmp_path_factory: pytest.TempPathFactory, real_binaries: dict) -> Iterat
     scenario.write_text(json.dumps({"gpus": [{
         "name": "Fake H100", "uuid": "GPU-e2e0", "power_limit_mw": 300000,
         "power_min_mw": 100000, "power_max_mw": 350000, "power_default_mw": 300000}]}))
+    control_token = workdir / "control.token"
+    control_token.write_text(CONTROL_TOKEN)
+    control_token.chmod(0o600)
     with ExitStack() as stack:
-        exporter_hostport, exporter = stack.enter_context(
-            stub_server(StubState(metrics_text=_training_metrics())))
+        pager_hostport, pager = stack.enter_context(stub_server())
+        exporter_port = free_port()
+        exporter_hostport = f"127.0.0.1:{exporter_port}"
+        socket_path = workdir / "training.sock"
+        stack.enter_context(running(
+            [str(VENV_BIN / "training-exporter"), "--bind", "127.0.0.1", "--port",
+             str(exporter_port), "--socket", str(socket_path), "--token-file",
+             str(control_token), "--node", NODE],
+            workdir / "training-exporter.log", ready_url=f"http://{exporter_hostport}/metrics"))
+        job_env = {"TRAINWATCH_EXPORTER_SOCKET": str(socket_path),
+                   "TRAINWATCH_EXPORTER_URL": f"http://{exporter_hostport}",
+                   "TRAINWATCH_CONTROL_TOKEN_FILE": str(control_token),
+                   "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        job = stack.enter_context(running(
+            torchrun_argv(REPO / "examples" / "train_ddp.py", "--job", JOB, "--steps", "100000",
+                          "--step-time", "0.05", "--checkpoint-dir", str(workdir / "ckpt"),
+                          "--checkpoint-every", "10", "--print-every", "1000"),
+            workdir / "train.log", env={**job_env, "TRAINWATCH_JOB": JOB}, cwd=REPO))
         prom_cfg = workdir / "prometheus.yml"
         prom_cfg.write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s"},
@@ -122,12 +151,14 @@ def env(tmp_path_factory: pytest.TempPathFactory, real_binaries: dict) -> Iterat
         }}}}))
         config = write_config(workdir, port=port, prometheus_url=prom_url,
                               alertmanager_url=am_url, ansible_inventory=str(inventory),
-                              pager_url=f"http://{exporter_hostport}/page")
+                              pager_url=f"http://{pager_hostport}/page")
+        (workdir / "control.token").write_text(CONTROL_TOKEN)  # write_config rewrote it
         service = stack.enter_context(start_service(config, port))
         wait_until(lambda: requests.get(f"{prom_url}/api/v1/query", params={
             "query": f'training_step{{training_job="{JOB}"}}'}, timeout=5).json()["data"][
-            "result"], timeout=30, what="Prometheus to scrape the stand-in exporter")
-        yield Env(workdir, am_url, service, exporter, cleanup_root, scenario)
+            "result"], timeout=120, what="Prometheus to see the training job")
+        yield Env(workdir, am_url, service, pager, cleanup_root, scenario, prom_url, job,
+                  job_env)
 
 
 def fire(env: Env, labels: dict[str, str], *, resolve: bool = False) -> None:
@@ -154,31 +185,37 @@ def audit_for(env: Env, playbook: str, decision: str, count: int = 1,
     return wait_until(found, timeout=timeout, what=f"{playbook} {decision}")
 
 
-def commands(env: Env) -> list[dict[str, Any]]:
-    return [p.body for p in env.exporter.posts(f"/v1/jobs/{JOB}/commands")]
+def applied(env: Env, command_type: str, count: int = 2) -> list[dict[str, Any]]:
+    """`command_applied` lines of the job's ranks for one command type (one per rank)."""
+    def found() -> list[dict[str, Any]] | None:
+        events = [e for e in env.job_events("command_applied") if e["type"] == command_type]
+        return events if len(events) >= count else None
+
+    return wait_until(found, timeout=90, what=f"{command_type} applied by both ranks:\n"
+                      + env.job.log_text()[-1500:])
 
 
-def test_lr_reduction_sends_one_scale_lr_to_the_job(env: Env) -> None:
+def test_lr_reduction_cuts_lr_on_both_ranks_at_the_same_step(env: Env) -> None:
     fire(env, {"alertname": "TrainingLossSpike", "training_job": JOB, "severity": "warning",
                "component": "training"})
-    (_acted,) = audit_for(env, "lr_reduction", "acted")
-    scale = [c for c in commands(env) if c["type"] == "scale_lr"]
-    assert len(scale) == 1
-    assert scale[0]["args"] == {"factor": 0.5, "floor": 1e-6} and len(scale[0]["id"]) == 32
-    post = env.exporter.posts(f"/v1/jobs/{JOB}/commands")[0]
-    assert post.headers["Authorization"].startswith("Bearer ")
+    audit_for(env, "lr_reduction", "acted")
+    events = applied(env, "scale_lr")
+    assert sorted(e["rank"] for e in events) == [0, 1]
+    assert len({e["step"] for e in events}) == 1  # same step on every rank
+    assert len({e["id"] for e in events}) == 1 and all(e["status"] == "applied" for e in events)
+    assert all(abs(e["lr"] - 0.025) < 1e-9 for e in events)  # 0.05 * 0.5
 
 
 def test_checkpoint_rollback_rolls_back_then_cuts_lr(env: Env) -> None:
     fire(env, {"alertname": "TrainingNonFiniteLoss", "training_job": JOB,
                "severity": "critical", "component": "training"})
     audit_for(env, "checkpoint_rollback", "acted")
-    types = [c["type"] for c in commands(env)]
-    assert types.count("rollback") == 1
-    rollback = next(c for c in commands(env) if c["type"] == "rollback")
-    assert rollback["args"] == {"skip_batches": 200}
-    ids = [c["id"] for c in commands(env)]
-    assert len(ids) == len(set(ids))
+    rollbacks = applied(env, "rollback")
+    assert sorted(e["rank"] for e in rollbacks) == [0, 1]
+    assert len({e["step"] for e in rollbacks}) == 1
+    assert len({e["weights_sha256"] for e in rollbacks}) == 1  # replicas identical after it
+    cuts = applied(env, "scale_lr", count=4)  # the lr_reduction cut plus this one, per rank
+    assert len({e["id"] for e in cuts}) == 2
 
 
 def test_disk_cleanup_keeps_newest_and_newest_healthy_only_under_allowed_roots(env: Env) -> None:
@@ -217,12 +254,15 @@ def test_gpu_power_limit_lowers_then_restores_on_resolve(env: Env) -> None:
 def test_stalled_job_diagnostics_dumps_every_rank_and_pages(env: Env) -> None:
     ready = env.workdir / "stalled-ready"
     ready.mkdir()
-    job_env = {"TRAINWATCH_JOB": JOB, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     argv = torchrun_argv(REPO / "tests" / "remediation" / "stalled_job.py", str(ready))
-    with running(argv, env.workdir / "stalled-job.log", env=job_env, cwd=REPO) as job:
+    with running(argv, env.workdir / "stalled-job.log",
+                 env={**env.job_environment, "TRAINWATCH_JOB": STALLED}, cwd=REPO) as job:
         wait_until(lambda: len(list(ready.glob("rank*.ready"))) == 2, timeout=120,
                    what=f"both ranks up:\n{job.log_text()[-2000:]}")
-        fire(env, {"alertname": "TrainingStalled", "training_job": JOB,
+        wait_until(lambda: requests.get(f"{env.prometheus}/api/v1/query", params={
+            "query": f'training_step{{training_job="{STALLED}"}}'}, timeout=5).json()["data"][
+            "result"], timeout=60, what="Prometheus to see the stalled job")
+        fire(env, {"alertname": "TrainingStalled", "training_job": STALLED,
                    "severity": "critical", "component": "training"})
         (acted,) = audit_for(env, "stalled_job_diagnostics", "acted", timeout=120)
         assert job.alive()  # diagnostics never kill anything
@@ -231,5 +271,5 @@ def test_stalled_job_diagnostics_dumps_every_rank_and_pages(env: Env) -> None:
     ranks = sorted(p["rank"] for p in dump["processes"])
     assert ranks == ["0", "1"]
     assert all("Thread" in p["dump"] for p in dump["processes"]), dump
-    pages = env.exporter.posts("/page")
-    assert len(pages) == 1 and pages[0].body["training_job"] == JOB
+    pages = env.pager.posts("/page")
+    assert len(pages) == 1 and pages[0].body["training_job"] == STALLED
