@@ -38,7 +38,7 @@ class Plan:
     dry_run: bool
     remove: list[dict[str, Any]] = field(default_factory=list)
     keep: list[dict[str, Any]] = field(default_factory=list)
-    manifests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    manifests: dict[str, list[Any]] = field(default_factory=dict)  # path -> steps kept
     errors: list[str] = field(default_factory=list)
     bytes_to_free: int = 0
     bytes_freed: int = 0
@@ -122,9 +122,7 @@ def plan_checkpoints(directory: Path, keep: int, roots: list[Path], plan: Plan) 
                                 "reason": f"checkpoint older than the newest {keep}"})
             plan.bytes_to_free += size
         if len(survivors) != len(entries):
-            order = {id(e): i for i, e in enumerate(entries)}
-            kept_sorted = sorted(survivors, key=lambda e: order[id(e)])
-            plan.manifests[str(here / MANIFEST)] = kept_sorted
+            plan.manifests[str(here / MANIFEST)] = [e.get("step") for e in survivors]
 
 
 def plan_old_files(directory: Path, max_age_days: float, kind: str, roots: list[Path],
@@ -154,9 +152,17 @@ def _write_manifest(path: Path, original: Any, entries: list[dict[str, Any]]) ->
 
 
 def apply(plan: Plan) -> None:
-    for manifest_path, entries in plan.manifests.items():
+    """Manifests first (re-read now, dropping only the planned entries, so a checkpoint the
+    training job added meanwhile stays named), then the files: like the checkpoint manager,
+    a file is deleted only after no manifest names it."""
+    removed = {item["path"] for item in plan.remove}
+    for manifest_path in plan.manifests:
         path = Path(manifest_path)
-        _write_manifest(path, json.loads(path.read_text()), entries)
+        current = json.loads(path.read_text())
+        entries = _entries(current) or []
+        keep = [e for e in entries
+                if str(path.parent / (_entry_name(e) or "\0")) not in removed]
+        _write_manifest(path, current, keep)
     for item in plan.remove:
         path = Path(item["path"])
         try:

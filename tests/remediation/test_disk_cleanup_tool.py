@@ -89,3 +89,24 @@ def test_symlinked_directory_escaping_the_root_is_refused(tmp_path: Path) -> Non
     (root / "logs").symlink_to("/etc", target_is_directory=True)
     out = run_tool("--allowed-root", str(root), "--logs", str(root / "logs"))
     assert out.returncode == 2
+
+
+def test_reads_and_rewrites_the_real_checkpoint_managers_manifest(tmp_path: Path) -> None:
+    """Against exporters.training.checkpoint: after cleanup the manager still reads its
+    manifest, and its rollback target (the newest healthy checkpoint) is still there."""
+    torch = pytest.importorskip("torch")
+    from exporters.training.checkpoint import CheckpointManager
+
+    ckpt = tmp_path / "ckpt"
+    manager = CheckpointManager(ckpt, torch.nn.Linear(2, 2), keep=10)
+    for step, loss in ((10, 1.0), (20, 0.9), (30, float("nan")), (40, float("nan")),
+                       (50, float("nan"))):
+        manager.save(step, loss=loss)
+    out = run_tool("--allowed-root", str(tmp_path), "--checkpoints", str(ckpt), "--keep", "2",
+                   "--json")
+    assert out.returncode == 0, out.stderr
+    assert [e["step"] for e in manager.manifest()] == [20, 40, 50]
+    assert manager.newest_healthy()["step"] == 20
+    assert manager.rollback() == 20
+    assert sorted(p.name for p in ckpt.glob("*.pt")) == [
+        "step-0000000020.pt", "step-0000000040.pt", "step-0000000050.pt"]
