@@ -231,3 +231,19 @@ def test_inhibition_node_down_and_gpu_lost(running_alertmanager: str) -> None:
     not_inhibited = requests.get(f"{url}/api/v2/alerts", params={"inhibited": "false"},
                                  timeout=5).json()
     assert {key(a) for a in not_inhibited}.isdisjoint(expected_inhibited)
+
+
+@pytest.mark.parametrize("trim_blocks", [True, False])
+def test_template_means_the_same_with_or_without_trim_blocks(trim_blocks: bool) -> None:
+    """Ansible renders with trim_blocks on, a plain jinja2.Environment with it off; both must
+    give the same configuration (only the `to_json` filter is needed besides plain Jinja2)."""
+    import json
+
+    import jinja2
+
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined,  # noqa: S701 - YAML, not HTML
+                             trim_blocks=trim_blocks, keep_trailing_newline=True)
+    env.filters["to_json"] = json.dumps
+    variables = {**am.defaults(), **CONFIGURED}
+    text = env.from_string(am.TEMPLATE.read_text()).render(**variables)
+    assert yaml.safe_load(text) == yaml.safe_load(am.render(CONFIGURED))
