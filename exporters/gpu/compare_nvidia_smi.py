@@ -67,9 +67,12 @@ def query_nvidia_smi() -> list[dict[str, str]]:
 
 
 def scrape(url: str) -> dict[tuple[str, str, tuple[tuple[str, str], ...]], float]:
-    """(metric, gpu index, extra labels) -> value, for trainwatch_gpu_* series."""
     with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - operator's URL
-        body = response.read().decode()
+        return per_gpu_values(response.read().decode())
+
+
+def per_gpu_values(body: str) -> dict[tuple[str, str, tuple[tuple[str, str], ...]], float]:
+    """(metric, gpu index, extra labels) -> value, for every series with a `gpu` label."""
     values = {}
     for family in text_string_to_metric_families(body):
         for sample in family.samples:
