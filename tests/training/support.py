@@ -1,0 +1,111 @@
+"""Helpers for the training tests: a real training-exporter process and real torchrun jobs."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.net import free_port, wait_until
+from tests.support.procs import ManagedProcess, running
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "train_ddp.py"
+EXPORTER = Path(sys.executable).parent / "training-exporter"
+
+
+@dataclass
+class Exporter:
+    url: str
+    socket: Path
+    token: str
+    token_file: Path
+    proc: ManagedProcess
+
+    def api(self, method: str, path: str, token: str | bool | None = True,
+            **kwargs: Any) -> requests.Response:
+        """Call the control API; `token=True` uses the right token, None sends none."""
+        headers = kwargs.pop("headers", {})
+        token = self.token if token is True else token
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        return requests.request(method, self.url + path, headers=headers, timeout=5, **kwargs)
+
+    def samples(self, name: str, job: str | None = None
+                ) -> dict[tuple[tuple[str, str], ...], float]:
+        """Sample values of one metric (by sample name), keyed by sorted label pairs."""
+        text = requests.get(self.url + "/metrics", timeout=5).text
+        found = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and job in (None, sample.labels.get("training_job")):
+                    found[tuple(sorted(sample.labels.items()))] = sample.value
+        return found
+
+    def by_rank(self, name: str, job: str) -> dict[str, float]:
+        return {dict(k)["rank"]: v for k, v in self.samples(name, job).items()}
+
+    def job_env(self, job: str) -> dict[str, str]:
+        return {"TRAINWATCH_JOB": job, "TRAINWATCH_EXPORTER_SOCKET": str(self.socket),
+                "TRAINWATCH_EXPORTER_URL": self.url,
+                "TRAINWATCH_CONTROL_TOKEN_FILE": str(self.token_file)}
+
+
+def write_token(directory: Path, name: str = "control.token") -> tuple[str, Path]:
+    token = secrets.token_hex(16)
+    path = directory / name
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    return token, path
+
+
+@contextmanager
+def exporter(workdir: Path, name: str = "exporter", *, node: str = "node-a",
+             socket: Path | None = None, extra: tuple[str, ...] = ()) -> Iterator[Exporter]:
+    """A real `training-exporter` on a free port; stopped (SIGTERM) when the block ends."""
+    port = free_port()
+    token, token_file = write_token(workdir, f"{name}.token")
+    socket = socket or workdir / f"{name}.sock"
+    argv = [str(EXPORTER), "--bind", "127.0.0.1", "--port", str(port), "--socket", str(socket),
+            "--token-file", str(token_file), "--node", node, *extra]
+    url = f"http://127.0.0.1:{port}"
+    with running(argv, workdir / f"{name}.log", ready_url=f"{url}/metrics") as proc:
+        wait_until(socket.exists, timeout=10, what="exporter socket")
+        yield Exporter(url, socket, token, token_file, proc)
+
+
+def events(proc: ManagedProcess) -> list[dict[str, Any]]:
+    """The JSON event lines the example printed so far (other output is skipped)."""
+    found = []
+    for line in proc.log_text().splitlines():
+        if line.startswith("{"):
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                continue
+    return found
+
+
+def of(found: list[dict[str, Any]], event: str, **match: Any) -> list[dict[str, Any]]:
+    return [e for e in found if e.get("event") == event
+            and all(e.get(k) == v for k, v in match.items())]
+
+
+def torchrun(*args: str, nproc: int = 2, nnodes: int = 1, node_rank: int = 0,
+             master_port: int) -> list[str]:
+    """A real torchrun launch of the example on loopback (static rendezvous)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--nnodes", str(nnodes), "--node-rank", str(node_rank),
+            "--master-addr", "127.0.0.1", "--master-port", str(master_port),
+            str(EXAMPLE), *args]
+
+
+JOB_BASE_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}

@@ -1,0 +1,149 @@
+"""The training-side client without torch: launcher detection, never blocking, drop counting.
+
+The exporter end is a plain Unix datagram socket the test binds itself, so it can stay
+unread (a full socket, as when the exporter is stopped) or be read to check what arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from exporters.training import wire
+from exporters.training.client import TrainingMonitor
+from exporters.training.launcher import RankInfo, detect
+from tests.support.net import wait_until
+
+INFO = RankInfo("unit-job", rank=0, local_rank=0, world_size=1, restarts=0)
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[tuple[socket.socket, Path]]:
+    path = tmp_path / "r.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.setblocking(False)
+    yield sock, path
+    sock.close()
+
+
+def read_all(sock: socket.socket) -> list[dict]:
+    messages = []
+    while True:
+        try:
+            messages.append(json.loads(sock.recv(1 << 17)))
+        except BlockingIOError:
+            return messages
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "TORCHELASTIC_RESTART_COUNT": "2",
+      "TORCHELASTIC_RUN_ID": "elastic-run"}, RankInfo("elastic-run", 3, 1, 8, 2)),
+    ({"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "6", "SLURM_JOB_ID": "991"},
+     RankInfo("991", 5, 1, 6, 0)),
+    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+      "OMPI_COMM_WORLD_SIZE": "4", "TRAINWATCH_JOB": "mpi-job"}, RankInfo("mpi-job", 2, 0, 4, 0)),
+    ({}, RankInfo("default", 0, 0, 1, 0)),
+])
+def test_rank_info_comes_from_the_launcher(env: dict[str, str], expected: RankInfo) -> None:
+    assert detect(env) == expected
+
+
+def test_explicit_values_win_and_bad_names_are_refused() -> None:
+    assert detect({"RANK": "1", "WORLD_SIZE": "2"}, job="x", rank=0).rank == 0
+    for bad in ("../etc", "a b", "", "x" * 200):
+        with pytest.raises(ValueError, match="job name"):
+            detect({}, job=bad)
+    with pytest.raises(ValueError, match="outside world size"):
+        detect({"RANK": "4", "WORLD_SIZE": "2"})
+
+
+def test_full_socket_drops_are_counted_and_reported_later(
+        receiver: tuple[socket.socket, Path]) -> None:
+    sock, path = receiver
+    monitor = TrainingMonitor(rank_info=INFO, socket_path=str(path), control=False,
+                              flush_interval=60.0, buffer_size=100_000)
+    for step in range(4000):  # 20 datagrams of 200 steps; the unread socket takes ~10
+        monitor.report(step, loss=1.0, samples=1)
+    monitor._shipper.wake.set()
+    wait_until(lambda: monitor.stats()["dropped"] > 0, timeout=10, what="drops counted")
+    dropped = monitor.stats()["dropped"]
+    assert dropped % 200 == 0 and dropped < 4000
+    delivered = read_all(sock)
+    assert sum(len(m["steps"]) for m in delivered) + dropped == 4000
+    monitor.report(4000, loss=1.0)  # the next datagram that gets through carries the total
+    monitor.close()
+    last = read_all(sock)[-1]
+    assert last["dropped"] == dropped and last["steps"][-1][0] == 4000
+
+
+def test_absent_exporter_and_buffer_overflow_never_raise(tmp_path: Path) -> None:
+    monitor = TrainingMonitor(rank_info=INFO, socket_path=str(tmp_path / "absent.sock"),
+                              control=False, flush_interval=60.0, buffer_size=10)
+    for step in range(100):
+        monitor.report(step, loss=float(step), lr=0.1, grad_norm=1.0)
+    monitor.close()  # final flush: 90 lost to the bounded buffer, 10 to the absent socket
+    assert monitor.stats()["dropped"] == 100
+    assert monitor.stats()["reported"] == 100
+
+
+def test_nonfinite_loss_is_counted_and_shipped_at_once(
+        receiver: tuple[socket.socket, Path]) -> None:
+    sock, path = receiver
+    monitor = TrainingMonitor(rank_info=INFO, socket_path=str(path), control=False,
+                              flush_interval=3600.0)
+    read_all(sock)
+    monitor.report(7, loss=float("nan"))
+    assert monitor.stats()["nonfinite"] == 1
+    message = wait_until(lambda: next(iter(read_all(sock)), None), timeout=5,
+                         what="datagram shipped without waiting for the flush interval")
+    assert message["nonfinite"] == 1 and math.isnan(message["steps"][0][3])
+    monitor.report(8, loss=float("inf"))
+    monitor.close()
+    assert monitor.stats()["nonfinite"] == 2
+
+
+def test_odd_values_do_not_raise_and_decode_cleanly(receiver: tuple[socket.socket, Path]
+                                                    ) -> None:
+    sock, path = receiver
+    monitor = TrainingMonitor(rank_info=INFO, socket_path=str(path), control=False,
+                              flush_interval=60.0)
+    monitor.report(1, loss="not a number", lr=object(), grad_norm=None)
+    monitor.report(2, loss=3, lr=0.5, samples=8, tokens=80)
+    monitor.close()
+    messages = read_all(sock)
+    reports = [wire.decode(json.dumps(m).encode()) for m in messages]
+    steps = [s for r in reports for s in r.steps]
+    assert steps[0][0] == 1 and steps[0][3] is None and steps[0][4] is None
+    assert steps[1][3] == 3.0 and steps[1][4] == 0.5
+    assert reports[-1].samples_total == 8 and reports[-1].tokens_total == 80
+
+
+def test_custom_command_registration_is_validated(tmp_path: Path) -> None:
+    monitor = TrainingMonitor(rank_info=INFO, socket_path=str(tmp_path / "x.sock"),
+                              control=False)
+    try:
+        with pytest.raises(ValueError, match="built-in"):
+            monitor.register_command("scale_lr", lambda a, s: None)
+        with pytest.raises(ValueError, match="must match"):
+            monitor.register_command("Bad Name", lambda a, s: None)
+        with pytest.raises(Exception, match="is not valid"):
+            monitor.register_command("ok_name", lambda a, s: None, schema={"type": 12})
+    finally:
+        monitor.close()
+
+
+@pytest.mark.parametrize("payload", [
+    b"", b"[]", b'{"v": 2}', b'{"v": 1, "job": "a/b", "world_size": 1}',
+    b'{"v": 1, "job": "j", "world_size": 1, "steps": [[-1, 0, 0, 0, 0, 0, 0]]}',
+    b'{"v": 1, "job": "j", "world_size": 1, "applied": [{"id": "x", "type": "t", '
+    b'"status": "maybe", "step": 1}]}',
+])
+def test_wire_rejects_off_contract_datagrams(payload: bytes) -> None:
+    with pytest.raises(wire.WireError):
+        wire.decode(payload)
