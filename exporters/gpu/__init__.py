@@ -3,6 +3,8 @@
 Modules, one job each: `metrics` (names), `snapshot` (immutable data a scrape serves),
 `reader` (one NVML collection cycle), `collector_loop` (background thread, init backoff,
 staleness), `xid` (NVML event thread), `processes` (job/rank attribution from /proc),
-`exposition` (prometheus_client Collector), `fake_nvml` (tests and `--simulate`),
-`config`/`cli` (the `gpu-exporter` command), `power_limit` (remediation tool).
+`exposition` (prometheus_client Collector), `http_server` (/metrics, text cached per
+snapshot), `fake_nvml` (tests and `--simulate`), `config`/`cli` (the `gpu-exporter`
+command), `power_limit` (remediation tool), `compare_nvidia_smi` (check on a GPU host).
+See docs/gpu_exporter.md.
 """
