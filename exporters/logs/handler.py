@@ -116,7 +116,8 @@ class AsyncEcsHandler(logging.Handler):
         self._closed = False
         self._close_lock = threading.Lock()
         self._exception_formatter = logging.Formatter()
-        self._ecs = EcsFormatter(service=service, job=self.job, rank=self.rank)
+        self._ecs = EcsFormatter(service=service, job=self.job, rank=self.rank,
+                                 prefer_orjson=use_orjson)
         self._encode: Callable[[dict[str, Any]], bytes] = make_encoder(use_orjson)
         # Counters: callers only increment `_dropped` (under a lock, on the rare overflow path);
         # the writer thread alone updates the others.
@@ -137,13 +138,15 @@ class AsyncEcsHandler(logging.Handler):
         return self._dropped
 
     def handle(self, record: logging.LogRecord) -> logging.LogRecord | bool:
-        """Like Handler.handle but without the per-call handler lock: emit is thread-safe."""
-        rv = self.filter(record)
-        if rv:
+        """Like Handler.handle but without the per-call handler lock: the queue is thread-safe."""
+        if self.filters:
+            rv = self.filter(record)
+            if not rv:
+                return rv
             if isinstance(rv, logging.LogRecord):
                 record = rv
-            self.emit(record)
-        return rv
+        self.emit(record)
+        return record
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -216,11 +219,11 @@ class AsyncEcsHandler(logging.Handler):
                 self._cond.notify_all()
 
     def _encode_batch(self, batch: list[logging.LogRecord]) -> list[bytes]:
-        document, encode = self._ecs.document, self._encode
+        line = self._ecs.line
         lines = []
         for record in batch:
             try:
-                lines.append(encode(document(record)))
+                lines.append(line(record))
             except Exception:  # one odd record must not cost the batch
                 self.format_errors += 1
         return lines
