@@ -94,13 +94,13 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
 
 
 def _registered_output(runner: Any) -> dict[str, Any]:
-    """stdout of tasks named `capture: ...` (e.g. a py-spy dump), for the audit record."""
+    """stdout of tasks named `Capture: ...` (e.g. a py-spy dump), for the audit record."""
     captured: dict[str, Any] = {}
     for event in runner.events:
         if event.get("event") != "runner_on_ok":
             continue
         data = event.get("event_data", {})
-        if not str(data.get("task", "")).startswith("capture"):
+        if not str(data.get("task", "")).lower().startswith("capture"):
             continue
         res = data.get("res", {})
         captured[data.get("task", "task")] = str(res.get("stdout", ""))[-OUTPUT_LIMIT:]
