@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                  lr=optimizer.param_groups[0]["lr"])
         if checkpoints is not None and step > 0 and step % args.checkpoint_every == 0:
             checkpoints.save(step, loss=loss_value)
-            emit("checkpoint_saved", rank=rank, step=step, finite=math.isfinite(loss_value))
+            emit("checkpoint_saved", rank=rank, step=step, finite=math.isfinite(loss_value),
+                 weights_sha256=weights_digest(model))
         control = monitor.step_end(step)
         for event in control.applied:
             extra: dict[str, Any] = {}
@@ -172,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
     monitor.close()
     emit("summary", rank=rank, steps_run=steps_run, final_step=step - 1, final_loss=loss_value,
-         lr=optimizer.param_groups[0]["lr"], weights_sha256=weights_digest(model),
-         **monitor.stats())
+         lr=optimizer.param_groups[0]["lr"], batch_offset=batch_offset,
+         weights_sha256=weights_digest(model), **monitor.stats())
     if distributed:
         dist.barrier()
         dist.destroy_process_group()

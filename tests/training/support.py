@@ -69,17 +69,19 @@ def write_token(directory: Path, name: str = "control.token") -> tuple[str, Path
 
 @contextmanager
 def exporter(workdir: Path, name: str = "exporter", *, node: str = "node-a",
-             socket: Path | None = None, extra: tuple[str, ...] = ()) -> Iterator[Exporter]:
+             socket: Path | None = None, port: int | None = None,
+             token: tuple[str, Path] | None = None, extra: tuple[str, ...] = ()
+             ) -> Iterator[Exporter]:
     """A real `training-exporter` on a free port; stopped (SIGTERM) when the block ends."""
-    port = free_port()
-    token, token_file = write_token(workdir, f"{name}.token")
+    port = port or free_port()
+    token_value, token_file = token or write_token(workdir, f"{name}.token")
     socket = socket or workdir / f"{name}.sock"
     argv = [str(EXPORTER), "--bind", "127.0.0.1", "--port", str(port), "--socket", str(socket),
             "--token-file", str(token_file), "--node", node, *extra]
     url = f"http://127.0.0.1:{port}"
     with running(argv, workdir / f"{name}.log", ready_url=f"{url}/metrics") as proc:
         wait_until(socket.exists, timeout=10, what="exporter socket")
-        yield Exporter(url, socket, token, token_file, proc)
+        yield Exporter(url, socket, token_value, token_file, proc)
 
 
 def events(proc: ManagedProcess) -> list[dict[str, Any]]:
