@@ -34,6 +34,9 @@ def current_exposition() -> str:
     fake.update(lambda s: s["gpus"][5].update(lost=True))
     loop = make_loop(fake)
     loop.run_once()
+    # What the XID thread records for two XID 79 events on GPU 1 (the thread itself is
+    # exercised in test_background.py; here only the exposition format matters).
+    loop.xid_counts.inc((loop.reader.identities[1], "79"), 2)
     return normalise(render(loop))
 
 
