@@ -62,6 +62,15 @@ def test_bad_config_exits_2_with_the_offending_key(tmp_path: Path) -> None:
     assert proc.returncode == 2
 
 
+def test_bad_scenario_file_exits_2_with_the_offending_key(tmp_path: Path) -> None:
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(json.dumps({"gpus": [{"temprature": 90}]}))
+    proc = subprocess.run([EXPORTER, "--port", str(free_port())], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, ENV_FAKE_NVML: str(scenario)})
+    assert proc.returncode == 2
+    assert "temprature" in proc.stderr
+
+
 def test_scenario_file_hang_power_limit_and_sigterm_while_hung(tmp_path: Path) -> None:
     """Other processes drive the simulated machine through the shared scenario file."""
     scenario = simulated_scenario(2, dynamic=False)
