@@ -1,0 +1,87 @@
+"""Acceptance 2 and 3 on one real 2-rank gloo job (torch launches are slow here: one does both).
+
+The job starts with no exporter listening (the node exporter is down): it must train on and
+count what it could not deliver. The exporter comes up mid-run and the dropped count appears
+in its metrics. At step 60 the loss turns NaN (poisoning the weights); a `rollback` command
+restores the newest healthy checkpoint (step 50) on both ranks, bit-identical to the file,
+skips 7 batches, and the job runs to completion with finite losses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from exporters import catalog
+from exporters.training.checkpoint import weights_digest
+from tests.support.net import free_port, wait_until
+from tests.support.procs import running
+from tests.training.support import JOB_BASE_ENV, events, exporter, of, torchrun, write_token
+
+JOB = "rollback-job"
+NAN_AT = 60
+STEPS = 300
+
+
+def test_nan_then_rollback_restores_healthy_checkpoint_and_outage_only_drops(
+        tmp_path: Path) -> None:
+    sock = tmp_path / "node.sock"
+    port = free_port()
+    token = write_token(tmp_path)
+    checkpoints = tmp_path / "ckpt"
+    env = {**JOB_BASE_ENV, catalog.ENV_JOB: JOB, catalog.ENV_EXPORTER_SOCKET: str(sock),
+           catalog.ENV_EXPORTER_URL: f"http://127.0.0.1:{port}",
+           catalog.ENV_CONTROL_TOKEN_FILE: str(token[1]), catalog.ENV_SYNC_EVERY: "5"}
+    args = ["--steps", str(STEPS), "--step-time", "0.03", "--nan-at-step", str(NAN_AT),
+            "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "10",
+            "--keep-checkpoints", "100", "--print-every", "5"]
+    with running(torchrun(*args, master_port=free_port()), tmp_path / "job.log",
+                 env=env) as job:
+        wait_until(lambda: any(e["step"] >= 20 for e in of(events(job), "step")), timeout=120,
+                   what="job training with its exporter down")
+        with exporter(tmp_path, "late", socket=sock, port=port, token=token) as exp:
+            dropped = wait_until(
+                lambda: (d := exp.by_rank(catalog.TRAINING_DROPPED_SAMPLES, JOB)).keys()
+                == {"0", "1"} and all(v > 0 for v in d.values()) and d,
+                timeout=30, what="dropped samples reported by both ranks")
+            wait_until(lambda: exp.by_rank(catalog.TRAINING_NONFINITE_LOSS, JOB).get("0", 0) > 0,
+                       timeout=60, what="non-finite loss counted")
+            posted = exp.api("POST", f"/v1/jobs/{JOB}/commands",
+                             json={"id": "rb-1", "type": "rollback", "args": {"skip_batches": 7}})
+            assert posted.status_code == 202, posted.text
+            wait_until(lambda: not job.alive(), timeout=120, what="job finished")
+            assert job.proc.returncode == 0, job.log_text()[-3000:]
+            wait_until(lambda: exp.by_rank(catalog.TRAINING_ROLLBACKS, JOB) == {"0": 1.0, "1": 1.0},
+                       timeout=10, what="rollbacks exported")
+            ranks = exp.api("GET", f"/v1/jobs/{JOB}/commands/rb-1").json()["ranks"]
+            found = events(job)
+
+    applied = of(found, "command_applied", id="rb-1")
+    assert {e["rank"] for e in applied} == {0, 1} and len(applied) == 2
+    assert all(e["status"] == "applied" for e in applied)
+    step = applied[0]["step"]
+    assert applied[1]["step"] == step > NAN_AT
+    assert ranks == {"0": {"status": "applied", "step": step},
+                     "1": {"status": "applied", "step": step}}
+    restored = {e["result"]["restored_step"] for e in applied}
+    assert restored == {NAN_AT - 10}, "newest healthy checkpoint is the one before the NaN"
+
+    # Bit-identical: the restored weights on both ranks equal the checkpoint file's and the
+    # model's at the moment it was saved.
+    saved = torch.load(checkpoints / f"step-{NAN_AT - 10:010d}.pt", weights_only=True)
+    file_digest = weights_digest(saved["model"])
+    assert {e["weights_sha256"] for e in applied} == {file_digest}
+    saved_event = of(found, "checkpoint_saved", rank=0, step=NAN_AT - 10)
+    assert saved_event[0]["weights_sha256"] == file_digest
+
+    summaries = of(found, "summary")
+    assert len(summaries) == 2
+    for summary in summaries:
+        assert summary["final_step"] == STEPS - 1
+        assert summary["final_loss"] == summary["final_loss"]  # finite again (not NaN)
+        assert summary["batch_offset"] == 7
+        assert summary["rollbacks"] == 1
+        assert summary["dropped"] >= dropped[str(summary["rank"])] > 0
+        assert summary["nonfinite"] >= 1
+    assert len({s["weights_sha256"] for s in summaries}) == 1
