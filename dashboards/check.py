@@ -29,6 +29,8 @@ FAILURE_ONLY: dict[tuple[str, str], str] = {
         "the log scanner's series for a job appear with the first anomaly it finds",
     ("trainwatch-remediation-alerts", "Pending alerts"):
         "an alert is pending only between its condition turning true and its `for` elapsing",
+    ("trainwatch-remediation-alerts", "Webhook alerts by outcome"):
+        "the outcome series appear with the first webhook call to the remediation service",
     ("trainwatch-remediation-alerts", "Webhook latency p99"):
         "the quantile is NaN until the first webhook call reaches the remediation service",
     ("trainwatch-remediation-alerts", "Decisions"):

@@ -48,7 +48,9 @@ def names_in_exposition(text: str) -> set[str]:
 
 @contextmanager
 def exporters_running(workdir: Path) -> Iterator[dict[str, str]]:
-    """Scrape job name -> /metrics URL, for every exporter of the stack."""
+    """Scrape job name -> /metrics URL, for every exporter of the stack, all scraped every
+    second by a Prometheus that evaluates the demo rule profile. The training exporter's
+    socket is `workdir/training.sock`."""
     workdir.mkdir(parents=True, exist_ok=True)
     token = workdir / "control.token"
     token.write_text(secrets.token_hex(16))
@@ -82,7 +84,7 @@ def exporters_running(workdir: Path) -> Iterator[dict[str, str]]:
         prom_config = workdir / "prometheus.yml"
         prom_port = free_port()
         targets = {job: u.removeprefix("http://").removesuffix("/metrics")
-                   for job, u in url.items() if job != "remediation"}
+                   for job, u in url.items()}
         targets["prometheus"] = f"127.0.0.1:{prom_port}"
         targets["alertmanager"] = am_url.removeprefix("http://")
         # Prometheus scrapes every exporter (so metrics created on first use exist, like its
@@ -98,8 +100,6 @@ def exporters_running(workdir: Path) -> Iterator[dict[str, str]]:
                 {"targets": [am_url.removeprefix("http://")]}]}]},
         }))
         prom_url = stack.enter_context(prometheus(workdir, prom_config, port=prom_port))
-        wait_until(lambda: _all_up(prom_url, len(targets)), timeout=30,
-                   what="Prometheus to scrape every exporter")
         remediation_config = workdir / "remediation.yml"
         remediation_config.write_text(yaml.safe_dump({
             "bind": "127.0.0.1", "port": ports["remediation"],
@@ -112,7 +112,13 @@ def exporters_running(workdir: Path) -> Iterator[dict[str, str]]:
         stack.enter_context(running(
             [_script("remediation-server"), "--config", str(remediation_config)],
             workdir / "remediation.log", ready_url=url["remediation"], cwd=REPO))
+        wait_until(lambda: _all_up(prom_url, len(targets)), timeout=30,
+                   what="Prometheus to scrape every exporter")
         yield {**url, "prometheus": f"{prom_url}/metrics", "alertmanager": f"{am_url}/metrics"}
+
+
+def prometheus_base(urls: dict[str, str]) -> str:
+    return urls["prometheus"].removesuffix("/metrics")
 
 
 def _all_up(prom_url: str, count: int) -> bool:
