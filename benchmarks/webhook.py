@@ -208,6 +208,7 @@ def main() -> int:
     if args.seconds <= 0 or args.rate <= 0:
         parser.error("--seconds and --rate must be positive")
 
+    load_before = os.getloadavg()[0]
     target_server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowTarget)
     target_server.daemon_threads = True
     threading.Thread(target=target_server.serve_forever, daemon=True).start()
@@ -258,6 +259,7 @@ def main() -> int:
     summary = {
         "benchmark": "webhook",
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, {platform.platform()}",
+        "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "rate_req_per_s": args.rate,
         "seconds": args.seconds,
         "accepted_alerts_per_s": round(tw["throughput"]["alerts_per_s"], 1),
