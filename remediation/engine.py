@@ -36,7 +36,9 @@ def escalation_playbook() -> Playbook:
     return Playbook(
         name=ESCALATION_PLAYBOOK, alertnames=frozenset({"TruncatedAlerts"}), matchers=(),
         target=(), steps=({"action": "http", "url": "${config.pager_url}", "json": {
-            "event": "truncated_alerts", "receiver": "${labels.receiver}"}},))
+            "event": "truncated_alerts",
+            "summary": "Alertmanager truncated alerts from a remediation notification: they "
+                       "were not remediated; see GET /v1/actions?decision=truncated_escalated"}},))
 
 
 class Engine:

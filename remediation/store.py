@@ -137,8 +137,9 @@ class Store:
         self._local = threading.local()
         conn = self._conn()
         conn.executescript(SCHEMA)
-        with contextlib.suppress(OSError):  # audit details may hold host names, stack dumps
-            path.chmod(0o600)
+        for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            with contextlib.suppress(OSError):  # audit details may hold host names, stack dumps
+                name.chmod(0o600)
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)

@@ -153,3 +153,24 @@ def test_cli_lists_and_approves(tmp_path: Path) -> None:
         again = subprocess.run([*cli, "approve", str(intent)], capture_output=True, text=True,
                                timeout=30, check=False)
         assert again.returncode == 1
+
+
+def test_truncated_alerts_page_a_human_once(service_factory) -> None:
+    with stub_server() as (hostport, state), \
+            service_factory([http_book(hostport)], pager_url=f"http://{hostport}/page") as svc:
+        body = payload(alert("TrainingLossSpike", {"training_job": "a"}), truncated=3)
+        for _ in range(2):  # a resend of the same truncated group pages once
+            assert svc.client.post("/v1/alerts", json=body, headers=auth()).status_code == 200
+        svc.wait_idle()
+        pages = state.posts("/page")
+        assert len(pages) == 1 and pages[0].body["event"] == "truncated_alerts"
+        assert len(svc.audit("truncated_escalated")) == 1
+
+
+def test_store_files_are_private(tmp_path: Path) -> None:
+    from remediation.store import Store
+
+    store = Store(tmp_path / "s.sqlite")
+    assert store.ping()
+    for suffix in ("", "-wal", "-shm"):
+        assert (tmp_path / f"s.sqlite{suffix}").stat().st_mode & 0o077 == 0
