@@ -1,0 +1,120 @@
+"""End to end, all real: a 2-rank torchrun job's loss spike is cut down by the stack.
+
+Real Prometheus and Alertmanager (Debian binaries), the real training exporter, remediation
+service, GPU exporter (simulation mode: no GPU here), log scanner and node_exporter, a real
+2-rank gloo job. The only thing this test does by hand is start the processes on free ports
+(the Ansible deploy of the same parts is tested in tests/ansible/).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from scripts.demo_timeline import DemoResult, Endpoints, print_summary, run_spike_demo
+from tests.support.net import free_port
+from tests.support.stack import Stack, running_stack
+
+pytestmark = pytest.mark.e2e
+
+JOB = "e2e-spike"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("stack")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def demo(stack: Stack) -> DemoResult:
+    endpoints = Endpoints(
+        prometheus=stack.prometheus, alertmanager=stack.alertmanager,
+        training_exporter=stack.training_exporter, remediation=stack.remediation,
+        remediation_token=stack.webhook_token, job_env=stack.job_env(JOB))
+    lines: list[str] = []
+    result = run_spike_demo(endpoints, job=JOB, spike_at=300, steps=560, step_time=0.1,
+                            master_port=free_port(), timeout=200, echo=lines.append)
+    print_summary(result, endpoints, echo=lines.append)
+    print("\n".join(lines))
+    return result
+
+
+def test_unauthenticated_webhook_is_refused_and_changes_nothing(stack: Stack) -> None:
+    store = stack.workdir / "remediation.sqlite"
+    before = _row_counts(store)
+    payload = {
+        "version": "4", "status": "firing", "receiver": "remediation", "groupKey": "{}:{}",
+        "groupLabels": {}, "commonLabels": {}, "commonAnnotations": {}, "externalURL": "x",
+        "truncatedAlerts": 0,
+        "alerts": [{"status": "firing", "labels": {"alertname": "TrainingLossSpike",
+                                                   "training_job": JOB},
+                    "annotations": {}, "startsAt": "2026-11-21T18:03:15.119Z",
+                    "endsAt": "0001-01-01T00:00:00Z", "generatorURL": "", "fingerprint": "f00"}],
+    }
+    for headers in ({}, {"Authorization": "Bearer wrong-token"}, {"Authorization": "Basic x"}):
+        r = requests.post(f"{stack.remediation}/v1/alerts", json=payload, headers=headers,
+                          timeout=5)
+        assert r.status_code == 401, (headers, r.status_code, r.text)
+    assert _row_counts(store) == before
+
+
+def test_loss_spike_is_cut_on_every_rank_at_the_same_step(stack: Stack, demo: DemoResult) -> None:
+    assert demo.returncode == 0, "the training job must finish cleanly"
+    spike = demo.spike_time()
+    assert spike is not None, "the job never injected its spike"
+
+    # The alert fired in the real Prometheus, and the webhook reached the remediation service.
+    assert demo.alert_fired_at is not None, "TrainingLossSpike never fired"
+    assert demo.webhook_at is not None, "the remediation service never received the alert"
+    assert demo.intent is not None and demo.intent["playbook"] == "lr_reduction"
+    assert demo.intent["state"] == "done", demo.intent
+
+    # The call was authenticated: Alertmanager used the token, and the service accepted it.
+    audit = requests.get(f"{stack.remediation}/v1/actions", timeout=5,
+                         params={"intent": demo.intent["id"]},
+                         headers={"Authorization": f"Bearer {stack.webhook_token}"}).json()
+    decisions = [row["decision"] for row in audit["audit"]]
+    assert "acted" in decisions, decisions
+
+    # Both ranks applied the cut, at the same step, and report the reduced LR from then on.
+    applied = demo.lr_applied()
+    assert sorted(applied) == [0, 1], applied
+    cut_steps = {e["step"] for e in applied.values()}
+    assert len(cut_steps) == 1, f"ranks applied the LR cut at different steps: {applied}"
+    cut_step = cut_steps.pop()
+    new_lr = applied[0]["lr"]
+    assert applied[1]["lr"] == new_lr
+    lr_at_spike = demo.events("spike_injected")[0]["lr"]
+    assert new_lr == pytest.approx(lr_at_spike * 0.5)
+    for rank in (0, 1):
+        later = [e for e in demo.events("step") if e["rank"] == rank and e["step"] > cut_step]
+        assert later, f"rank {rank} reported no step after the cut"
+        assert all(e["lr"] == pytest.approx(new_lr) for e in later), later
+    summaries = {e["rank"]: e for e in demo.events("summary")}
+    assert summaries[0]["lr"] == summaries[1]["lr"] == pytest.approx(new_lr)
+
+    # The exporter reports the applied command per rank (what Prometheus and Grafana see).
+    status = requests.get(
+        f"{stack.training_exporter}/v1/jobs/{JOB}/commands/{applied[0]['id']}", timeout=5,
+        headers={"Authorization": f"Bearer {stack.control_token_file.read_text().strip()}"})
+    assert status.status_code == 200, status.text
+    ranks = status.json()["ranks"]
+    assert {r: v["step"] for r, v in ranks.items()} == {"0": cut_step, "1": cut_step}
+
+    # Spike to new LR on both ranks, with 1 s scrape/evaluation intervals.
+    delay = demo.spike_to_applied_seconds()
+    assert delay is not None
+    print(f"\nspike -> LR applied on both ranks: {delay:.1f} s")
+    assert delay < 15.0, f"took {delay:.1f} s from spike to applied LR (budget 15 s)"
+
+
+def _row_counts(store: Path) -> tuple[int, int]:
+    with sqlite3.connect(store) as conn:
+        intents = conn.execute("SELECT count(*) FROM intents").fetchone()[0]
+        audit = conn.execute("SELECT count(*) FROM audit").fetchone()[0]
+    return int(intents), int(audit)
