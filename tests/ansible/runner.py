@@ -62,19 +62,27 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_RETRY_FILES_ENABLED": "0",
         "ANSIBLE_STDOUT_CALLBACK": "default",
         "ANSIBLE_LOCALHOST_WARNING": "0",
+        "ANSIBLE_ROLES_PATH": str(ANSIBLE / "roles"),
     })
     return env
 
 
-def run_playbook(playbook: str, extra_vars: dict, workdir: Path, *, inventory: Path = LOCAL_INVENTORY,
-                 check: bool = False, timeout: float = 600) -> PlaybookRun:
-    """ansible-playbook -i <inventory> ansible/<playbook> -e @<vars file> [--check]."""
-    vars_file = workdir / f"extra-vars-{playbook.replace('/', '_')}.yml"
+def run_playbook(playbook: str | Path, extra_vars: dict, workdir: Path, *,
+                 inventory: Path = LOCAL_INVENTORY, check: bool = False,
+                 limit: str | None = None, timeout: float = 600) -> PlaybookRun:
+    """ansible-playbook -i <inventory> <playbook> -e @<vars file> [--check].
+
+    A relative `playbook` is under ansible/; roles always come from ansible/roles.
+    """
+    path = ANSIBLE / playbook
+    vars_file = workdir / f"extra-vars-{path.stem}.yml"
     vars_file.write_text(yaml.safe_dump(extra_vars))
-    argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(ANSIBLE / playbook),
+    argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(path),
             "-e", f"@{vars_file}"]
     if check:
         argv.append("--check")
+    if limit:
+        argv += ["--limit", limit]
     proc = subprocess.run(argv, cwd=REPO, env=ansible_env(), capture_output=True, text=True,
                           timeout=timeout, check=False)
     output = proc.stdout + proc.stderr

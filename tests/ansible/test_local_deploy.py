@@ -125,7 +125,8 @@ def test_the_demo_rules_are_loaded(deployment: Deployment) -> None:
             expected |= {rule["alert"] for rule in group["rules"] if "alert" in rule}
     groups = requests.get(f"{deployment.url('prometheus_port')}/api/v1/rules",
                           timeout=5).json()["data"]["groups"]
-    loaded = {rule["name"] for group in groups for rule in group["rules"] if rule["type"] == "alerting"}
+    loaded = {rule["name"] for group in groups for rule in group["rules"]
+              if rule["type"] == "alerting"}
     assert expected and expected <= loaded
 
 

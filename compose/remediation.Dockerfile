@@ -1,0 +1,11 @@
+# The remediation service image for compose: the project without torch (never imported by it).
+FROM python:3.11.10-slim-bookworm
+WORKDIR /src
+COPY pyproject.toml ./
+COPY exporters ./exporters
+COPY remediation ./remediation
+COPY ansible/remediation /opt/trainwatch/ansible/remediation
+RUN pip install --no-cache-dir . && useradd --system --uid 10001 --home /var/lib/trainwatch trainwatch \
+    && mkdir -p /var/lib/trainwatch && chown trainwatch /var/lib/trainwatch
+USER 10001
+EXPOSE 9448

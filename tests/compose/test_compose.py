@@ -1,0 +1,173 @@
+"""compose/: the docker-compose file checked against the Compose Specification JSON schema
+(vendored, see data/SOURCE.md), pinned images, healthchecks, named volumes, required secrets,
+and compose/render.py rendering the Ansible roles' templates into valid configs (promtool,
+amtool, JSON). No Docker engine here: `docker compose up` is verified on real hosts only
+(docs/deploy.md gives the commands).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_DIR = REPO / "compose"
+COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
+SCHEMA = Path(__file__).with_name("data") / "compose_spec.json"
+ONE_SHOT = {"elasticsearch-setup", "kibana-setup"}
+PINNED_TAG = re.compile(r"^[\w./-]+:v?\d+\.\d+\.\d+(-[\w.]+)?$")
+INTERPOLATION = re.compile(r"\$\{(?P<name>\w+)(?P<op>:?[-?])?(?P<arg>[^}]*)\}")
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def secret_names() -> set[str]:
+    """Keys of .env.example that have no value: the secrets the operator must set."""
+    names = set()
+    for line in (COMPOSE_DIR / ".env.example").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.partition("=")
+            if not value:
+                names.add(name)
+    return names
+
+
+def test_compose_file_matches_the_compose_spec_schema(compose: dict) -> None:
+    schema = json.loads(SCHEMA.read_text())
+    errors = sorted(jsonschema.Draft201909Validator(schema).iter_errors(compose), key=str)
+    assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
+
+
+def test_schema_check_catches_a_broken_file(compose: dict) -> None:
+    schema = json.loads(SCHEMA.read_text())
+    broken = json.loads(json.dumps(compose))
+    broken["services"]["prometheus"]["healthcheck"]["retires"] = 5
+    assert not jsonschema.Draft201909Validator(schema).is_valid(broken)
+
+
+def test_every_image_is_pinned(compose: dict) -> None:
+    for name, service in compose["services"].items():
+        image = service["image"]
+        assert PINNED_TAG.match(image), f"{name}: {image} is not pinned to a release"
+        assert not image.endswith(":latest")
+
+
+def test_every_long_running_service_has_a_healthcheck_and_named_volumes(compose: dict) -> None:
+    declared = set(compose["volumes"])
+    for name, service in compose["services"].items():
+        if name in ONE_SHOT:
+            assert service["restart"] == "no"
+            continue
+        assert service["healthcheck"]["test"], name
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if not source.startswith((".", "/")):
+                assert source in declared, f"{name}: volume {source} is not a named volume"
+    assert {"prometheus-data", "grafana-data", "elasticsearch-data"} <= declared
+
+
+def test_no_published_port_of_an_admin_ui_listens_on_every_address(compose: dict) -> None:
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            if name != "logstash":  # Beats input: GPU nodes ship logs to it from outside
+                assert str(port).startswith("127.0.0.1:"), f"{name}: {port}"
+
+
+def test_every_secret_is_required_and_never_defaulted(secret_names: set[str]) -> None:
+    text = COMPOSE_FILE.read_text()
+    uses = [m for m in INTERPOLATION.finditer(text) if m["name"] in secret_names]
+    assert {m["name"] for m in uses} == secret_names, "a secret in .env.example is unused"
+    for match in uses:
+        assert match["op"] == ":?", f"${{{match['name']}}} must use :? (refuse to start)"
+        assert match["arg"].strip(), "the error message tells the operator what to set"
+    assert "GRAFANA_ADMIN_PASSWORD" in secret_names and "ELASTIC_PASSWORD" in secret_names
+    # No literal password in the file either.
+    assert not re.search(r"(?i)password[\"']?\s*[:=]\s*[\"']?(admin|changeme|password)\b", text)
+
+
+def test_env_example_holds_no_values_for_secrets() -> None:
+    for line in (COMPOSE_DIR / ".env.example").read_text().splitlines():
+        if re.match(r"^\w*(PASSWORD|TOKEN|KEY)\w*=", line):
+            assert line.endswith("="), line
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("compose") / "rendered"
+    proc = subprocess.run([sys.executable, str(COMPOSE_DIR / "render.py"), "--out", str(out),
+                           "--gpu-nodes", "gpu-01.example.internal,gpu-02.example.internal"],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_rendered_prometheus_and_alertmanager_configs_are_valid(
+        rendered: Path, real_binaries: dict[str, str]) -> None:
+    for argv in (["promtool", "check", "config", str(rendered / "prometheus/prometheus.yml")],
+                 ["promtool", "check", "rules",
+                  *map(str, (rendered / "prometheus/rules").glob("*.yml"))],
+                 ["amtool", "check-config", str(rendered / "alertmanager/alertmanager.yml")]):
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    config = yaml.safe_load((rendered / "prometheus/prometheus.yml").read_text())
+    targets = {job["job_name"]: {t for sc in job["static_configs"] for t in sc["targets"]}
+               for job in config["scrape_configs"]}
+    assert targets["gpu"] == {"gpu-01.example.internal:9445", "gpu-02.example.internal:9445"}
+    assert targets["alertmanager"] == {"alertmanager:9093"}
+    am = yaml.safe_load((rendered / "alertmanager/alertmanager.yml").read_text())
+    webhook = next(r for r in am["receivers"] if r["name"] == "remediation")["webhook_configs"][0]
+    assert webhook["url"] == "http://remediation:9448/v1/alerts"
+
+
+def test_rendered_elk_and_grafana_files_are_valid(rendered: Path) -> None:
+    for path in (rendered / "elasticsearch").glob("*.json"):
+        json.loads(path.read_text())
+    lines = (rendered / "kibana/saved-objects.ndjson").read_text().splitlines()
+    assert len([json.loads(line) for line in lines if line]) == 8  # data view + 7 searches
+    datasources = yaml.safe_load(
+        (rendered / "grafana/provisioning/datasources/trainwatch.yml").read_text())
+    assert {d["type"] for d in datasources["datasources"]} == {"prometheus", "elasticsearch"}
+    assert "${ELASTIC_PASSWORD}" in (rendered / "grafana/provisioning/datasources/trainwatch.yml"
+                                      ).read_text()  # expanded by Grafana, not written here
+    remediation = yaml.safe_load((rendered / "remediation/remediation.yml").read_text())
+    assert remediation["webhook_token_file"].startswith("/run/trainwatch/")
+
+
+def test_every_rendered_mount_exists(compose: dict, rendered: Path) -> None:
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./rendered/"):
+                assert (rendered / source.removeprefix("./rendered/")).exists(), (name, source)
+
+
+@pytest.mark.parametrize("nodes", ["gpu-01;rm -rf /", "../etc", "host:9445"])
+def test_render_rejects_bad_host_names_and_writes_nothing(tmp_path: Path, nodes: str) -> None:
+    out = tmp_path / "rendered"
+    proc = subprocess.run([sys.executable, str(COMPOSE_DIR / "render.py"), "--out", str(out),
+                           "--gpu-nodes", nodes], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("render.py: ")
+    assert not out.exists()
+
+
+def test_render_uses_the_ansible_templates() -> None:
+    sys.path.insert(0, str(COMPOSE_DIR))
+    try:
+        import render  # compose/render.py is a script, not a package
+    finally:
+        sys.path.remove(str(COMPOSE_DIR))
+    for template in render.TEMPLATES.values():
+        assert template.startswith(("ansible/roles/", "alert_rules/")), template
+        assert (REPO / template).is_file()
