@@ -143,6 +143,8 @@ class Engine:
                            terminal=False, results=results)
                 return
             results.append({"step": index, "action": step["action"], "result": outcome})
+            if index == len(steps) - 1:
+                break  # the last step's progress is committed with the completion below
             with self.store.transaction() as conn:
                 if not Store.owns(conn, intent.id, self.owner):
                     raise LostLease(intent.id)
@@ -151,7 +153,8 @@ class Engine:
         with self.store.transaction() as conn:
             if not Store.owns(conn, intent.id, self.owner):
                 raise LostLease(intent.id)
-            Store.update_intent(conn, intent.id, state="done", lease_owner=None, lease_until=None)
+            Store.update_intent(conn, intent.id, state="done", lease_owner=None, lease_until=None,
+                                next_step=len(steps), results=results)
             Store.audit(conn, "acted", intent_id=intent.id, fingerprint=intent.fingerprint,
                         playbook=intent.playbook, alertname=intent.alertname,
                         target_key=intent.target_key,

@@ -5,9 +5,13 @@
 * audit: append-only (triggers refuse UPDATE/DELETE); every decision is a row.
 * grants: one row per permission to act, the basis of cooldowns, rate limits and the breaker.
 
-WAL with synchronous=FULL: a 2xx is only sent after the intent's commit reached the disk, so an
-accepted alert survives a power cut as well as a crash (NORMAL would survive a process crash
-but could lose the last commits on power loss, which breaks the "persist, then 2xx" promise).
+WAL with synchronous=FULL for intake: a 2xx is only sent after the intent's commit reached the
+disk, so an accepted alert survives a power cut as well as a crash (NORMAL would survive a
+process crash but could lose the last commits on power loss, which breaks the "persist, then
+2xx" promise). Worker threads use NORMAL (`use_worker_durability`): their commits (claims,
+decisions, step progress) survive any process crash, are made durable by the next intake
+fsync of the shared WAL or a checkpoint, and on a power cut the worst case is re-running an
+idempotent step. This halves the fsyncs competing with intake for the write lock.
 """
 
 from __future__ import annotations
@@ -148,10 +152,17 @@ class Store:
                                    check_same_thread=True)
             conn.row_factory = sqlite3.Row
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
+            sync = "NORMAL" if getattr(self._local, "worker", False) else "FULL"
+            conn.execute(f"PRAGMA synchronous={sync}")
             conn.execute("PRAGMA busy_timeout=30000")
             self._local.conn = conn
         return conn
+
+    def use_worker_durability(self) -> None:
+        """Call first thing in a worker thread: its connection commits with synchronous=NORMAL."""
+        if getattr(self._local, "conn", None) is not None:
+            raise RuntimeError("use_worker_durability() must run before the thread's first query")
+        self._local.worker = True
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

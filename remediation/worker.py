@@ -55,6 +55,7 @@ class Worker:
             t.join(timeout)
 
     def _heartbeat(self) -> None:
+        self.store.use_worker_durability()
         while not self._stop.wait(self.config.lease_seconds / 3):
             try:
                 self.store.renew_leases(self.owner, self.config.lease_seconds)
@@ -62,6 +63,7 @@ class Worker:
                 log.exception("lease renewal failed")
 
     def _loop(self) -> None:
+        self.store.use_worker_durability()
         engine = Engine(self.config, self.store, self.books, self.owner)
         while not self._stop.is_set():
             try:
