@@ -1,6 +1,7 @@
 """Flask application factory: webhook intake, audit/approval API, health and metrics.
 
-The webhook answers 200 only after the intents are committed to SQLite, and 200 even if the
+The webhook answers 200 only after the intents are committed to SQLite (remediation.committer
+batches concurrent deliveries into one fsync), and 200 even if the
 actions later fail: Alertmanager retries 5xx (re-running the action is exactly what must not
 happen), while a 4xx is not retried, which is what garbage deserves. Order of checks:
 401 (token, constant time) -> 413 (size) -> 400 (JSON + schema).
@@ -19,8 +20,8 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from remediation.committer import CommitFailed, GroupCommitter
 from remediation.config import Config
-from remediation.ingest import ingest
 from remediation.metrics import StoreCollector, WebhookMetrics
 from remediation.playbooks import Playbook, load_playbooks
 from remediation.schemas import first_error
@@ -42,6 +43,7 @@ class Services:
         self.registry = CollectorRegistry()
         self.registry.register(StoreCollector(store, config))
         self.metrics = WebhookMetrics(self.registry)
+        self.committer = GroupCommitter(store, books, escalate=bool(config.pager_url))
 
 
 def services() -> Services:
@@ -94,7 +96,10 @@ def _receive(svc: Services) -> Response:
         problem = "payload nested too deeply"
     if problem:
         return _error(400, f"not an Alertmanager v4 webhook payload: {problem}")
-    result = ingest(svc.store, svc.books, payload, escalate=bool(svc.config.pager_url))
+    try:
+        result = svc.committer.submit(payload)
+    except CommitFailed as exc:  # not recorded: 5xx, so Alertmanager retries
+        return _error(503, f"not recorded, retry: {exc}")
     for outcome in ("accepted", "deduplicated", "refused", "resolved", "unmatched"):
         count = getattr(result, outcome)
         if count:

@@ -40,30 +40,37 @@ def target_key(book: Playbook, labels: Mapping[str, str]) -> str:
 
 def ingest(store: Store, books: Mapping[str, Playbook], payload: dict[str, Any],
            *, escalate: bool) -> IngestResult:
-    result = IngestResult()
+    """Record one payload in its own transaction."""
     with store.transaction() as conn:
-        truncated = int(payload.get("truncatedAlerts", 0) or 0)
-        if truncated > 0:
-            _record_truncation(store, conn, payload, truncated, escalate, result)
-        for alert in payload["alerts"]:
-            labels: dict[str, str] = alert["labels"]
-            annotations: dict[str, str] = alert.get("annotations", {})
-            phase = "fire" if alert["status"] == "firing" else "resolve"
-            books_for_alert = matching(books, labels)
-            base = {"fingerprint": alert["fingerprint"], "starts_at": alert["startsAt"],
-                    "phase": phase, "alertname": labels["alertname"], "labels": labels,
-                    "annotations": annotations}
-            if not books_for_alert:
-                new_id = store.insert_intent(conn, NewIntent(
-                    playbook="", target_key=None, state="done", decision="unmatched", **base))
-                if new_id:
-                    result.unmatched += 1
-                    store.audit(conn, "unmatched", intent_id=new_id,
-                                fingerprint=alert["fingerprint"], alertname=labels["alertname"],
-                                reason="no playbook matches this alert")
-                continue
-            for book in books_for_alert:
-                _ingest_one(store, conn, book, base, result)
+        return ingest_in(store, conn, books, payload, escalate=escalate)
+
+
+def ingest_in(store: Store, conn: Any, books: Mapping[str, Playbook], payload: dict[str, Any],
+              *, escalate: bool) -> IngestResult:
+    """Record one payload inside the caller's transaction (the group committer batches many)."""
+    result = IngestResult()
+    truncated = int(payload.get("truncatedAlerts", 0) or 0)
+    if truncated > 0:
+        _record_truncation(store, conn, payload, truncated, escalate, result)
+    for alert in payload["alerts"]:
+        labels: dict[str, str] = alert["labels"]
+        annotations: dict[str, str] = alert.get("annotations", {})
+        phase = "fire" if alert["status"] == "firing" else "resolve"
+        books_for_alert = matching(books, labels)
+        base = {"fingerprint": alert["fingerprint"], "starts_at": alert["startsAt"],
+                "phase": phase, "alertname": labels["alertname"], "labels": labels,
+                "annotations": annotations}
+        if not books_for_alert:
+            new_id = store.insert_intent(conn, NewIntent(
+                playbook="", target_key=None, state="done", decision="unmatched", **base))
+            if new_id:
+                result.unmatched += 1
+                store.audit(conn, "unmatched", intent_id=new_id,
+                            fingerprint=alert["fingerprint"], alertname=labels["alertname"],
+                            reason="no playbook matches this alert")
+            continue
+        for book in books_for_alert:
+            _ingest_one(store, conn, book, base, result)
     return result
 
 
