@@ -6,7 +6,7 @@ from alert_rules import metric_names as m
 from alert_rules import recording
 from alert_rules.config import Profile
 from alert_rules.model import Alert, Group
-from alert_rules.promql import new_events, sel, with_node
+from alert_rules.promql import new_events, sel, with_host, with_node, without_host
 from exporters import catalog
 
 GPU_ID = "GPU {{ $labels.gpu }} ({{ $labels.name }}, {{ $labels.uuid }}) on {{ $labels.node }}"
@@ -127,8 +127,10 @@ def _utilization_low(p: Profile) -> Alert:
     window = cfg["window"]
     util = f"avg_over_time({sel(m.GPU_UTILIZATION, p.selector('gpu'))}[{window}])"
     stepping = f"changes({sel(catalog.TRAINING_STEP, p.selector('training'))}[{window}]) > 0"
-    expr = (f"{with_node(util)} < {cfg['threshold_ratio']}\n"
-            f"and on (node)\ncount by (node) ({with_node(stepping)})")
+    # GPU and training series of one machine share the scrape host, whatever their labels say
+    joined = (f"{with_host(util)} < {cfg['threshold_ratio']}\n"
+              f"and on (host)\ncount by (host) ({with_host(stepping)})")
+    expr = with_node(without_host(joined))
     return Alert(
         "GpuUtilizationLowWhileTraining", expr, "warning", "gpu",
         f"{GPU_ID} is idle while a job trains on that node",

@@ -9,15 +9,32 @@ def sel(metric: str, *matchers: str) -> str:
     return f"{metric}{{{inner}}}" if inner else metric
 
 
-def with_node(expr: str) -> str:
-    """Add `node` = host part of `instance` (host:port).
+HOST_FROM_INSTANCE = "(.*):[0-9]+"
 
-    Every Trainwatch exporter on a host is scraped at that host's address, so alerts from
-    node_exporter, the GPU exporter and the training exporter on one machine share `node`;
-    Alertmanager's inhibition (NodeDown silences that node's GPU and exporter alerts) joins
-    on it. Written with an explicit regex so addresses without a port stay untouched.
+
+def with_node(expr: str) -> str:
+    """Give every series a `node` label: keep the one Prometheus attached (Trainwatch's
+    Prometheus role labels every target with the inventory host name, which remediation's
+    `--limit` needs), else use the host part of `instance` (host:port).
+
+    Alertmanager's inhibition (NodeDown silences that node's GPU and exporter alerts) joins on
+    `node`, so node_exporter, GPU exporter and other exporters on one machine must agree on it:
+    either way they do. `node;instance` is joined into a scratch label so the regex only
+    matches when `node` is empty; the scratch label is removed again.
     """
-    return f'label_replace({expr}, "node", "$1", "instance", "(.*):[0-9]+")'
+    joined = f'label_join({expr}, "tw_node_source", ";", "node", "instance")'
+    filled = f'label_replace({joined}, "node", "$1", "tw_node_source", ";{HOST_FROM_INSTANCE}")'
+    return f'label_replace({filled}, "tw_node_source", "", "", "")'
+
+
+def with_host(expr: str) -> str:
+    """Add a scratch `host` label = host part of `instance`, for joining series of different
+    exporters on one machine (they are scraped at the same address); see without_host."""
+    return f'label_replace({expr}, "host", "$1", "instance", "{HOST_FROM_INSTANCE}")'
+
+
+def without_host(expr: str) -> str:
+    return f'label_replace({expr}, "host", "", "", "")'
 
 
 def new_events(series: str, window: str) -> str:
