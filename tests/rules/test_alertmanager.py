@@ -247,3 +247,15 @@ def test_template_means_the_same_with_or_without_trim_blocks(trim_blocks: bool) 
     variables = {**am.defaults(), **CONFIGURED}
     text = env.from_string(am.TEMPLATE.read_text()).render(**variables)
     assert yaml.safe_load(text) == yaml.safe_load(am.render(CONFIGURED))
+
+
+def test_ansible_role_defaults_mirror_the_template_defaults() -> None:
+    """The alertmanager role documents the same defaults (URL and token path are templated
+    from the inventory there, so only their presence is compared)."""
+    role_defaults = ROOT / "ansible" / "roles" / "alertmanager" / "defaults" / "main.yml"
+    role = yaml.safe_load(role_defaults.read_text())
+    ours = am.defaults()
+    for key, value in ours.items():
+        assert key in role, f"{key} missing from {role_defaults}"
+        if key not in {"alertmanager_remediation_url", "alertmanager_remediation_token_file"}:
+            assert role[key] == value, key
