@@ -1,0 +1,40 @@
+"""Group commit: concurrent deliveries are all recorded, and one payload that fails to record
+does not take the others of its batch down with it."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from remediation.committer import CommitFailed, GroupCommitter
+from remediation.playbooks import parse_playbook
+from remediation.store import Store
+from tests.remediation.helpers import alert, payload
+
+BOOK = parse_playbook({"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
+                       "target": ["training_job"],
+                       "steps": [{"action": "http", "url": "http://127.0.0.1:1/x"}]},
+                      Path("inline.yaml"))
+
+
+def test_concurrent_deliveries_are_all_recorded(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    committer = GroupCommitter(store, {"page": BOOK}, escalate=False)
+    bodies = [payload(alert("TrainingLossSpike", {"training_job": f"j{i}"})) for i in range(200)]
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(committer.submit, bodies))
+    assert sum(r.accepted for r in results) == 200
+    assert store.state_counts() == {"pending": 200}
+
+
+def test_a_failing_payload_fails_alone(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite")
+    committer = GroupCommitter(store, {"page": BOOK}, escalate=False)
+    broken = payload(alert("TrainingLossSpike", {"training_job": "x"}))
+    del broken["alerts"][0]["labels"]  # schema validation would stop this; the committer too
+    with pytest.raises(CommitFailed):
+        committer.submit(broken)
+    good = committer.submit(payload(alert("TrainingLossSpike", {"training_job": "y"})))
+    assert good.accepted == 1 and store.state_counts() == {"pending": 1}
