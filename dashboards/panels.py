@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
+from grafana_foundation_sdk.builders import common as gc
 from grafana_foundation_sdk.builders import dashboard as gd
 from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
 from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -43,7 +45,12 @@ def _targets(builder: PanelT, queries: tuple[Q, ...], instant: bool) -> PanelT:
 def timeseries_panel(title: str, description: str, unit: str, *queries: Q, width: int = 12,
                      height: int = 8, min_value: float | None = None) -> timeseries.Panel:
     panel = (timeseries.Panel().title(title).description(description).unit(unit)
-             .datasource(DATASOURCE).span(width).height(height))
+             .datasource(DATASOURCE).span(width).height(height)
+             .legend(gc.VizLegendOptions().show_legend(True)
+                     .display_mode(cm.LegendDisplayMode.LIST)
+                     .placement(cm.LegendPlacement.BOTTOM))
+             .tooltip(gc.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI)
+                      .sort(cm.SortOrder.NONE)))
     if min_value is not None:
         panel = panel.min(min_value)
     return _targets(panel, queries, instant=False)
@@ -52,14 +59,15 @@ def timeseries_panel(title: str, description: str, unit: str, *queries: Q, width
 def stat_panel(title: str, description: str, unit: str, *queries: Q, width: int = 6,
                height: int = 4) -> stat.Panel:
     panel = (stat.Panel().title(title).description(description).unit(unit)
-             .datasource(DATASOURCE).span(width).height(height))
+             .datasource(DATASOURCE).span(width).height(height)
+             .reduce_options(gc.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
     return _targets(panel, queries, instant=True)
 
 
 def table_panel(title: str, description: str, unit: str, *queries: Q, width: int = 24,
                 height: int = 8) -> table.Panel:
     panel = (table.Panel().title(title).description(description).unit(unit)
-             .datasource(DATASOURCE).span(width).height(height))
+             .datasource(DATASOURCE).span(width).height(height).show_header(True))
     return _targets(panel, queries, instant=True)
 
 
