@@ -90,7 +90,6 @@ class StubState:
     """What a stand-in server saw; `gate` (if set) blocks POST handlers until released."""
 
     requests: list[Recorded] = field(default_factory=list)
-    commands: dict[str, dict[str, Any]] = field(default_factory=dict)
     gate: threading.Event | None = None
     metrics_text: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -131,31 +130,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.state.requests.append(Recorded("POST", self.path, dict(self.headers), body))
         if self.state.gate is not None:
             self.state.gate.wait(60)
-        if "/commands" in self.path:
-            self._command(body)
-        else:
-            self._reply(200, {"ok": True})
-
-    def _command(self, body: Any) -> None:
-        """Stand-in for the training exporter's control API (docs/contracts.md)."""
-        if self.headers.get("Authorization") != f"Bearer {CONTROL_TOKEN}":
-            self._reply(401, {"error": "bad token"})
-            return
-        cid = body.get("id") if isinstance(body, dict) else None
-        with self.state.lock:
-            existing = self.state.commands.get(cid) if cid else None
-            if existing is None:
-                self.state.commands[cid or secrets.token_hex(8)] = body
-        if existing is not None:
-            self._reply(200, {**existing, "status": "pending"})
-        else:
-            self._reply(202, {"id": cid, "status": "pending"})
+        self._reply(200, {"ok": True})
 
 
 @contextmanager
 def stub_server(state: StubState | None = None) -> Iterator[tuple[str, StubState]]:
-    """A real HTTP server on a free loopback port (stand-in for a pager, an arbitrary http
-    target, or the training exporter's control API until the real one is available)."""
+    """A real HTTP server on a free loopback port that records what it receives: the stand-in
+    for a pager or an arbitrary `http` action target (external services)."""
     state = state or StubState()
     handler = type("Handler", (_Handler,), {"state": state})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
