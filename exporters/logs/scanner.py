@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,8 @@ from exporters.logs.identity import JOB_NAME_PATTERN
 from exporters.logs.patterns import (
     CHAIN_MARKERS,
     PREFILTER,
+    PREFILTER_INF,
+    PREFILTER_TOKENS,
     RANK_PREFIX,
     RECORD_START,
     TRACEBACK_HEADER,
@@ -43,9 +46,9 @@ except ImportError:  # pragma: no cover - depends on the environment
     _loads = json.loads
     _JSON_ERRORS = (ValueError,)
 
-# An event still open after this many lines of its source without a continuation is closed,
-# so a rank that goes quiet mid-traceback cannot keep the scanner on its slow path.
-_MAX_EVENT_IDLE_LINES = 200
+# How far back (characters) the lines between two matches of one event may reach; a failure
+# printed further apart than this is counted as a new event.
+_MAX_GAP = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,22 @@ class _OpenEvent:
     kinds: set[str] = field(default_factory=set)
     traceback: bool = False
     prev: str = ""
-    last_seen: int = 0
+    end: int = 0  # where the event's last line ends, as an index into the source's window
+
+
+@dataclass
+class _SourceState:
+    tail: str = ""  # the last lines seen, so an event can continue into the next chunk
+    events: dict[str, _OpenEvent] = field(default_factory=dict)
+
+
+def _split_rank(line: str) -> tuple[str, str]:
+    """("1", rest) for a torchrun "[rank1]:" line, ("", line) otherwise."""
+    if line.startswith("["):
+        prefix = RANK_PREFIX.match(line)
+        if prefix:
+            return prefix.group(1), line[prefix.end():]
+    return "", line
 
 
 def _label_job(value: Any) -> str:
@@ -102,8 +120,7 @@ class Scanner:
         self.lines = 0
         self._events: Counter[tuple[str, str, str]] = Counter()
         self._xids: Counter[tuple[str, str]] = Counter()
-        self._open: dict[str, dict[str, _OpenEvent]] = {}
-        self._slow_lines = 0
+        self._sources: dict[str, _SourceState] = {}
         self._lock = threading.Lock()
 
     # --- reading results ----------------------------------------------------------------------
@@ -132,59 +149,117 @@ class Scanner:
 
     # --- feeding ------------------------------------------------------------------------------
     def feed(self, source: Source, text: str) -> None:
-        """Scan `text` (whole lines) from `source`; state carries over to the next call."""
+        """Scan `text` (whole lines) from `source`; open events carry over to the next call."""
         if not text:
             return
-        self.lines += text.count("\n") + (0 if text.endswith("\n") else 1)
-        search = PREFILTER.search
-        pos, end_of_text = 0, len(text)
-        while pos < end_of_text:
-            if not self._open.get(source.name):
-                match = search(text, pos)
-                if match is None:
-                    return
-                pos = text.rfind("\n", pos, match.start()) + 1
-            end = text.find("\n", pos)
+        if not text.endswith("\n"):
+            text += "\n"
+        self.lines += text.count("\n")
+        state = self._sources.get(source.name)
+        if state is None:
+            state = self._sources[source.name] = _SourceState()
+        window = state.tail + text
+        base = len(state.tail)
+        for start in self._candidate_lines(window, base):
+            end = window.find("\n", start)
+            self._hit(source, state, window, start, end)
+        cut = max(0, len(window) - _MAX_GAP)
+        state.tail = window[cut:]
+        for key in [k for k, e in state.events.items() if e.end - cut < 0]:
+            del state.events[key]
+        for event in state.events.values():
+            event.end -= cut
+
+    @staticmethod
+    def _candidate_lines(window: str, base: int) -> list[int]:
+        """Start offsets (>= base) of the lines the prefilter flags, in order."""
+        starts: set[int] = set()
+        if window.isascii():
+            lower = window.lower()
+            find, rfind = lower.find, lower.rfind
+            for token in PREFILTER_TOKENS:
+                index = find(token, base)
+                while index >= 0:
+                    starts.add(rfind("\n", 0, index) + 1)
+                    index = find(token, find("\n", index) + 1 or len(lower))
+            for match in PREFILTER_INF.finditer(lower, base):
+                starts.add(rfind("\n", 0, match.start()) + 1)
+        else:
+            for match in PREFILTER.finditer(window, base):
+                starts.add(window.rfind("\n", 0, match.start()) + 1)
+        return sorted(start for start in starts if start >= base)
+
+    def _hit(self, source: Source, state: _SourceState, window: str, start: int,
+             end: int) -> None:
+        """A line the prefilter flagged: classify it and decide which event it belongs to."""
+        rank, body = _split_rank(window[start:end].rstrip("\r"))
+        if body.startswith("{") and self._json_line(source, body):
+            state.events.pop(rank, None)
+            return
+        prev = self._previous_line(window, start, rank)
+        if _is_source_line(prev, body):
+            return
+        kinds = classify_text(body)
+        xid = XID.search(body)
+        if xid:
+            kinds.append("xid")
+        if not kinds:
+            return
+        event = state.events.get(rank)
+        if event is not None and not self._continues_to(event, window, start, rank, body):
+            event = None
+        if event is None:
+            in_traceback = prev[:1] in (" ", "\t") or prev.startswith(TRACEBACK_HEADER)
+            event = state.events[rank] = _OpenEvent(traceback=in_traceback)
+        event.end, event.prev = end + 1, body
+        new = [kind for kind in kinds if kind not in event.kinds]
+        event.kinds.update(new)
+        job = "" if source.kernel else source.job
+        label_rank = "" if source.kernel else (rank or source.rank)
+        self._count(job, label_rank, new, xid.group(2) if xid and "xid" in new else None,
+                    xid.group(1) if xid else "")
+
+    @staticmethod
+    def _previous_line(window: str, start: int, rank: str, look_back: int = 32) -> str:
+        """The previous line of the same rank stream (torchrun interleaves ranks)."""
+        end = start - 1
+        for _ in range(look_back):
             if end < 0:
-                end = end_of_text
-            self._line(source, text, pos, end)
-            pos = end + 1
+                return ""
+            begin = window.rfind("\n", 0, end) + 1
+            line_rank, body = _split_rank(window[begin:end])
+            if line_rank == rank:
+                return body
+            end = begin - 1
+        return ""
 
-    def _line(self, source: Source, text: str, start: int, end: int) -> None:
-        line = text[start:end].rstrip("\r")
-        body, rank = line, ""
-        if line.startswith("["):
-            prefix = RANK_PREFIX.match(line)
-            if prefix:
-                rank, body = prefix.group(1), line[prefix.end():]
-        self._slow_lines += 1
-        events = self._open.setdefault(source.name, {})
-        event = events.get(rank)
-        if event is not None:
-            if self._continues(event, body):
-                event.last_seen = self._slow_lines
-            else:
-                del events[rank]
-                event = None
-        self._expire(events)
-        if PREFILTER.search(body):
-            if body.startswith("{") and self._json_line(source, body):
-                event = None
-                events.pop(rank, None)
-            else:
-                prev = event.prev if event is not None else self._previous_line(text, start)
-                if not _is_source_line(prev, body):
-                    event = self._classify(source, events, event, rank, body, prev)
-        if event is not None:
-            event.prev = body
+    def _continues_to(self, event: _OpenEvent, window: str, start: int, rank: str,
+                      body: str) -> bool:
+        """Do all lines of this rank since the event's last line, and `body`, continue it?"""
+        if event.end < 0 or start - event.end > _MAX_GAP:
+            return False
+        for line_body in self._lines_of_rank(window[event.end:start], rank):
+            if not self._continues(event, line_body):
+                return False
+            event.prev = line_body
+        return self._continues(event, body)
 
-    def _previous_line(self, text: str, start: int) -> str:
-        if start == 0:
-            return ""
-        begin = text.rfind("\n", 0, start - 1) + 1
-        line = text[begin:start - 1]
-        prefix = RANK_PREFIX.match(line) if line.startswith("[") else None
-        return line[prefix.end():] if prefix else line
+    @staticmethod
+    def _lines_of_rank(gap: str, rank: str) -> Iterator[str]:
+        """The lines of one rank stream in `gap`, prefix removed (found with str.find)."""
+        if rank:
+            tag = f"[rank{rank}]:"
+            index = gap.find(tag)
+            while index >= 0:
+                if index == 0 or gap[index - 1] == "\n":
+                    end = gap.find("\n", index)
+                    yield _split_rank(gap[index:end].rstrip("\r"))[1]
+                index = gap.find(tag, index + 1)
+            return
+        for line in gap.split("\n")[:-1]:
+            line_rank, line_body = _split_rank(line.rstrip("\r"))
+            if not line_rank:
+                yield line_body
 
     @staticmethod
     def _continues(event: _OpenEvent, body: str) -> bool:
@@ -197,32 +272,6 @@ class Scanner:
             return True
         after_frames = event.traceback or event.prev[:1] in (" ", "\t")
         return after_frames and RECORD_START.match(body) is None
-
-    def _expire(self, events: dict[str, _OpenEvent]) -> None:
-        if len(events) > 1 or (events and self._slow_lines % 64 == 0):
-            for key in [k for k, e in events.items()
-                        if self._slow_lines - e.last_seen > _MAX_EVENT_IDLE_LINES]:
-                del events[key]
-
-    def _classify(self, source: Source, events: dict[str, _OpenEvent],
-                  event: _OpenEvent | None, rank: str, body: str, prev: str) -> _OpenEvent | None:
-        kinds = classify_text(body)
-        xid = XID.search(body)
-        if xid:
-            kinds.append("xid")
-        if not kinds:
-            return event
-        if event is None:
-            in_traceback = prev[:1] in (" ", "\t") or prev.startswith(TRACEBACK_HEADER)
-            event = _OpenEvent(traceback=in_traceback, last_seen=self._slow_lines)
-            events[rank] = event
-        new = [kind for kind in kinds if kind not in event.kinds]
-        event.kinds.update(new)
-        job = "" if source.kernel else source.job
-        label_rank = "" if source.kernel else (rank or source.rank)
-        self._count(job, label_rank, new, xid.group(2) if xid and "xid" in new else None,
-                    xid.group(1) if xid else "")
-        return event
 
     def _json_line(self, source: Source, body: str) -> bool:
         """Classify one ECS JSON line; False if it is not a JSON object after all."""
