@@ -115,7 +115,7 @@ def _stalled(p: Profile) -> Alert:
         "Job {{ $labels.training_job }} has stopped stepping",
         "No rank of job {{ $labels.training_job }} has finished a step for "
         "{{ $value | humanizeDuration }}. The job is hung (often a collective waiting on a dead "
-        "or stuck rank) or was killed without cleanup. Trainwatch collects stack dumps "
+        "or stuck rank, a deadlocked data loader). Trainwatch collects stack dumps "
         "automatically (stalled_job_diagnostics playbook); read them, then restart the job "
         "from its last checkpoint.",
         for_=cfg["for"],
