@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,7 @@ class Control:
     applied: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _read_token(env: dict[str, str] | os._Environ[str]) -> str | None:
+def _read_token(env: Mapping[str, str]) -> str | None:
     path = env.get(catalog.ENV_CONTROL_TOKEN_FILE)
     if path:
         try:
@@ -91,9 +91,13 @@ class TrainingMonitor:
         self._scheduler = scheduler
         self._checkpoints = checkpoints
         self._group = process_group
-        sync_every = sync_every or int(env.get(catalog.ENV_SYNC_EVERY, "10") or 10)
+        if sync_every is None:
+            raw = env.get(catalog.ENV_SYNC_EVERY, "") or "10"
+            if not raw.isdigit():
+                raise ValueError(f"{catalog.ENV_SYNC_EVERY}={raw!r} must be a positive integer")
+            sync_every = int(raw)
         if sync_every < 1:
-            raise ValueError(f"{catalog.ENV_SYNC_EVERY} must be >= 1")
+            raise ValueError("sync_every must be >= 1")
         self.sync_every = sync_every
         # State the training thread writes and the shipper reads. Plain attributes: each
         # write is one bytecode-level store under the GIL, and the shipper tolerates reading a

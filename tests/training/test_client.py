@@ -147,3 +147,13 @@ def test_custom_command_registration_is_validated(tmp_path: Path) -> None:
 def test_wire_rejects_off_contract_datagrams(payload: bytes) -> None:
     with pytest.raises(wire.WireError):
         wire.decode(payload)
+
+
+def test_bad_sync_period_is_refused_with_a_clear_error(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    monkeypatch.setenv("TRAINWATCH_SYNC_EVERY", "ten")
+    with pytest.raises(ValueError, match="TRAINWATCH_SYNC_EVERY"):
+        TrainingMonitor(rank_info=INFO, socket_path=str(tmp_path / "x.sock"), control=False)
+    with pytest.raises(ValueError, match="sync_every"):
+        TrainingMonitor(rank_info=INFO, socket_path=str(tmp_path / "x.sock"), control=False,
+                        sync_every=-1)
