@@ -263,3 +263,23 @@ def test_no_role_ships_a_default_secret() -> None:
         for name, value in defaults.items():
             if SECRET_NAME.search(name) and not name.endswith(("_file", "_user")):
                 assert value == "" or "{{" in str(value), f"{role}: {name} has a default value"
+
+
+def test_every_public_variable_is_documented_and_typed() -> None:
+    for role_dir in sorted((ANSIBLE / "roles").iterdir()):
+        defaults = yaml.safe_load((role_dir / "defaults/main.yml").read_text()) or {}
+        spec = yaml.safe_load((role_dir / "meta/argument_specs.yml").read_text())
+        options = spec["argument_specs"]["main"]["options"]
+        assert set(options) == set(defaults), role_dir.name
+        for name, option in options.items():
+            assert name.startswith(f"{role_dir.name}_"), name
+            assert option["type"] and option["description"], name
+
+
+def test_a_wrongly_typed_variable_is_rejected_before_anything_is_written(
+        tmp_path: Path, vault: dict[str, str]) -> None:
+    variables = {**render_vars(tmp_path, vault), "grafana_port": "three thousand"}
+    run = run_playbook(RENDER, variables, tmp_path, inventory=EXAMPLE, limit=MONITORING[0])
+    assert run.rc != 0
+    assert "grafana_port" in run.output
+    assert not (tmp_path / MONITORING[0] / "etc/grafana/grafana.ini").exists()
