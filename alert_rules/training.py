@@ -93,8 +93,12 @@ def _throughput(p: Profile) -> Alert:
     cfg = p.alert("TrainingThroughputDrop")
     baseline = (f"avg_over_time({recording.SAMPLES_RATE}"
                 f"[{cfg['baseline_window']}] offset {cfg['baseline_offset']})")
+    # only while the job still steps: a stopped job is TrainingStalled's (or simply finished)
+    stepping = (f"max by (training_job) (changes("
+                f"{sel(catalog.TRAINING_STEP, p.selector('training'))}[{p.rate_window}])) > 0")
     expr = (f"{recording.SAMPLES_RATE} < {cfg['factor']} * {baseline}\n"
-            f"and\n{baseline} > {cfg['min_baseline']}")
+            f"and\n{baseline} > {cfg['min_baseline']}\n"
+            f"and on (training_job)\n{stepping}")
     return Alert(
         "TrainingThroughputDrop", expr, "warning", "training",
         "Throughput of job {{ $labels.training_job }} dropped",
