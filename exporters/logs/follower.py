@@ -47,12 +47,14 @@ class FileFollower:
 
     def __init__(self, patterns: Iterable[str], files_state: dict[str, Any],
                  default_job: str = "", kernel: bool = False,
-                 on_error: Callable[[str, OSError], None] | None = None) -> None:
+                 on_error: Callable[[str, OSError], None] | None = None,
+                 on_open: Callable[[Source], None] | None = None) -> None:
         self.patterns = list(patterns)
         self.state = files_state
         self.default_job = default_job
         self.kernel = kernel
         self.on_error = on_error or (lambda path, exc: None)
+        self.on_open = on_open or (lambda source: None)
         self._open: dict[str, _Followed] = {}
         self._known_at_start = set(files_state)
 
@@ -100,6 +102,7 @@ class FileFollower:
         source = source_for(path, key, self.default_job, self.kernel)
         followed = _Followed(handle=handle, path=path, offset=offset, source=source)
         self._open[key] = followed
+        self.on_open(source)
         self.state[key] = {"offset": offset, "path": path}
         return followed
 

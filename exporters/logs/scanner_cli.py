@@ -26,7 +26,7 @@ from exporters.logs.follower import FileFollower, source_for
 from exporters.logs.identity import JOB_NAME_PATTERN
 from exporters.logs.kmsg import KMSG_PATH, KmsgReader
 from exporters.logs.metrics import ScannerCollector
-from exporters.logs.scanner import Scanner
+from exporters.logs.scanner import Scanner, Source
 from exporters.logs.state_file import StateFileError, load_state, save_state
 
 PROG = "trainwatch-logscan"
@@ -121,7 +121,7 @@ def serve(args: argparse.Namespace) -> int:
 
     scanner = Scanner()
     followers = [FileFollower(args.paths, state["files"], default_job=args.job,
-                              on_error=on_error)]
+                              on_error=on_error, on_open=scanner.register_source)]
     if args.kernel_log_file:
         kernel_state = state.setdefault("kernel_files", {})
         followers.append(FileFollower([args.kernel_log_file], kernel_state, kernel=True,
@@ -134,8 +134,7 @@ def serve(args: argparse.Namespace) -> int:
             print(f"{PROG}: cannot open {KMSG_PATH}: {exc.strerror or exc}", file=sys.stderr)
             return 2
 
-    def sink(source, text):  # (Source, str): the followers' callback
-        scanner.register_source(source)
+    def sink(source: Source, text: str) -> None:
         scanner.feed(source, text)
 
     registry = CollectorRegistry()
