@@ -3,13 +3,14 @@
     python -m torch.distributed.run --nproc-per-node 2 examples/train_ddp.py \
         --job demo --steps 300 --step-time 0.05 --spike-at-step 100 --checkpoint-dir /tmp/ck
 
-An MLP learns a fixed noisy regression target with SGD and gradient-norm clipping (max 1).
-`--spike-at-step N` multiplies the learning rate by `--spike-factor` (40) at step N: SGD is
-then unstable around the minimum, the clipped updates keep throwing the weights about, and
-the loss sits at about 4x its baseline (about 1.8 against 0.45) - high, finite, and
-persistent, because clipping bounds each update without ever letting it settle. It stays
-there until something cuts the learning rate again, which is what the Trainwatch stack does
-with a `scale_lr` command (factor 0.1 brings it back under ~0.6 within about 25 steps).
+An MLP learns a fixed noisy regression target with SGD and gradient-norm clipping (max 3).
+`--spike-at-step N` multiplies the learning rate by `--spike-factor` (20: 0.05 -> 1.0) at
+step N: that is past SGD's stability limit on this problem (about 0.7), the clipped updates
+keep throwing the weights about, and the loss sits at about 6x its baseline (about 2.9
+against 0.46) - high, finite and persistent, because clipping bounds each update without
+ever letting it settle. It stays there until something cuts the learning rate, which is
+what the Trainwatch stack does with a `scale_lr` command: the shipped playbook's factor 0.5
+(lr 0.5) brings it back to about 0.65-0.7 (1.5x) within about 25 steps, factor 0.1 to 0.6.
 `--nan-at-step N` makes the loss at step N NaN once, which poisons the weights (every later
 loss is NaN) until a `rollback` command restores the newest healthy checkpoint.
 
@@ -53,9 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="pad every step to at least this many seconds")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--clip", type=float, default=1.0, help="max gradient norm")
+    parser.add_argument("--clip", type=float, default=3.0, help="max gradient norm")
     parser.add_argument("--spike-at-step", type=int, default=None)
-    parser.add_argument("--spike-factor", type=float, default=40.0)
+    parser.add_argument("--spike-factor", type=float, default=20.0)
     parser.add_argument("--nan-at-step", type=int, default=None)
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--checkpoint-every", type=int, default=10)
