@@ -157,3 +157,17 @@ def test_profiles_only_change_what_they_name() -> None:
         demo.values[gpu_temp[0]][gpu_temp[1]]["threshold_celsius"]
     assert demo.values["selectors"] == production.values["selectors"]
     assert GENERATED.is_dir()
+
+
+def test_refresh_annotations_restores_the_snapshots(real_binaries: dict[str, str],
+                                                     tmp_path: Path) -> None:
+    from alert_rules import refresh_annotations
+
+    (tmp_path / "generated").symlink_to(GENERATED)
+    original = UNIT_TESTS / "production" / "stack_test.yml"
+    copy = tmp_path / "tests" / "production" / original.name
+    copy.parent.mkdir(parents=True)
+    stripped = "\n".join(refresh_annotations._strip(original.read_text().splitlines())) + "\n"
+    copy.write_text(stripped)
+    assert refresh_annotations.main([str(copy)]) == 0
+    assert copy.read_text() == original.read_text()
