@@ -14,7 +14,10 @@ One command, all designs in the same run on the same machine:
 
 Caller cost is measured per `logger.info("step %d loss=%.4f", i, loss)` call with
 perf_counter_ns; end-to-end is records / (time from the first call until close() returns and
-every record is on disk). Each design runs `--repeats` times; the best (highest throughput)
+every record is on disk). `--lean-records` applies the stdlib's documented record-creation
+knobs (logging._srcfile = None, logThreads/logProcesses/logMultiprocessing = False) to ALL
+designs alike, to show how much of each design's cost is the Logger front end they share.
+Each design runs `--repeats` times; the best (highest throughput)
 run is reported, with its own caller percentiles. Last line: one JSON object with ratios.
 """
 
@@ -140,7 +143,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--lean-records", action="store_true",
+                        help="turn off caller/thread/process capture in LogRecord, for all")
     args = parser.parse_args()
+    if args.lean_records:
+        logging._srcfile = None  # type: ignore[attr-defined]
+        logging.logThreads = False
+        logging.logProcesses = False
+        logging.logMultiprocessing = False
     kinds = ("sync_file", "stdlib_queue", "baseline_queue_per_record", "trainwatch_async")
     results: dict[str, dict[str, float]] = {}
     for _ in range(args.repeats):  # interleave designs so background load hits all alike
@@ -151,13 +161,15 @@ def main() -> None:
                 results[kind] = run
     for kind in kinds:
         r = results[kind]
-        print(f"{kind:27s} caller p50 {r['caller_p50_us']:6.2f} us  p99 {r['caller_p99_us']:7.2f} us"
+        print(f"{kind:27s} caller p50 {r['caller_p50_us']:6.2f} us"
+              f"  p99 {r['caller_p99_us']:7.2f} us"
               f"  end-to-end {r['records_per_s']:>10,.0f} records/s")
     ours, sync, base = (results["trainwatch_async"], results["sync_file"],
                         results["baseline_queue_per_record"])
     summary = {
         "benchmark": "log_handler",
         "records": args.records,
+        "lean_records": args.lean_records,
         "results": {k: {m: round(v, 3) for m, v in r.items()} for k, r in results.items()},
         "ratios": {
             "caller_p50_vs_file_handler": round(ours["caller_p50_us"] / sync["caller_p50_us"], 3),

@@ -136,7 +136,11 @@ class EcsFormatter:
         if len(record.__dict__) != _BASE_RECORD_KEYS:
             return self._encode(self.document(record))
         try:
-            message = record.getMessage()
+            message = record.msg
+            if type(message) is not str:
+                message = str(message)
+            if record.args:
+                message = message % record.args
         except Exception as exc:  # a bad format string must not kill the writer
             message = f"{record.msg!r} (message formatting failed: {exc!r}; args={record.args!r})"
         created = record.created

@@ -138,28 +138,21 @@ class AsyncEcsHandler(logging.Handler):
         return self._dropped
 
     def handle(self, record: logging.LogRecord) -> logging.LogRecord | bool:
-        """Like Handler.handle but without the per-call handler lock: the queue is thread-safe."""
+        """Like Handler.handle but without the per-call handler lock: the queue is thread-safe.
+
+        The whole caller-side path is inlined here because every call costs the training loop.
+        """
         if self.filters:
             rv = self.filter(record)
             if not rv:
                 return rv
             if isinstance(rv, logging.LogRecord):
                 record = rv
-        self.emit(record)
-        return record
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            if record.exc_info:
-                capture_error(record, self._exception_formatter)
-            args = record.args
-            if args and (type(args) is not tuple
-                         or not _IMMUTABLE_ARG_TYPES.issuperset(map(type, args))):
-                record.msg = record.getMessage()
-                record.args = None
-        except Exception:  # logging must never raise into the training loop
-            self.handleError(record)
-            return
+        args = record.args
+        needs_prepare = record.exc_info or (args and (
+            type(args) is not tuple or not _IMMUTABLE_ARG_TYPES.issuperset(map(type, args))))
+        if needs_prepare and not self._prepare(record):
+            return record
         queue = self._queue
         if len(queue) < self._capacity and not self._closed:
             queue.append(record)
@@ -167,6 +160,24 @@ class AsyncEcsHandler(logging.Handler):
                 self._wake.set()
         else:
             self._overflow(record)
+        return record
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.handle(record)
+
+    def _prepare(self, record: logging.LogRecord) -> bool:
+        """Freeze what may change after the call: the exception text and mutable args."""
+        try:
+            if record.exc_info:
+                capture_error(record, self._exception_formatter)
+            if record.args and (type(record.args) is not tuple or not
+                                _IMMUTABLE_ARG_TYPES.issuperset(map(type, record.args))):
+                record.msg = record.getMessage()
+                record.args = None
+        except Exception:  # logging must never raise into the training loop
+            self.handleError(record)
+            return False
+        return True
 
     def _overflow(self, record: logging.LogRecord) -> None:
         if self._block and not self._closed:
