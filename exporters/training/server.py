@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         sock = bind_socket(args.socket)
         receiver = Receiver(sock, store)
         receiver.start()
-        state.update(receiver=receiver, sock=sock)
+        state.update(receiver=receiver, sock=sock, inode=args.socket.stat().st_ino)
         registry = CollectorRegistry()
         registry.register(TrainingCollector(store, args.node))
         log.info("receiving on %s, serving on %s:%d", args.socket, args.bind, args.port)
@@ -117,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         if "receiver" in state:
             state["receiver"].stop()
             state["sock"].close()
-            args.socket.unlink(missing_ok=True)
+            # On a reload (SIGHUP) the next worker has already bound its own socket file at
+            # this path: remove the file only if it is still ours.
+            try:
+                if args.socket.stat().st_ino == state["inode"]:
+                    args.socket.unlink()
+            except FileNotFoundError:
+                pass
 
     host = f"[{args.bind}]" if ":" in args.bind else args.bind
     _GunicornApp(build_app, {

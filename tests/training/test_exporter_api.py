@@ -209,3 +209,30 @@ def test_malformed_datagrams_are_counted_not_fatal(node: tuple[Exporter, Trainin
                >= sum(before.values()) + 3, timeout=10, what="malformed counted")
     assert exp.api("GET", "/v1/jobs").status_code == 200
     assert exp.proc.alive()
+
+
+def test_reload_keeps_the_socket_and_keeps_receiving(tmp_path: Path) -> None:
+    """SIGHUP makes gunicorn start a fresh worker before stopping the old one: the old one
+    must not delete the socket file the new one has just bound."""
+    with exporter(tmp_path) as exp:
+        before = exp.socket.stat().st_ino
+        exp.proc.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: exp.socket.exists() and exp.socket.stat().st_ino != before,
+                   timeout=20, what="new worker bound the socket")
+        monitor = TrainingMonitor(rank_info=RankInfo("after-reload", 0, 0, 1, 0),
+                                  socket_path=str(exp.socket), control=False,
+                                  flush_interval=0.05)
+        try:
+            # Keep reporting until it shows: the old worker may still hold the path briefly.
+            step = 0
+
+            def visible() -> bool:
+                nonlocal step
+                step += 1
+                monitor.report(step, loss=1.0)
+                return bool(exp.samples(catalog.TRAINING_STEP, "after-reload"))
+
+            wait_until(visible, timeout=20, what="datagrams received after reload")
+            assert exp.socket.exists()
+        finally:
+            monitor.close()
