@@ -111,6 +111,7 @@ class TrainingMonitor:
         self._applied_counts: dict[str, int] = {}
         self._applied_events: deque[tuple[float, dict[str, Any]]] = deque(maxlen=200)
         self._applied_ids: set[str] = set()
+        self._applied_log: dict[str, dict[str, Any]] = {}  # id -> outcome, newest last
         self._known: dict[str, dict[str, Any]] = {}
         self._incoming: deque[dict[str, Any]] = deque(maxlen=1000)
         self._custom: dict[str, tuple[CommandHandler, dict[str, Any]]] = {}
@@ -182,6 +183,10 @@ class TrainingMonitor:
             command = self._incoming.popleft()
             if command["id"] not in self._applied_ids:
                 self._known.setdefault(command["id"], command)
+            elif command["id"] in self._applied_log:
+                # Offered again (an exporter that restarted and got it re-posted): never
+                # re-apply, but report the outcome again so its status is not stuck pending.
+                self._applied_events.append((time.monotonic(), self._applied_log[command["id"]]))
         agreed = sync.union(sync.gather(list(self._known.values()), self._group),
                             self._applied_ids)
         control = Control(next_step=step + 1)
@@ -222,6 +227,9 @@ class TrainingMonitor:
                 event["type"] = "invalid"
         control.applied.append(event)
         self._applied_events.append((time.monotonic(), event))
+        self._applied_log[command_id] = event
+        while len(self._applied_log) > 1000:
+            self._applied_log.pop(next(iter(self._applied_log)))
         self._shipper.wake.set()
 
     def _run(self, command: cmd.Command, step: int, control: Control) -> Any:
