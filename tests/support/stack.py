@@ -115,7 +115,7 @@ def running_stack(workdir: Path, *, with_node_exporter: bool = True) -> Iterator
         stack.enter_context(running(
             [_script("training-exporter"), "--bind", "127.0.0.1", "--port", str(ports["training"]),
              "--socket", str(socket_path), "--token-file", str(control_token_file),
-             "--node", "e2e-node"],
+             "--node", "e2e-node", "--job-expiry-seconds", "10"],
             workdir / "training-exporter.log", ready_url=f"{url['training']}/metrics"))
         stack.enter_context(running(
             [_script("gpu-exporter"), "--bind", "127.0.0.1", "--port", str(ports["gpu"]),
