@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import os
 import sys
@@ -40,10 +41,25 @@ from exporters.training.client import TrainingMonitor
 FEATURES = 16
 
 
+log = logging.getLogger("train_ddp")
+
+
 def emit(event: str, **fields: Any) -> None:
     """One JSON line per event, written in one call so ranks' lines never interleave."""
     sys.stdout.write(json.dumps({"event": event, **fields, "time": time.time()}) + "\n")
     sys.stdout.flush()
+
+
+def structured_logging(directory: str | None) -> None:
+    """ECS JSON log files per rank (what Filebeat ships and trainwatch-logscan scans), when a
+    directory is given by --log-dir or TRAINWATCH_LOG_DIR."""
+    if not directory:
+        return
+    from exporters.logs.handler import AsyncEcsHandler
+
+    log.addHandler(AsyncEcsHandler(directory))
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep-checkpoints", type=int, default=3)
     parser.add_argument("--tensorboard-dir", default=None)
     parser.add_argument("--print-every", type=int, default=10)
+    parser.add_argument("--log-dir", default=os.environ.get("TRAINWATCH_LOG_DIR"),
+                        help="write ECS JSON logs here (default: $TRAINWATCH_LOG_DIR)")
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
     if (args.steps < 1 or args.batch_size < 1 or args.lr <= 0 or args.step_time < 0
@@ -98,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
+    structured_logging(args.log_dir)
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     net = nn.Sequential(nn.Linear(FEATURES, 64), nn.LeakyReLU(0.1), nn.Linear(64, 1))
     model: nn.Module = DistributedDataParallel(net) if distributed else net
@@ -138,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             for group in optimizer.param_groups:
                 group["lr"] *= args.spike_factor
             emit("spike_injected", rank=rank, step=step, lr=optimizer.param_groups[0]["lr"])
+            log.warning("learning rate multiplied by %s at step %d (injected spike)",
+                        args.spike_factor, step)
         loss = nn.functional.mse_loss(model(x), y)
         if step == args.nan_at_step and not nan_done:
             nan_done = True
@@ -147,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
+        was_finite = math.isfinite(loss_value) or steps_run == 0
         loss_value = loss.item()
+        if was_finite and not math.isfinite(loss_value):  # once per streak, not every step
+            log.error("loss is %s at step %d", loss_value, step)
         monitor.report(step, loss=loss_value, grad_norm=grad_norm.item(),
                        samples=data.batch_size, data_wait=data_wait)
         if step % args.print_every == 0:
@@ -162,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             extra: dict[str, Any] = {}
             if event["type"] == "rollback" and event["status"] == "applied":
                 extra["weights_sha256"] = weights_digest(model)
+            log.info("command %s (%s) %s at step %d: %s", event["id"], event["type"],
+                     event["status"], step, event.get("result") or event.get("error"))
             emit("command_applied", rank=rank, step=step, id=event["id"], type=event["type"],
                  status=event["status"], result=event.get("result"), error=event.get("error"),
                  lr=optimizer.param_groups[0]["lr"], **extra)
@@ -173,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(remaining)
 
     monitor.close()
+    log.info("finished at step %d", step - 1)
     emit("summary", rank=rank, steps_run=steps_run, final_step=step - 1, final_loss=loss_value,
          lr=optimizer.param_groups[0]["lr"], batch_offset=batch_offset,
          weights_sha256=weights_digest(model), **monitor.stats())
