@@ -264,6 +264,13 @@ class AsyncEcsHandler(logging.Handler):
                 and self._dropped == self._dropped_reported,
                 self._close_timeout if timeout is None else timeout)
 
+    def disable_after_fork(self) -> None:
+        """Called in a forked child: this copy has no writer thread and a copy of the parent's
+        file buffer, so it must never write. Later records are dropped and counted."""
+        self._closed = True
+        self._stopping = True
+        self._queue.clear()
+
     def close(self) -> None:
         """Write what is queued and stop the writer; safe to call any number of times."""
         with self._close_lock:
@@ -272,7 +279,8 @@ class AsyncEcsHandler(logging.Handler):
             self._closed = True
         self._stopping = True
         self._wake.set()
-        self._thread.join(self._close_timeout)
+        if self._thread.ident is not None and self._thread.is_alive():
+            self._thread.join(self._close_timeout)
         if self._thread.is_alive():
             print(f"trainwatch AsyncEcsHandler: writer stalled; abandoning {len(self._queue)} "
                   f"queued records after {self._close_timeout}s", file=sys.stderr)

@@ -25,7 +25,9 @@ class RotatingJsonlWriter:
         self.max_bytes = max_bytes
         self.backup_count = backup_count
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "ab")  # noqa: SIM115 - owned until close()
+        # Unbuffered: lines arrive in batches already, and a forked child must not inherit a
+        # half-full buffer that it would write a second time.
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - owned until close()
         self._size = self._file.tell()
         self.rotations = 0
 
@@ -49,11 +51,13 @@ class RotatingJsonlWriter:
         self._append(b"\n".join(lines[start:]) + b"\n")
 
     def _append(self, data: bytes) -> None:
-        self._file.write(data)
+        view = memoryview(data)
+        while view:
+            written = self._file.write(view)
+            view = view[written or 0:]
         self._size += len(data)
 
     def _rotate(self) -> None:
-        self._file.flush()
         self._file.close()
         if self.backup_count > 0:
             for index in range(self.backup_count - 1, 0, -1):
@@ -63,14 +67,13 @@ class RotatingJsonlWriter:
             os.replace(self.path, self.path.with_name(f"{self.path.name}.1"))
         else:
             self.path.unlink(missing_ok=True)
-        self._file = open(self.path, "ab")  # noqa: SIM115
+        self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115
         self._size = 0
         self.rotations += 1
 
     def flush(self) -> None:
-        self._file.flush()
+        """Nothing is buffered in-process; the OS has every byte written so far."""
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.flush()
             self._file.close()

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 class Flushable(Protocol):
     def flush(self) -> None: ...
     def close(self) -> None: ...
+    def disable_after_fork(self) -> None: ...
 
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -46,6 +47,19 @@ def unregister(handler: Flushable) -> None:
 def _can_install_signal_handler() -> bool:
     """Signal handlers can only be set from the main thread of the main interpreter."""
     return threading.current_thread() is threading.main_thread()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has the handlers' queues and file buffers but not their writer threads:
+    writing from there would duplicate or interleave the parent's lines, so the copies are
+    disabled (their records are dropped and counted); the child makes its own handler."""
+    for handler in list(_live):
+        handler.disable_after_fork()
+    _live.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _close_all() -> None:

@@ -221,3 +221,23 @@ def test_bad_arguments_are_refused_before_touching_disk(tmp_path: Path, kwargs: 
     with pytest.raises(ValueError):
         AsyncEcsHandler(tmp_path, install_signal_handler=False, **args)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_forked_child_never_writes_the_parents_file(tmp_path: Path) -> None:
+    handler = AsyncEcsHandler(tmp_path, job="fork-job", rank=0, install_signal_handler=False)
+    logger = new_logger(handler)
+    logger.info("before fork")
+    pid = os.fork()
+    if pid == 0:  # the child: its copy must drop, never write, and exit promptly
+        try:
+            logger.info("from the child")
+            handler.close()
+            os._exit(0 if handler.dropped == 1 else 3)
+        finally:
+            os._exit(4)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    logger.info("after fork")
+    handler.close()
+    messages = [d["message"] for d in read_records(tmp_path / "fork-job")]
+    assert messages == ["before fork", "after fork"]
