@@ -102,9 +102,10 @@ class AsyncEcsHandler(logging.Handler):
             self.path = Path(path) if path is not None else None
         self._writer = writer
         self._capacity = capacity
+        self._room = capacity
         self._block = overflow == "block"
         self._batch_size = batch_size
-        self._wake_at = min(batch_size, capacity)
+        self._wake_at = min(batch_size, capacity) - 1
         self._flush_interval = flush_interval
         self._close_timeout = close_timeout
         self._queue: deque[logging.LogRecord] = deque()
@@ -154,9 +155,10 @@ class AsyncEcsHandler(logging.Handler):
         if needs_prepare and not self._prepare(record):
             return record
         queue = self._queue
-        if len(queue) < self._capacity and not self._closed:
+        queued = len(queue)
+        if queued < self._room:  # _room drops to 0 on close, so one test covers both
             queue.append(record)
-            if len(queue) >= self._wake_at and not self._wake.is_set():
+            if queued >= self._wake_at and not self._wake.is_set():
                 self._wake.set()
         else:
             self._overflow(record)
@@ -268,6 +270,7 @@ class AsyncEcsHandler(logging.Handler):
         """Called in a forked child: this copy has no writer thread and a copy of the parent's
         file buffer, so it must never write. Later records are dropped and counted."""
         self._closed = True
+        self._room = 0
         self._stopping = True
         self._queue.clear()
 
@@ -277,6 +280,7 @@ class AsyncEcsHandler(logging.Handler):
             if self._closed:
                 return
             self._closed = True
+            self._room = 0
         self._stopping = True
         self._wake.set()
         if self._thread.ident is not None and self._thread.is_alive():

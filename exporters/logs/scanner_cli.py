@@ -18,6 +18,7 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import BinaryIO
 
 from prometheus_client import CollectorRegistry, start_http_server
 
@@ -30,6 +31,7 @@ from exporters.logs.scanner import Scanner, Source
 from exporters.logs.state_file import StateFileError, load_state, save_state
 
 PROG = "trainwatch-logscan"
+_ONCE_CHUNK = 4 * 1024 * 1024
 
 
 def _port(text: str) -> int:
@@ -82,17 +84,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _scan_whole_file(scanner: Scanner, handle: BinaryIO, name: str, default_job: str) -> None:
+    """Feed a file in chunks of whole lines, so a large log never has to fit in memory."""
+    source = source_for(name, f"once:{name}", default_job)
+    rest = b""
+    while True:
+        data = handle.read(_ONCE_CHUNK)
+        if not data:
+            break
+        data = rest + data
+        last = data.rfind(b"\n")
+        if last < 0:
+            rest = data
+            continue
+        scanner.feed(source, data[:last + 1].decode("utf-8", "replace"))
+        rest = data[last + 1:]
+    if rest:
+        scanner.feed(source, rest.decode("utf-8", "replace"))
+
+
 def run_once(files: list[str], as_json: bool, default_job: str) -> int:
     scanner = Scanner()
-    texts = []
-    for name in files:
-        try:
-            texts.append((name, Path(name).read_bytes().decode("utf-8", "replace")))
-        except OSError as exc:
-            print(f"{PROG}: cannot read {name}: {exc.strerror or exc}", file=sys.stderr)
-            return 2
-    for name, text in texts:
-        scanner.feed(source_for(name, f"once:{name}", default_job), text)
+    handles: list[tuple[str, BinaryIO]] = []
+    try:
+        for name in files:  # open everything first: all or nothing
+            try:
+                handles.append((name, open(name, "rb")))  # noqa: SIM115 - closed below
+            except OSError as exc:
+                print(f"{PROG}: cannot read {name}: {exc.strerror or exc}", file=sys.stderr)
+                return 2
+        for name, handle in handles:
+            try:
+                _scan_whole_file(scanner, handle, name, default_job)
+            except OSError as exc:
+                print(f"{PROG}: cannot read {name}: {exc.strerror or exc}", file=sys.stderr)
+                return 2
+    finally:
+        for _name, handle in handles:
+            handle.close()
     counts = scanner.counts_by_kind()
     if as_json:
         print(json.dumps({"counts": counts, "lines": scanner.lines}))

@@ -138,3 +138,16 @@ def test_exporter_serves_counters_and_resumes_after_restart(tmp_path: Path) -> N
         wait_until(lambda: scrape(url).get(event("exp-job", "0", "cuda_oom")) == 1.0,
                    timeout=20, what="new OOM counted after restart")
         assert scrape(url).get(event("", "", "xid")) is None
+
+
+def test_once_reads_in_chunks_without_splitting_lines(monkeypatch, capsys,
+                                                      tmp_path: Path) -> None:
+    from exporters.logs import scanner_cli
+
+    monkeypatch.setattr(scanner_cli, "_ONCE_CHUNK", 7)  # far shorter than a line
+    log = tmp_path / "a.log"
+    log.write_text(LOG + "2026-11-21 ERROR CUDA out of memory (no newline at end)")
+    assert scanner_cli.run_once([str(log)], True, "") == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["lines"] == 6
+    assert out["counts"]["cuda_oom"] == 2 and out["counts"]["nccl_timeout"] == 1
