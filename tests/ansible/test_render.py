@@ -47,6 +47,7 @@ def render_vars(root: Path, vault: dict[str, str]) -> dict:
     return {
         **vault, **owned,
         "ansible_connection": "local",
+        "ansible_become": False,  # scratch files only: no root needed
         "ansible_python_interpreter": sys.executable,
         "render_root": str(root),
         "trainwatch_prefix": f"{host_root}/opt/trainwatch",
