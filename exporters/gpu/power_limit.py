@@ -18,13 +18,13 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pynvml
 
+from exporters.atomic_file import atomic_write_json
 from exporters.gpu.fake_nvml import ENV_FAKE_NVML, ScenarioError, load_nvml
 from exporters.gpu.reader import error_name, text
 
@@ -93,12 +93,7 @@ def _read_state(path: Path) -> dict[str, int]:
 def _write_state(path: Path, state: dict[str, int]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".power-limit-")
-        with os.fdopen(fd, "w") as handle:
-            json.dump(state, handle, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        atomic_write_json(path, state, sort_keys=True)
     except OSError as exc:
         raise PowerLimitError(f"cannot write state file {path}: {exc.strerror}") from exc
 

@@ -7,10 +7,10 @@ old one; a crash leaves either the old or the new state, never half of one.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from exporters.atomic_file import atomic_write_json
 
 STATE_VERSION = 1
 
@@ -40,13 +40,4 @@ def load_state(path: Path | None) -> dict[str, Any]:
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
     """Replace `path` with `state` atomically (temp file, fsync, rename), mode 0600."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(state, handle, separators=(",", ":"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_json(path, state, separators=(",", ":"))

@@ -19,10 +19,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,30 +28,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from exporters.atomic_file import atomic_write
+
 MANIFEST = "manifest.json"
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: Path, write: Any) -> None:
-    """Write via `write(fileobj)` to a temp file beside `path`, then rename it into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
 
 
 def weights_digest(model: torch.nn.Module | dict[str, Any]) -> str:

@@ -23,11 +23,12 @@ import os
 import shutil
 import stat
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from exporters.atomic_file import atomic_write_json
 
 MANIFEST = "manifest.json"
 NAME_KEYS = ("path", "file", "filename", "name")
@@ -143,12 +144,7 @@ def plan_old_files(directory: Path, max_age_days: float, kind: str, roots: list[
 def _write_manifest(path: Path, original: Any, entries: list[dict[str, Any]]) -> None:
     """Atomic rewrite (temp file in the same dir, fsync, rename), like the checkpoint manager."""
     doc = {**original, "checkpoints": entries} if isinstance(original, dict) else entries
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".manifest-", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(doc, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    atomic_write_json(path, doc, indent=2)
 
 
 def apply(plan: Plan) -> None:
