@@ -37,6 +37,11 @@ VAULT_NAMES = ("vault_trainwatch_webhook_token", "vault_trainwatch_control_token
                "vault_kibana_elasticsearch_service_token")
 
 
+# exporter-toolkit web config: basic auth with a bcrypt hash (of "test"), never a password.
+WEB_CONFIG = {"basic_auth_users": {
+    "scraper": "$2y$10$X0h1gDsPszWURQaxFh.zoubFi6DXncSjhoQNJgRrnGs7EsimhC7zG"}}
+
+
 def render_vars(root: Path, vault: dict[str, str]) -> dict:
     user = getpass.getuser()
     group = grp.getgrgid(os.getgid()).gr_name
@@ -63,6 +68,11 @@ def render_vars(root: Path, vault: dict[str, str]) -> dict:
         "kibana_config_dir": f"{host_root}/etc/kibana",
         "filebeat_config_dir": f"{host_root}/etc/filebeat",
         "filebeat_validate_config": False,
+        # Optional web security switched on, so its files are rendered and checked too.
+        "prometheus_web_config": WEB_CONFIG,
+        "alertmanager_web_config": WEB_CONFIG,
+        "prometheus_scrape_http_config": {"basic_auth": {"username": "scraper",
+                                                         "password_file": "/etc/hostname"}},
     }
 
 
@@ -109,6 +119,12 @@ def test_example_cluster_prometheus_scrapes_every_exporter_on_every_gpu_node(
     assert am_targets == {f"{host}:9093" for host in MONITORING}
     assert targets_of(config, "alertmanager") == am_targets
     assert config["remote_write"][0]["url"].endswith("/api/v1/push")
+    assert all(job["basic_auth"]["username"] == "scraper" for job in config["scrape_configs"])
+    web = path.parent / "web.yml"
+    assert mode(web) == 0o640 and yaml.safe_load(web.read_text()) == WEB_CONFIG
+    check = subprocess.run(["promtool", "check", "web-config", str(web)], capture_output=True,
+                           text=True, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
     rules = list((path.parent / "rules").glob("*.yml"))
     assert {p.name for p in rules} == {
         p.name for p in (REPO / "alert_rules/generated/production").glob("*.yml")}
@@ -128,6 +144,14 @@ def test_example_cluster_alertmanager_config(rendered: Path, vault: dict[str, st
         "/etc/remediation-webhook.token")
     assert receivers["paging"]["pagerduty_configs"][0]["routing_key"] == vault[
         "vault_pagerduty_routing_key"]
+
+
+def test_example_cluster_alertmanagers_are_cluster_peers(rendered: Path) -> None:
+    for host, other in zip(MONITORING, reversed(MONITORING), strict=True):
+        argv = json.loads((rendered / host / "opt/trainwatch/alertmanager-argv.json").read_text())
+        assert "--cluster.listen-address=0.0.0.0:9094" in argv
+        assert [a for a in argv if a.startswith("--cluster.peer=")] == [
+            f"--cluster.peer={other}:9094"]
 
 
 # --- Grafana ----------------------------------------------------------------------------------
