@@ -10,11 +10,24 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
+_issued: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to 0, read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind to 0, read it back).
+
+    The kernel may hand the same ephemeral port to two binds in a row once the first socket
+    is closed, so ports already given out in this test process are never returned again:
+    otherwise two servers of one stack could be told to share a port, and a readiness probe
+    would be answered by the wrong one.
+    """
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _issued:
+            _issued.add(port)
+            return port
 
 
 def wait_until(
@@ -35,7 +48,7 @@ def wait_until(
             value = predicate()
             if value:
                 return value
-        except Exception as exc:  # noqa: BLE001 - "not ready yet" takes many forms
+        except Exception as exc:
             last_error = exc
         if time.monotonic() >= deadline:
             detail = f" (last error: {last_error!r})" if last_error else ""

@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import requests
@@ -47,10 +47,8 @@ class ManagedProcess:
 
     def stop(self, timeout: float = 10.0) -> int | None:
         if self.proc.poll() is None:
-            try:
+            with suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -61,10 +59,8 @@ class ManagedProcess:
 
     def kill9(self) -> None:
         """SIGKILL the process group: a crash, not a shutdown."""
-        try:
+        with suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(10)
 
 
