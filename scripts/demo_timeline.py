@@ -226,7 +226,7 @@ def print_summary(result: DemoResult, endpoints: Endpoints, echo: Callable[[str]
     echo(f"Alertmanager:        {endpoints.alertmanager}")
     echo(f"Training exporter:   {endpoints.training_exporter}/metrics")
     echo(f"Remediation service: {endpoints.remediation}/v1/actions "
-         "(bearer token: the stack's etc/webhook.token)")
+         "(bearer token: the stack's etc/remediation-webhook.token)")
     return delay is not None
 
 
@@ -248,14 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-time", type=float, default=0.1)
     args = parser.parse_args(argv)
     etc = args.prefix / "etc"
-    for name in ("webhook.token", "control.token"):
+    for name in ("remediation-webhook.token", "control.token"):
         if not (etc / name).is_file():
             parser.error(f"{etc / name} not found: deploy the stack first "
                          "(ansible-playbook -i ansible/inventories/local ansible/deploy.yml)")
     endpoints = Endpoints(
         prometheus=args.prometheus, alertmanager=args.alertmanager,
         training_exporter=args.training_exporter, remediation=args.remediation,
-        remediation_token=_read(etc / "webhook.token"),
+        remediation_token=_read(etc / "remediation-webhook.token"),
         job_env={
             "TRAINWATCH_JOB": args.job,
             "TRAINWATCH_EXPORTER_SOCKET": str(args.prefix / "run" / "training.sock"),
