@@ -32,7 +32,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "==> installing Python packages into .venv (torch CPU wheel, project, dev tools)"
   .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
   .venv/bin/pip install -q "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/pip install -q -e ".[dev,forwarders]" 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/pip install -q -e ".[dev,forwarders,fast]" 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -c "import torch, exporters, remediation" 
   touch "$stamp"
 fi
