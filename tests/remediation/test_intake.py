@@ -21,8 +21,8 @@ PAGE = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
 
 
 def test_real_alertmanager_025_payload_is_accepted(service_factory) -> None:
-    fixture = Path("/work/shared/fixtures/alertmanager-0.25-webhook-firing.json")
-    body = fixture.read_text() if fixture.exists() else json.dumps(payload(alert("AlwaysFiring")))
+    """A payload captured from a real Alertmanager 0.25 (tests/remediation/data/)."""
+    body = (Path(__file__).parent / "data" / "alertmanager-0.25-webhook-firing.json").read_text()
     with service_factory([PAGE], start_worker=False) as svc:
         resp = svc.client.post("/v1/alerts", data=body, headers=auth(),
                                content_type="application/json")
