@@ -7,11 +7,11 @@ from grafana_foundation_sdk.builders import dashboard as gd
 from dashboards.panels import (
     Q,
     add_panels,
-    cluster_variable,
     new_dashboard,
     query_variable,
     stat_panel,
     timeseries_panel,
+    with_scope_variables,
 )
 
 UID = "trainwatch-gpu-fleet"
@@ -21,14 +21,10 @@ WHO = "{{instance}} GPU {{gpu}}"
 
 def build() -> gd.Dashboard:
     dashboard = (
-        new_dashboard(UID, "Trainwatch / GPU fleet",
-                      "All GPUs of the fleet: health, load, memory, heat and errors.", ["gpu"])
-        .with_variable(cluster_variable("trainwatch_gpu_up"))
-        .with_variable(query_variable("job", "Job",
-                                      'label_values(trainwatch_gpu_up{cluster=~"$cluster"}, job)'))
-        .with_variable(query_variable(
-            "instance", "Instance",
-            'label_values(trainwatch_gpu_up{cluster=~"$cluster",job=~"$job"}, instance)'))
+        with_scope_variables(new_dashboard(
+            UID, "Trainwatch / GPU fleet",
+            "All GPUs of the fleet: health, load, memory, heat and errors.", ["gpu"]),
+            "trainwatch_gpu_up")
         .with_variable(query_variable(
             "gpu", "GPU",
             'label_values(trainwatch_gpu_up{job=~"$job",instance=~"$instance"}, gpu)'))

@@ -7,11 +7,11 @@ from grafana_foundation_sdk.builders import dashboard as gd
 from dashboards.panels import (
     Q,
     add_panels,
-    cluster_variable,
     new_dashboard,
     query_variable,
     table_panel,
     timeseries_panel,
+    with_scope_variables,
 )
 
 UID = "trainwatch-gpu-node"
@@ -22,15 +22,10 @@ WHO = "GPU {{gpu}}"
 
 def build() -> gd.Dashboard:
     dashboard = (
-        new_dashboard(UID, "Trainwatch / GPU node detail",
-                      "One node's GPUs in depth: clocks, throttling, memory errors, links and "
-                      "the exporter itself.", ["gpu"])
-        .with_variable(cluster_variable("trainwatch_gpu_up"))
-        .with_variable(query_variable("job", "Job",
-                                      'label_values(trainwatch_gpu_up{cluster=~"$cluster"}, job)'))
-        .with_variable(query_variable(
-            "instance", "Instance",
-            'label_values(trainwatch_gpu_up{cluster=~"$cluster",job=~"$job"}, instance)'))
+        with_scope_variables(new_dashboard(
+            UID, "Trainwatch / GPU node detail",
+            "One node's GPUs in depth: clocks, throttling, memory errors, links and the "
+            "exporter itself.", ["gpu"]), "trainwatch_gpu_up")
         .with_variable(query_variable(
             "gpu", "GPU",
             'label_values(trainwatch_gpu_up{job=~"$job",instance=~"$instance"}, gpu)'))

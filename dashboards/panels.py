@@ -92,6 +92,18 @@ def cluster_variable(metric: str) -> gd.QueryVariable:
                     "empty on a single cluster.")
 
 
+def with_scope_variables(dashboard: gd.Dashboard, metric: str) -> gd.Dashboard:
+    """The cluster -> job -> instance chain every dashboard starts with, read from `metric`
+    (a series the dashboard's own exporter always emits, so the lists are never empty)."""
+    return (dashboard
+            .with_variable(cluster_variable(metric))
+            .with_variable(query_variable(
+                "job", "Job", f'label_values({metric}{{cluster=~"$cluster"}}, job)'))
+            .with_variable(query_variable(
+                "instance", "Instance",
+                f'label_values({metric}{{cluster=~"$cluster",job=~"$job"}}, instance)')))
+
+
 def new_dashboard(uid: str, title: str, description: str, tags: list[str]) -> gd.Dashboard:
     return (gd.Dashboard(title).uid(uid).description(description)
             .tags(["trainwatch", *tags]).refresh("30s").time("now-1h", "now")

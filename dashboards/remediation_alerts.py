@@ -7,12 +7,11 @@ from grafana_foundation_sdk.builders import dashboard as gd
 from dashboards.panels import (
     Q,
     add_panels,
-    cluster_variable,
     new_dashboard,
-    query_variable,
     stat_panel,
     table_panel,
     timeseries_panel,
+    with_scope_variables,
 )
 
 UID = "trainwatch-remediation-alerts"
@@ -23,15 +22,11 @@ P = "trainwatch_remediation_"
 
 def build() -> gd.Dashboard:
     dashboard = (
-        new_dashboard(UID, "Trainwatch / Remediation and alerts",
-                      "Firing alerts and the remediation service's decisions, actions and "
-                      "safety switches.", ["remediation", "alerts"])
-        .with_variable(cluster_variable(f"{P}circuit_breaker_open"))
-        .with_variable(query_variable(
-            "job", "Job", f'label_values({P}circuit_breaker_open{{cluster=~"$cluster"}}, job)'))
-        .with_variable(query_variable(
-            "instance", "Instance",
-            f'label_values({P}circuit_breaker_open{{cluster=~"$cluster",job=~"$job"}}, instance)'))
+        with_scope_variables(new_dashboard(
+            UID, "Trainwatch / Remediation and alerts",
+            "Firing alerts and the remediation service's decisions, actions and "
+            "safety switches.",
+            ["remediation", "alerts"]), f"{P}circuit_breaker_open")
     )
     return add_panels(
         dashboard,

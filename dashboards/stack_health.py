@@ -8,11 +8,10 @@ from alert_rules import recording
 from dashboards.panels import (
     Q,
     add_panels,
-    cluster_variable,
     new_dashboard,
-    query_variable,
     table_panel,
     timeseries_panel,
+    with_scope_variables,
 )
 
 UID = "trainwatch-stack-health"
@@ -22,13 +21,11 @@ C = 'cluster=~"$cluster"'
 
 def build() -> gd.Dashboard:
     dashboard = (
-        new_dashboard(UID, "Trainwatch / Stack health",
-                      "Scrape targets, Prometheus, Alertmanager, node resources and Trainwatch's "
-                      "exporters.", ["stack"])
-        .with_variable(cluster_variable("up"))
-        .with_variable(query_variable("job", "Job", 'label_values(up{cluster=~"$cluster"}, job)'))
-        .with_variable(query_variable(
-            "instance", "Instance", 'label_values(up{cluster=~"$cluster",job=~"$job"}, instance)'))
+        with_scope_variables(new_dashboard(
+            UID, "Trainwatch / Stack health",
+            "Scrape targets, Prometheus, Alertmanager, node resources and Trainwatch's "
+            "exporters.",
+            ["stack"]), "up")
     )
     return add_panels(
         dashboard,

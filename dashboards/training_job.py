@@ -8,11 +8,11 @@ from alert_rules import recording
 from dashboards.panels import (
     Q,
     add_panels,
-    cluster_variable,
     new_dashboard,
     query_variable,
     stat_panel,
     timeseries_panel,
+    with_scope_variables,
 )
 
 UID = "trainwatch-training-job"
@@ -28,15 +28,11 @@ RANK = "{{training_job}} rank {{rank}}"
 
 def build() -> gd.Dashboard:
     dashboard = (
-        new_dashboard(UID, "Trainwatch / Training job",
-                      "One training job per rank: loss, learning rate, gradient norm, "
-                      "throughput, step time and stragglers.", ["training"])
-        .with_variable(cluster_variable("training_step"))
-        .with_variable(query_variable("job", "Job",
-                                      'label_values(training_step{cluster=~"$cluster"}, job)'))
-        .with_variable(query_variable(
-            "instance", "Instance",
-            'label_values(training_step{cluster=~"$cluster",job=~"$job"}, instance)'))
+        with_scope_variables(new_dashboard(
+            UID, "Trainwatch / Training job",
+            "One training job per rank: loss, learning rate, gradient norm, "
+            "throughput, step time and stragglers.",
+            ["training"]), "training_step")
         .with_variable(query_variable(
             "training_job", "Training job",
             'label_values(training_step{job=~"$job",instance=~"$instance"}, training_job)'))
