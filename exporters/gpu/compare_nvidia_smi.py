@@ -91,7 +91,7 @@ def compare(smi_rows: list[dict[str, str]], scraped: dict) -> list[dict[str, obj
             raw = row[field.query]
             key = (field.metric, row["index"], tuple(sorted(field.labels)))
             exported = scraped.get(key)
-            if raw in NOT_AVAILABLE:
+            if raw in NOT_AVAILABLE or raw.startswith("["):  # [Unknown Error], [GPU requires reset]
                 ok, expected = exported is None, None
             else:
                 expected = float(raw)
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         smi = query_nvidia_smi()
         scraped = scrape(args.url)
-    except (OSError, subprocess.SubprocessError) as exc:
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:  # ValueError: odd CSV row
         print(f"compare_nvidia_smi: {exc}", file=sys.stderr)
         return 2
     results = compare(smi, scraped)

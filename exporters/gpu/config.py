@@ -59,6 +59,8 @@ def load_config_file(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {path} is not UTF-8 text") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
     data = {} if data is None else data

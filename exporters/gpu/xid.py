@@ -66,7 +66,12 @@ class XidWatcher:
                 self.nvml.nvmlEventSetFree(event_set)
 
     def _register(self, event_set: Any) -> None:
-        for index in range(self.nvml.nvmlDeviceGetCount()):
+        try:
+            count = self.nvml.nvmlDeviceGetCount()
+        except pynvml.NVMLError as exc:  # a driver reload: report the watch as failed, not idle
+            self._fail("nvmlDeviceGetCount", exc)
+            return
+        for index in range(count):
             try:
                 handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
                 self.nvml.nvmlDeviceRegisterEvents(

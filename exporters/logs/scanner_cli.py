@@ -32,6 +32,8 @@ from exporters.logs.state_file import StateFileError, load_state, save_state
 
 PROG = "trainwatch-logscan"
 _ONCE_CHUNK = 4 * 1024 * 1024
+# Longest line kept whole; beyond it the line is classified in pieces (bounded memory).
+_MAX_LINE = 16 * 1024 * 1024
 
 
 def _port(text: str) -> int:
@@ -95,8 +97,10 @@ def _scan_whole_file(scanner: Scanner, handle: BinaryIO, name: str, default_job:
         data = rest + data
         last = data.rfind(b"\n")
         if last < 0:
-            rest = data
-            continue
+            if len(data) < _MAX_LINE:
+                rest = data
+                continue
+            last = len(data) - 1  # a huge line without newline: feed it, as the follower does
         scanner.feed(source, data[:last + 1].decode("utf-8", "replace"))
         rest = data[last + 1:]
     if rest:
@@ -183,6 +187,7 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     print(f"{PROG}: serving on {args.bind}:{args.port}, following {args.paths}", file=sys.stderr)
+    saved = ""
     try:
         while True:
             for follower in followers:
@@ -191,7 +196,13 @@ def serve(args: argparse.Namespace) -> int:
                 kmsg.poll(sink)
                 state["kmsg_seq"] = kmsg.last_seq
             if args.state_file is not None:
-                save_state(args.state_file, state)
+                snapshot = json.dumps(state, sort_keys=True)
+                if snapshot != saved:  # an idle host should not fsync twice a second forever
+                    try:
+                        save_state(args.state_file, state)
+                        saved = snapshot
+                    except OSError as exc:  # disk full, read-only: keep serving, retry next poll
+                        on_error(str(args.state_file), exc)
             if stop.wait(args.interval):
                 break
     finally:

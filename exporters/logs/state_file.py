@@ -30,12 +30,22 @@ def load_state(path: Path | None) -> dict[str, Any]:
     if (not isinstance(data, dict) or data.get("version") != STATE_VERSION
             or not isinstance(data.get("files"), dict)):
         raise StateFileError(f"state file {path} is not a version-{STATE_VERSION} scanner state")
-    for key, entry in data["files"].items():
-        if not (isinstance(entry, dict) and isinstance(entry.get("offset"), int)
+    _check_offsets(path, data["files"])
+    if "kernel_files" in data:
+        if not isinstance(data["kernel_files"], dict):
+            raise StateFileError(f"state file {path}: kernel_files is not a mapping")
+        _check_offsets(path, data["kernel_files"])
+    seq = data.setdefault("kmsg_seq", None)
+    if seq is not None and not (isinstance(seq, int) and seq >= 0):
+        raise StateFileError(f"state file {path}: kmsg_seq must be null or an integer >= 0")
+    return data
+
+
+def _check_offsets(path: Path, files: dict[str, Any]) -> None:
+    for key, entry in files.items():
+        if not (isinstance(entry, dict) and type(entry.get("offset")) is int
                 and entry["offset"] >= 0 and isinstance(key, str)):
             raise StateFileError(f"state file {path}: bad entry for {key!r}")
-    data.setdefault("kmsg_seq", None)
-    return data
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
