@@ -117,6 +117,14 @@ class CheckpointManager:
         if self._distributed and self.world_size > 1:
             dist.barrier(group=self._group)
 
+    def _agree(self, rank0_error: str | None) -> str | None:
+        """Rank 0's error (or None) on every rank; doubles as the barrier after a save."""
+        if not (self._distributed and self.world_size > 1):
+            return rank0_error
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, rank0_error, group=self._group)
+        return gathered[0]
+
     # --- manifest ---------------------------------------------------------------------------
     def manifest(self) -> list[dict[str, Any]]:
         """Entries oldest first; an absent manifest is an empty list."""
@@ -149,27 +157,39 @@ class CheckpointManager:
         else:
             gathered = [mine]
         path = self.directory / f"step-{step:010d}.pt"
+        error: str | None = None
+        failure: Exception | None = None
         if self.rank == 0:
-            is_healthy = all(g["finite"] for g in gathered) if healthy is None else healthy
-            state = {
-                "step": step,
-                "model": _unwrap(self.model).state_dict(),
-                "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-                "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-                "rng": [g["rng"] for g in gathered],
-            }
-            atomic_write(path, lambda f: torch.save(state, f))
-            loss_value = float(loss) if loss is not None else None
-            entries = [e for e in self.manifest() if e["step"] != step]
-            entries.append({"step": step, "file": path.name, "time": time.time(),
-                            "loss": loss_value if loss_value is None or math.isfinite(loss_value)
-                            else None, "healthy": bool(is_healthy)})
-            entries.sort(key=lambda e: e["step"])
-            kept, dropped = self._retain(entries)
-            self._write_manifest(kept)
-            for entry in dropped:  # only after the manifest stopped naming them
-                (self.directory / Path(entry["file"]).name).unlink(missing_ok=True)
-        self._barrier()
+            try:
+                is_healthy = all(g["finite"] for g in gathered) if healthy is None else healthy
+                state = {
+                    "step": step,
+                    "model": _unwrap(self.model).state_dict(),
+                    "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+                    "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+                    "rng": [g["rng"] for g in gathered],
+                }
+                atomic_write(path, lambda f: torch.save(state, f))
+                loss_value = float(loss) if loss is not None else None
+                if loss_value is not None and not math.isfinite(loss_value):
+                    loss_value = None
+                entries = [e for e in self.manifest() if e["step"] != step]
+                entries.append({"step": step, "file": path.name, "time": time.time(),
+                                "loss": loss_value, "healthy": bool(is_healthy)})
+                entries.sort(key=lambda e: e["step"])
+                kept, dropped = self._retain(entries)
+                self._write_manifest(kept)
+                for entry in dropped:  # only after the manifest stopped naming them
+                    (self.directory / Path(entry["file"]).name).unlink(missing_ok=True)
+            except Exception as exc:  # re-raised below, after telling the peers
+                failure, error = exc, f"{type(exc).__name__}: {exc}"
+        # Every rank learns rank 0's outcome, so a failed save fails on all ranks together
+        # instead of leaving the others in a barrier while rank 0 trains on.
+        error = self._agree(error)
+        if failure is not None:
+            raise failure
+        if error is not None:
+            raise OSError(f"checkpoint save at step {step} failed on rank 0: {error}")
         return path
 
     def _retain(self, entries: list[dict[str, Any]]

@@ -93,7 +93,7 @@ class TrainingMonitor:
         self._group = process_group
         if sync_every is None:
             raw = env.get(catalog.ENV_SYNC_EVERY, "") or "10"
-            if not raw.isdigit():
+            if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
                 raise ValueError(f"{catalog.ENV_SYNC_EVERY}={raw!r} must be a positive integer")
             sync_every = int(raw)
         if sync_every < 1:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+import referencing.exceptions
 
 COMMAND_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 COMMAND_TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
@@ -68,6 +69,9 @@ def _check_schema(schema: dict[str, Any], args: Any, what: str) -> None:
     except jsonschema.ValidationError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "args"
         raise CommandError(f"{what}: {where}: {exc.message}") from None
+    except (jsonschema.SchemaError, referencing.exceptions.Unresolvable) as exc:
+        # The schema came from a rank's datagram; a broken one refuses the type, not the API.
+        raise CommandError(f"{what}: the job registered an unusable schema: {exc}") from None
 
 
 def validate(payload: Any, schemas: dict[str, dict[str, Any]]) -> Command:

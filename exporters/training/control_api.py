@@ -82,7 +82,7 @@ class ControlApp:
             rank_arg = request.args.get("pending_for_rank")
             rank = None
             if rank_arg is not None:
-                if not rank_arg.isdigit():
+                if not (rank_arg.isascii() and rank_arg.isdigit() and len(rank_arg) <= 7):
                     raise ApiError(400, "pending_for_rank must be a non-negative integer")
                 rank = int(rank_arg)
             return _json(200, {"commands": self._store.list_commands(job, rank)})
@@ -93,7 +93,7 @@ class ControlApp:
         raw = request.get_data(cache=False)
         try:
             payload = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raise ApiError(400, "body is not valid JSON") from None
         status, body = self._store.post_command(job, payload)
         return _json(status, body)

@@ -58,6 +58,9 @@ class Receiver(threading.Thread):
             except WireError as exc:
                 self._store.malformed += 1
                 log.debug("malformed datagram: %s", exc)
+            except Exception:  # a bug must not end ingestion for good: count, log, go on
+                self._store.malformed += 1
+                log.exception("datagram could not be ingested")
             expire_every -= 1
             if expire_every == 0:
                 expire_every = 50

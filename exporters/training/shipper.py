@@ -64,7 +64,8 @@ class ControlPoller:
             return []
         if response.status != 200:
             raise OSError(f"control API answered {response.status}")
-        commands = json.loads(body).get("commands", [])
+        document = json.loads(body)
+        commands = document.get("commands", []) if isinstance(document, dict) else []
         return commands if isinstance(commands, list) else []
 
 

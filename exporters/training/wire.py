@@ -80,8 +80,8 @@ def decode(data: bytes) -> RankReport:
     """Parse and validate one datagram; raise WireError for anything off-contract."""
     try:
         obj = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise WireError(f"not JSON: {exc}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # deep nesting: hostile
+        raise WireError(f"not JSON: {type(exc).__name__}") from None
     if not isinstance(obj, dict) or obj.get("v") != VERSION:
         raise WireError("not a version-1 object")
     job = obj.get("job")

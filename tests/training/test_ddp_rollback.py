@@ -9,6 +9,7 @@ skips 7 batches, and the job runs to completion with finite losses.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -79,7 +80,7 @@ def test_nan_then_rollback_restores_healthy_checkpoint_and_outage_only_drops(
     assert len(summaries) == 2
     for summary in summaries:
         assert summary["final_step"] == STEPS - 1
-        assert summary["final_loss"] == summary["final_loss"]  # finite again (not NaN)
+        assert math.isfinite(summary["final_loss"])  # finite again after the rollback
         assert summary["batch_offset"] == 7
         assert summary["rollbacks"] == 1
         assert summary["dropped"] >= dropped[str(summary["rank"])] > 0

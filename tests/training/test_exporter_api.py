@@ -116,10 +116,15 @@ def test_unknown_job_bad_json_and_oversized_body(node: tuple[Exporter, TrainingM
     response = exp.api("POST", f"/v1/jobs/{JOB}/commands", data="{not json",
                        headers={"Content-Type": "application/json"})
     assert response.status_code == 400 and "JSON" in response.json()["error"]
+    response = exp.api("POST", f"/v1/jobs/{JOB}/commands", data="[" * 16_000,  # too deep
+                       headers={"Content-Type": "application/json"})
+    assert response.status_code == 400 and "JSON" in response.json()["error"]
     response = exp.api("POST", f"/v1/jobs/{JOB}/commands", data="x" * 100_000)
     assert response.status_code == 413
     assert exp.api("GET", f"/v1/jobs/{JOB}/commands/nope").status_code == 404
-    assert exp.api("GET", f"/v1/jobs/{JOB}/commands?pending_for_rank=x").status_code == 400
+    for rank in ("x", "\u00b2", "9" * 50):  # "²".isdigit() is True, int("²") is not
+        assert exp.api("GET", f"/v1/jobs/{JOB}/commands?pending_for_rank={rank}"
+                       ).status_code == 400
     assert exp.api("GET", f"/v1/jobs/{JOB}/commands").json() == {"commands": []}
 
 
@@ -202,11 +207,12 @@ def test_malformed_datagrams_are_counted_not_fatal(node: tuple[Exporter, Trainin
     before = exp.samples(catalog.TRAINING_EXPORTER_PREFIX + "malformed_datagrams_total")
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         for payload in (b"garbage", json.dumps({"v": 1, "job": "../x"}).encode(),
-                        json.dumps({"v": 1, "job": "j", "world_size": 1, "rank": 5}).encode()):
+                        json.dumps({"v": 1, "job": "j", "world_size": 1, "rank": 5}).encode(),
+                        b"[" * 50_000):  # nesting deep enough to make json.loads recurse out
             sock.sendto(payload, str(exp.socket))
     wait_until(lambda: sum(exp.samples(catalog.TRAINING_EXPORTER_PREFIX
                                        + "malformed_datagrams_total").values())
-               >= sum(before.values()) + 3, timeout=10, what="malformed counted")
+               >= sum(before.values()) + 4, timeout=10, what="malformed counted")
     assert exp.api("GET", "/v1/jobs").status_code == 200
     assert exp.proc.alive()
 
