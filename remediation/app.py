@@ -29,6 +29,8 @@ from remediation.store import Store
 
 log = logging.getLogger(__name__)
 bp = Blueprint("remediation", __name__)
+# SQLite INTEGER is 64-bit: a larger id must be a 4xx, not an OverflowError (500).
+MAX_INTENT_ID = 2**63 - 1
 
 
 class Services:
@@ -119,8 +121,10 @@ def list_actions() -> Response:
         limit = min(max(int(request.args.get("limit", "100")), 1), 10000)
         intent_id = request.args.get("intent")
         intent = int(intent_id) if intent_id is not None else None
+        if intent is not None and not 0 < intent <= MAX_INTENT_ID:
+            raise ValueError(intent_id)
     except ValueError:
-        return _error(400, "limit and intent must be integers")
+        return _error(400, "limit and intent must be integers (intent an id >= 1)")
     store = services().store
     state = request.args.get("state")
     decision = request.args.get("decision")
@@ -155,12 +159,12 @@ def _set_approval(intent_id: int, approve: bool) -> Response:
     return jsonify({"id": intent_id, "state": "pending" if approve else "rejected"})
 
 
-@bp.post("/v1/actions/<int:intent_id>/approve")
+@bp.post(f"/v1/actions/<int(max={MAX_INTENT_ID}):intent_id>/approve")
 def approve(intent_id: int) -> Response:
     return _set_approval(intent_id, True)
 
 
-@bp.post("/v1/actions/<int:intent_id>/reject")
+@bp.post(f"/v1/actions/<int(max={MAX_INTENT_ID}):intent_id>/reject")
 def reject(intent_id: int) -> Response:
     return _set_approval(intent_id, False)
 

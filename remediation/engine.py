@@ -9,6 +9,7 @@ idempotent, is safe to repeat).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -168,6 +169,11 @@ class Engine:
             if item["action"] == "silence" and res.get("silence_id") and res.get(
                     "expire_after_playbook", True):
                 silence_action.expire(res["silence_id"], ctx)
+
+    def release_after_crash(self, intent: Intent, message: str) -> None:
+        """An unexpected error outside a step: retry later (or fail for good), audited."""
+        with contextlib.suppress(LostLease):
+            self._fail(intent, "", message, terminal=False)
 
     def _fail(self, intent: Intent, action: str, message: str, *, terminal: bool,
               results: list[dict[str, Any]] | None = None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config)
         load_playbooks(config.playbooks_dir)  # fail before binding, with a clear message
+        # Open (and create) the store here too: a bad store_path is a one-line error, not a
+        # gunicorn worker that fails to boot. The worker opens its own after the fork.
+        Store(config.store_path).close()
     except (ConfigError, PlaybookError) as exc:
         print(f"remediation-server: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, sqlite3.Error) as exc:
+        print(f"remediation-server: cannot open store {config.store_path}: {exc}",
+              file=sys.stderr)
         return 2
     overrides: dict[str, Any] = {}
     if args.bind:

@@ -158,6 +158,13 @@ class Store:
             self._local.conn = conn
         return conn
 
+    def close(self) -> None:
+        """Close this thread's connection (others close when their threads end)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
     def use_worker_durability(self) -> None:
         """Call first thing in a worker thread: its connection commits with synchronous=NORMAL."""
         if getattr(self._local, "conn", None) is not None:

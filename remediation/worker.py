@@ -79,5 +79,11 @@ class Worker:
                 engine.process(intent)
             except LostLease:
                 log.warning("lost the lease on intent %d; another process owns it", intent.id)
-            except Exception:
+            except Exception as exc:
                 log.exception("processing intent %d crashed", intent.id)
+                # Give the intent back (counted as an attempt) rather than keep renewing a
+                # lease on work nobody is doing: otherwise it stays 'running' until a restart.
+                try:
+                    engine.release_after_crash(intent, f"{type(exc).__name__}: {exc}")
+                except Exception:
+                    log.exception("could not release intent %d", intent.id)

@@ -97,12 +97,17 @@ def plan_checkpoints(directory: Path, keep: int, roots: list[Path], plan: Plan) 
         if entries is None:
             plan.errors.append(f"{here / MANIFEST}: no checkpoint list; nothing removed here")
             continue
-        by_step = sorted(entries, key=lambda e: int(e.get("step", -1)), reverse=True)
+        # An entry without an integer step cannot be ordered: keep it (never guess what to delete).
+        by_step = sorted((e for e in entries if type(e.get("step")) is int),
+                         key=lambda e: e["step"], reverse=True)
         kept_ids = {id(e) for e in by_step[:keep]}
         healthy = [e for e in by_step if e.get("healthy") is True]
         if healthy:
             kept_ids.add(id(healthy[0]))
-        survivors = []
+        survivors = [e for e in entries if type(e.get("step")) is not int]
+        for entry in survivors:
+            plan.keep.append({"path": str(here / (_entry_name(entry) or "?")),
+                              "step": entry.get("step"), "reason": "step is not an integer"})
         for entry in by_step:
             name = _entry_name(entry)
             if id(entry) in kept_ids or name is None:

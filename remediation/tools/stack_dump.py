@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from exporters.catalog import ENV_JOB
-
-SAFE_JOB = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:-]{0,127}$")
+from remediation.labels import SAFE_VALUE
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -62,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--py-spy", default=None, help="py-spy binary (default: next to python)")
     parser.add_argument("--timeout", type=float, default=30.0)
     args = parser.parse_args(argv)
-    if not SAFE_JOB.match(args.job):
+    if not SAFE_VALUE.match(args.job):
         print("stack_dump: --job has characters outside the allowlist", file=sys.stderr)
         return 2
     py_spy = args.py_spy or shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from remediation.committer import CommitFailed, GroupCommitter
+from remediation.committer import CommitFailed, GroupCommitter, _Job
 from remediation.playbooks import parse_playbook
 from remediation.store import Store
 from tests.remediation.helpers import alert, payload
@@ -38,3 +38,18 @@ def test_a_failing_payload_fails_alone(tmp_path: Path) -> None:
         committer.submit(broken)
     good = committer.submit(payload(alert("TrainingLossSpike", {"training_job": "y"})))
     assert good.accepted == 1 and store.state_counts() == {"pending": 1}
+
+
+def test_a_failing_payload_does_not_sink_the_others_of_its_batch(tmp_path: Path) -> None:
+    """Both deliveries in ONE batch (one transaction): only the savepoint keeps the good one."""
+    store = Store(tmp_path / "s.sqlite")
+    committer = GroupCommitter(store, {"page": BOOK}, escalate=False)
+    broken = payload(alert("TrainingLossSpike", {"training_job": "x"}))
+    del broken["alerts"][0]["labels"]
+    bad_job = _Job(broken)
+    good_job = _Job(payload(alert("TrainingLossSpike", {"training_job": "y"})))
+    committer._commit([bad_job, good_job])
+    assert bad_job.error is not None and bad_job.result is None
+    assert good_job.error is None and good_job.result is not None
+    assert good_job.result.accepted == 1
+    assert store.state_counts() == {"pending": 1}

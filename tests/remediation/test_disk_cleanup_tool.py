@@ -110,3 +110,15 @@ def test_reads_and_rewrites_the_real_checkpoint_managers_manifest(tmp_path: Path
     assert manager.rollback() == 20
     assert sorted(p.name for p in ckpt.glob("*.pt")) == [
         "step-0000000020.pt", "step-0000000040.pt", "step-0000000050.pt"]
+
+
+def test_entry_without_an_integer_step_is_kept_not_a_crash(tmp_path: Path) -> None:
+    ckpt = checkpoints(tmp_path, [(1, False), (2, False), (3, False)])
+    entries = json.loads((ckpt / "manifest.json").read_text())
+    (ckpt / "odd.pt").write_bytes(b"c" * 100)
+    entries.append({"step": None, "healthy": False, "path": "odd.pt"})
+    (ckpt / "manifest.json").write_text(json.dumps(entries))
+    out = run_tool("--allowed-root", str(tmp_path), "--checkpoints", str(ckpt), "--keep", "1",
+                   "--json")
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in ckpt.glob("*.pt")) == ["odd.pt", "s3.pt"]

@@ -85,6 +85,9 @@ def test_approval_gate_with_api_and_reject(service_factory) -> None:
         assert state.posts() == []
         assert len(svc.audit("awaiting_approval")) == 2
         assert svc.client.post(f"/v1/actions/{first}/approve").status_code == 401
+        huge = 10**20  # beyond SQLite's 64-bit INTEGER: a 4xx, not an OverflowError
+        assert svc.client.post(f"/v1/actions/{huge}/approve", headers=auth()).status_code == 404
+        assert svc.client.get(f"/v1/actions?intent={huge}", headers=auth()).status_code == 400
         assert svc.client.post(f"/v1/actions/{first}/approve",
                                headers=auth()).status_code == 200
         assert svc.client.post(f"/v1/actions/{second}/reject",

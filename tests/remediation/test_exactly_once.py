@@ -34,11 +34,17 @@ def test_ten_deliveries_to_two_processes_sharing_a_store_act_once(tmp_path: Path
             assert sum(r.json()["accepted"] for r in answers) == 1
             wait_until(lambda: a.actions(decision="acted")["audit"], timeout=30,
                        what="the action to finish")
-            # both processes keep polling; give them a chance to (wrongly) act again
-            wait_until(lambda: b.actions(state="done")["actions"], timeout=10)
-            assert len(state.posts("/act")) == 1
+            # Both processes keep polling. A second, distinct alert acted on afterwards proves
+            # the workers ran again since; the first must still have acted exactly once.
+            later = payload(alert("TrainingLossSpike", {"training_job": "later"},
+                                  fingerprint="5678abcd"))
+            assert b.post(later).json()["accepted"] == 1
+            wait_until(lambda: len([r for r in a.actions(decision="acted")["audit"]]) >= 2,
+                       timeout=30, what="the second alert's action")
+            assert len(state.posts("/act")) == 2
             audit = b.actions()["audit"]
-            assert sum(1 for r in audit if r["decision"] == "acted") == 1
+            acted = [r for r in audit if r["decision"] == "acted"]
+            assert sorted(r["fingerprint"] for r in acted) == ["1234abcd", "5678abcd"]
             assert sum(1 for r in audit if r["decision"] == "deduplicated") == 9
 
 
