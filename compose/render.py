@@ -17,6 +17,7 @@ import json
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,31 @@ def environment() -> jinja2.Environment:
     return env
 
 
+MARKER = ".rendered-by-compose-render"
+
+
 def render(out_dir: Path, gpu_nodes: list[str], rules_profile: str) -> list[Path]:
+    """Render into a temporary folder beside `out_dir`, then swap it in: a failed render
+    leaves the previous output untouched, and a folder that is not an earlier render (say
+    `--out ~`) is refused rather than deleted."""
+    if out_dir.exists() and not (out_dir / MARKER).is_file():
+        raise RenderError(f"{out_dir} exists and is not an earlier render: choose another --out")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        written = _render_into(staging, gpu_nodes, rules_profile)
+        (staging / MARKER).write_text("")
+        staging.chmod(0o755)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return [out_dir / path.relative_to(staging) for path in written]
+
+
+def _render_into(out_dir: Path, gpu_nodes: list[str], rules_profile: str) -> list[Path]:
     for host in gpu_nodes:
         if not HOSTNAME.match(host):
             raise RenderError(f"not a host name: {host!r}")
@@ -100,8 +125,6 @@ def render(out_dir: Path, gpu_nodes: list[str], rules_profile: str) -> list[Path
     groups, hostvars = inventory(gpu_nodes)
     variables.update(groups=groups, hostvars=hostvars)
     env = environment()
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
     written = []
     for target, template in TEMPLATES.items():
         try:

@@ -16,10 +16,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   # The packages' init scripts must not start system-wide copies: Trainwatch runs its own.
-  printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
-  $SUDO chmod +x /usr/sbin/policy-rc.d
+  # Only when the host has no policy of its own, and removed even if the install fails.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  $SUDO rm -f /usr/sbin/policy-rc.d
 fi
 
 PY=${PYTHON:-python3}
@@ -31,9 +34,10 @@ stamp=.venv/.trainwatch-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "==> installing Python packages into .venv (torch CPU wheel, project, dev tools)"
   .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
-  .venv/bin/pip install -q "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/pip install -q -e ".[dev,forwarders,fast]" 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -c "import torch, exporters, remediation" 
+  # pipefail (set above) makes a failed pip fail the script; the filter only drops noise.
+  .venv/bin/pip install -q "torch==2.13.0" 2>&1 | { grep -v '^WARNING: Location' || true; }
+  .venv/bin/pip install -q -e ".[dev,forwarders,fast]" 2>&1 | { grep -v '^WARNING: Location' || true; }
+  .venv/bin/python -c "import torch, exporters, remediation, pytest, ansible_runner"
   touch "$stamp"
 fi
 echo "==> setup complete"

@@ -171,3 +171,23 @@ def test_render_uses_the_ansible_templates() -> None:
     for template in render.TEMPLATES.values():
         assert template.startswith(("ansible/roles/", "alert_rules/")), template
         assert (REPO / template).is_file()
+
+
+def test_a_failed_render_keeps_the_previous_one_and_foreign_folders_are_refused(
+        tmp_path: Path) -> None:
+    out = tmp_path / "rendered"
+    ok = subprocess.run([sys.executable, str(COMPOSE_DIR / "render.py"), "--out", str(out)],
+                        capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    bad = subprocess.run([sys.executable, str(COMPOSE_DIR / "render.py"), "--out", str(out),
+                          "--gpu-nodes", "../etc"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    foreign = tmp_path / "home"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    refused = subprocess.run([sys.executable, str(COMPOSE_DIR / "render.py"), "--out",
+                              str(foreign)], capture_output=True, text=True, check=False)
+    assert refused.returncode == 2 and "not an earlier render" in refused.stderr
+    assert (foreign / "notes.txt").read_text() == "mine"
