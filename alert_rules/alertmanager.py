@@ -60,12 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         overrides = yaml.safe_load(args.vars.read_text()) if args.vars else {}
+        if overrides is not None and not isinstance(overrides, dict):
+            raise ValueError(f"{args.vars}: expected a mapping of alertmanager_* variables")
         text = render(overrides or {})
     except (OSError, ValueError, yaml.YAMLError, jinja2.TemplateError) as exc:
         print(f"alert_rules.alertmanager: {exc}", file=sys.stderr)
         return 2
     if args.out:
         fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        os.fchmod(fd, 0o640)  # an existing file keeps its old mode; receivers hold secrets
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
     else:

@@ -63,7 +63,10 @@ class Profile:
     values: dict[str, Any]
 
     def selector(self, key: str) -> str:
-        return str(self.values["selectors"][key])
+        try:
+            return str(self.values["selectors"][key])
+        except (KeyError, TypeError):
+            raise ConfigError(f"selectors.{key}: missing from config") from None
 
     def alert(self, name: str) -> dict[str, Any]:
         try:
@@ -90,6 +93,13 @@ def load_raw(path: Path = CONFIG_PATH) -> dict[str, Any]:
     extra = set(raw) - {"defaults", "profiles"}
     if extra:
         raise ConfigError(f"{path}: unknown top-level keys {sorted(extra)}")
+    profiles = raw.get("profiles") or {}
+    if not isinstance(profiles, dict) or any(
+            not isinstance(body, dict | None) for body in profiles.values()):
+        raise ConfigError(f"{path}: `profiles` must map profile names to mappings")
+    missing = {"selectors", "rate_window", "runbook_base_url", "alerts"} - set(raw["defaults"])
+    if missing:
+        raise ConfigError(f"{path}: defaults is missing {sorted(missing)}")
     return raw
 
 
