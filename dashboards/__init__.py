@@ -1,5 +1,5 @@
 """Trainwatch Grafana dashboards, generated from Python with grafana-foundation-sdk.
 
-`python -m dashboards.generate` writes dashboards/generated/*.json and the file-provisioning
-configs in dashboards/provisioning/. See dashboards/README.md.
+`python -m dashboards.generate` writes dashboards/generated/*.json; Grafana's provisioning
+files come from the Ansible grafana role's templates. See dashboards/README.md.
 """

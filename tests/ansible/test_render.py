@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dashboards.generate import DATASOURCE_UID
 from exporters.catalog import LOG_EVENT_KINDS
 from tests.ansible.runner import ANSIBLE, REPO, PlaybookRun, run_playbook
 
@@ -163,7 +164,7 @@ def test_grafana_provisioning(rendered: Path, vault: dict[str, str]) -> None:
     assert f'admin_password = """{vault["vault_grafana_admin_password"]}"""' in ini.read_text()
     datasources = yaml.safe_load((etc / "provisioning/datasources/trainwatch.yml").read_text())
     by_type = {d["type"]: d for d in datasources["datasources"]}
-    assert by_type["prometheus"]["uid"] == "trainwatch-prometheus"
+    assert by_type["prometheus"]["uid"] == DATASOURCE_UID  # what every dashboard panel names
     assert by_type["prometheus"]["url"].endswith(":9090")
     assert by_type["elasticsearch"]["url"] == f"http://{LOGGING[0]}:9200"
     provider = yaml.safe_load((etc / "provisioning/dashboards/trainwatch.yml").read_text())

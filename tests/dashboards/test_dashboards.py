@@ -1,4 +1,6 @@
-"""Generated dashboards: no drift, linter rules pass, stable uids, variables, provisioning."""
+"""Generated dashboards: no drift, linter rules pass, stable uids, variables.
+
+Grafana's provisioning files come from the grafana role's templates (tests/ansible)."""
 
 from __future__ import annotations
 
@@ -7,10 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
 
 from dashboards import check, generate, lint
-from tests.dashboards.dashboard_files import DASHBOARDS_DIR, GENERATED, load_all
+from tests.dashboards.dashboard_files import DASHBOARDS_DIR, load_all
 
 EXPECTED_UIDS = {
     "gpu-fleet.json": "trainwatch-gpu-fleet",
@@ -28,7 +29,7 @@ EXTRA_VARIABLES = {
 
 def test_committed_files_match_the_generator(tmp_path: Path) -> None:
     assert generate.main(["--out", str(tmp_path)]) == 0
-    for sub in ("generated", "provisioning"):
+    for sub in ("generated",):
         fresh = {p.name: p.read_text() for p in (tmp_path / sub).iterdir()}
         committed = {p.name: p.read_text() for p in (DASHBOARDS_DIR / sub).iterdir()}
         assert fresh == committed, f"dashboards/{sub} is stale: run `python -m dashboards.generate`"
@@ -126,14 +127,3 @@ def test_failure_only_panels_exist_and_are_documented() -> None:
     for (uid, title), reason in check.FAILURE_ONLY.items():
         assert title in {p["title"] for p in check.panels(by_uid[uid])}, (uid, title)
         assert f"| {title} |" in readme and reason in readme, (uid, title)
-
-
-def test_provisioning_points_grafana_at_the_dashboards_and_prometheus() -> None:
-    provisioning = DASHBOARDS_DIR / "provisioning"
-    dashboards = yaml.safe_load((provisioning / "dashboards.yml").read_text())
-    provider = dashboards["providers"][0]
-    assert provider["type"] == "file" and provider["options"]["path"]
-    datasources = yaml.safe_load((provisioning / "datasources.yml").read_text())
-    source = datasources["datasources"][0]
-    assert source["type"] == "prometheus" and source["uid"] == generate.DATASOURCE_UID
-    assert GENERATED.is_dir()
