@@ -79,7 +79,9 @@ class DemoResult:
         return max(e["time"] for e in applied.values()) - spike
 
 
-def _torchrun(script: Path, args: list[str], nproc: int, master_port: int) -> list[str]:
+def torchrun_argv(script: Path, *args: str, nproc: int = 2, master_port: int = 29511
+                  ) -> list[str]:
+    """A real multi-rank job launched the way users launch it (torchrun, loopback rendezvous)."""
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
             "--master-addr", "127.0.0.1", "--master-port", str(master_port), str(script), *args]
 
@@ -124,7 +126,8 @@ def run_spike_demo(endpoints: Endpoints, *, job: str, spike_at: int = 300, steps
     env = {**os.environ, **endpoints.job_env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     args = ["--job", job, "--steps", str(steps), "--step-time", str(step_time),
             "--spike-at-step", str(spike_at), "--print-every", "50", *(extra_args or [])]
-    argv = _torchrun(REPO / "examples" / "train_ddp.py", args, nproc, master_port)
+    argv = torchrun_argv(REPO / "examples" / "train_ddp.py", *args, nproc=nproc,
+                         master_port=master_port)
     result = DemoResult(job=job, started=time.time())
     lock = threading.Lock()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,

@@ -30,6 +30,10 @@ def free_port() -> int:
             return port
 
 
+class Abort(Exception):
+    """Raised by a predicate to stop waiting at once (say, the server exited)."""
+
+
 def wait_until(
     predicate: Callable[[], T | None],
     timeout: float = 30.0,
@@ -48,6 +52,8 @@ def wait_until(
             value = predicate()
             if value:
                 return value
+        except Abort:
+            raise
         except Exception as exc:
             last_error = exc
         if time.monotonic() >= deadline:

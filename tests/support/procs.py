@@ -11,7 +11,7 @@ from pathlib import Path
 
 import requests
 
-from tests.support.net import free_port, wait_until
+from tests.support.net import Abort, free_port, wait_until
 
 
 class ManagedProcess:
@@ -78,7 +78,7 @@ def running(argv: Sequence[str], log_path: Path, ready_url: str | None = None,
         if ready_url:
             def check() -> bool:
                 if not proc.alive():
-                    raise RuntimeError(f"{argv[0]} exited early:\n{proc.log_text()[-3000:]}")
+                    raise Abort(f"{argv[0]} exited early:\n{proc.log_text()[-3000:]}")
                 return _ready(ready_url)
 
             try:

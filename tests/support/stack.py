@@ -9,7 +9,6 @@ profile), so the test exercises what ships.
 
 from __future__ import annotations
 
-import os
 import secrets
 import shutil
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from alert_rules import alertmanager as alertmanager_template
+from scripts.demo_timeline import torchrun_argv as _torchrun_argv
 from tests.support.net import free_port
 from tests.support.procs import alertmanager, prometheus, running
 
@@ -193,19 +193,5 @@ def running_stack(workdir: Path, *, with_node_exporter: bool = True) -> Iterator
 
 def torchrun_argv(script: Path, *args: str, nproc: int = 2,
                   master_port: int | None = None) -> list[str]:
-    """A real multi-rank CPU job (gloo) launched the way users launch it."""
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nproc-per-node", str(nproc),
-        "--master-addr", "127.0.0.1",
-        "--master-port", str(master_port or free_port()),
-        str(script), *args,
-    ]
-
-
-def job_environment(stack: Stack, job: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(stack.job_env(job))
-    env["PYTHONUNBUFFERED"] = "1"
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
+    """The demo's torchrun command line, on a free rendezvous port unless one is given."""
+    return _torchrun_argv(script, *args, nproc=nproc, master_port=master_port or free_port())
