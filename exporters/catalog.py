@@ -8,6 +8,8 @@ See docs/contracts.md for the prose version.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 # --- default ports (production). The local inventory and the tests override them. ---------
 PORTS: dict[str, int] = {
     "prometheus": 9090,
@@ -37,6 +39,20 @@ ENV_CONTROL_TOKEN = "TRAINWATCH_CONTROL_TOKEN"  # noqa: S105 - a variable name, 
 ENV_CONTROL_TOKEN_FILE = "TRAINWATCH_CONTROL_TOKEN_FILE"  # noqa: S105
 ENV_SYNC_EVERY = "TRAINWATCH_SYNC_EVERY"
 DEFAULT_EXPORTER_SOCKET = "/run/trainwatch/training.sock"
+
+# Where the training_job label comes from when not given: the first of these that is set.
+JOB_ENV_VARIABLES = (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+# torchrun sets TORCHELASTIC_RUN_ID to "none" when no --rdzv-id is given: not a job name.
+PLACEHOLDER_JOB_NAMES = frozenset({"none"})
+
+
+def job_from_env(env: Mapping[str, str]) -> str | None:
+    """The launcher's job name, skipping unset variables and placeholders; None if none."""
+    for name in JOB_ENV_VARIABLES:
+        value = env.get(name, "")
+        if value and value not in PLACEHOLDER_JOB_NAMES:
+            return value
+    return None
 
 # --- training exporter metrics (labels: training_job, rank, node) ----------------------------
 TRAINING_STEP = "training_step"

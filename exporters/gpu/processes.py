@@ -14,17 +14,15 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from exporters.catalog import ENV_JOB
+from exporters.catalog import JOB_ENV_VARIABLES, PLACEHOLDER_JOB_NAMES
 
 MAX_ENVIRON_BYTES = 256 * 1024
 # Order matters: the first present, valid variable wins (docs/contracts.md, label training_job).
-JOB_VARIABLES = (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+JOB_VARIABLES = JOB_ENV_VARIABLES
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _WANTED = frozenset(JOB_VARIABLES + RANK_VARIABLES)
 _VALID_JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}")
 _VALID_RANK = re.compile(r"[0-9]{1,7}")
-# torchrun sets TORCHELASTIC_RUN_ID to "none" when no --rdzv-id is given: not a job name.
-_PLACEHOLDER_JOBS = frozenset({"none"})
 UNATTRIBUTED = ("", "")
 
 EnvironSource = Callable[[int], Mapping[str, str] | None]
@@ -60,7 +58,7 @@ def job_and_rank(env: Mapping[str, str] | None) -> tuple[str, str]:
     job = ""
     for name in JOB_VARIABLES:
         value = env.get(name, "")
-        if value not in _PLACEHOLDER_JOBS and _VALID_JOB.fullmatch(value):
+        if value not in PLACEHOLDER_JOB_NAMES and _VALID_JOB.fullmatch(value):
             job = value
             break
     rank = ""

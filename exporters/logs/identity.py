@@ -11,18 +11,17 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from exporters.catalog import ENV_JOB
+from exporters.catalog import job_from_env
 
 # Same shape the rest of Trainwatch accepts for a job label: safe as a path component too.
 JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-_JOB_ENV = (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
 _RANK_ENV = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK")
 
 
 def detect_job(env: Mapping[str, str] | None = None) -> str:
     """The job name from the launcher environment, or "default"."""
     env = os.environ if env is None else env
-    return next((env[name] for name in _JOB_ENV if env.get(name)), None) or "default"
+    return job_from_env(env) or "default"
 
 
 def detect_rank(env: Mapping[str, str] | None = None) -> int:

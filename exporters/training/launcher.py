@@ -13,7 +13,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporters.catalog import ENV_JOB
+from exporters.catalog import job_from_env
 
 # (rank, local rank, world size, restart count) variable names per launcher.
 _LAUNCHERS: tuple[tuple[str, str, str, str | None], ...] = (
@@ -21,7 +21,6 @@ _LAUNCHERS: tuple[tuple[str, str, str, str | None], ...] = (
     ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_RESTART_COUNT"),
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", None),
 )
-_JOB_ENV = (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
 JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 
@@ -61,7 +60,7 @@ def detect(env: Mapping[str, str] | None = None, job: str | None = None,
         world_size = _int(env, names[2], 1) if world_size is None else world_size
         restarts = _int(env, names[3], 0) if restarts is None else restarts
     if job is None:
-        job = next((env[name] for name in _JOB_ENV if env.get(name)), None) or "default"
+        job = job_from_env(env) or "default"
     if not JOB_NAME_PATTERN.match(job):
         raise ValueError(f"job name {job!r} must match {JOB_NAME_PATTERN.pattern}")
     info = RankInfo(job=job, rank=rank or 0, local_rank=local_rank or 0,
