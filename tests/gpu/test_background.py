@@ -7,6 +7,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import requests
 
@@ -120,6 +121,11 @@ def test_real_process_is_attributed_to_job_and_rank_and_disappears_after_exit() 
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                              stdin=subprocess.PIPE, env=env)
     try:
+        # Attribution is cached per pid, so read only once the child's own environment is
+        # visible in /proc (never the moment between fork and exec).
+        environ = Path(f"/proc/{child.pid}/environ")
+        wait_until(lambda: b"TRAINWATCH_JOB=llama-pretrain" in environ.read_bytes(),
+                   timeout=10, what="the child's environment in /proc")
         fake = static_fake(1)
         fake.update(lambda s: s["gpus"][0].update(processes=[
             {"pid": child.pid, "used_memory": 5 * 2**30},
