@@ -103,6 +103,9 @@ GPU_MEMORY_UTILIZATION = GPU_PREFIX + "memory_utilization_ratio"
 GPU_MEMORY_USED = GPU_PREFIX + "memory_used_bytes"
 GPU_MEMORY_FREE = GPU_PREFIX + "memory_free_bytes"
 GPU_MEMORY_TOTAL = GPU_PREFIX + "memory_total_bytes"
+# Driver/firmware reservation (NVML v2 memory info, driver >= 510; nvidia-smi's "Reserved").
+# Absent on v1-only drivers, whose "used" includes the reservation.
+GPU_MEMORY_RESERVED = GPU_PREFIX + "memory_reserved_bytes"
 GPU_TEMPERATURE = GPU_PREFIX + "temperature_celsius"
 GPU_POWER_USAGE = GPU_PREFIX + "power_usage_watts"
 GPU_POWER_LIMIT = GPU_PREFIX + "power_limit_watts"  # the enforced limit

@@ -136,6 +136,7 @@ class CollectionLoop:
         self._initialised = True
         self._backoff = self.interval
         self.reader.identities.clear()
+        self.reader.memory_v2 = True  # the driver may have changed while NVML was away
         driver = self.reader.call("nvmlSystemGetDriverVersion")
         cuda = self.reader.call("nvmlSystemGetCudaDriverVersion")
         self._driver = (text(driver) if driver else None,

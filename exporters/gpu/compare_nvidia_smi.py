@@ -32,11 +32,13 @@ class Field:
     scale: float  # exporter value * scale = nvidia-smi units
     tolerance: float  # absolute, in nvidia-smi units
     labels: tuple[tuple[str, str], ...] = ()
+    optional: bool = False  # older nvidia-smi builds do not know this query name
 
 
 FIELDS: tuple[Field, ...] = (
     Field("memory.total", m.MEMORY_TOTAL, 1 / 2**20, 1),  # MiB
     Field("memory.used", m.MEMORY_USED, 1 / 2**20, 64),
+    Field("memory.reserved", m.MEMORY_RESERVED, 1 / 2**20, 1, optional=True),
     Field("utilization.gpu", m.UTILIZATION, 100, 15),
     Field("utilization.memory", m.MEMORY_UTILIZATION, 100, 15),
     Field("temperature.gpu", m.TEMPERATURE, 1, 2),
@@ -58,7 +60,15 @@ NOT_AVAILABLE = ("[N/A]", "[Not Supported]", "N/A")
 
 
 def query_nvidia_smi() -> list[dict[str, str]]:
-    keys = ["index", "uuid", *(f.query for f in FIELDS)]
+    """Every field; if this nvidia-smi rejects an optional query name, the others only."""
+    try:
+        return _query([f.query for f in FIELDS])
+    except subprocess.CalledProcessError:
+        return _query([f.query for f in FIELDS if not f.optional])
+
+
+def _query(fields: list[str]) -> list[dict[str, str]]:
+    keys = ["index", "uuid", *fields]
     out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(keys)}",
                           "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, check=True, timeout=30).stdout
@@ -84,10 +94,14 @@ def per_gpu_values(body: str) -> dict[tuple[str, str, tuple[tuple[str, str], ...
     return values
 
 
-def compare(smi_rows: list[dict[str, str]], scraped: dict) -> list[dict[str, object]]:
+def compare(smi_rows: list[dict[str, str]], scraped: dict,
+            fields: Sequence[str] | None = None) -> list[dict[str, object]]:
+    """One verdict per GPU and field that nvidia-smi answered (all fields, or `fields`)."""
     results = []
     for row in smi_rows:
         for field in FIELDS:
+            if (fields is not None and field.query not in fields) or field.query not in row:
+                continue
             raw = row[field.query]
             key = (field.metric, row["index"], tuple(sorted(field.labels)))
             exported = scraped.get(key)

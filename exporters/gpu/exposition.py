@@ -26,9 +26,12 @@ HELP: dict[str, str] = {
     m.XID_ERRORS: "XID errors reported by the NVML event API since the exporter started.",
     m.UTILIZATION: "Fraction of time a kernel was running on the GPU (0-1).",
     m.MEMORY_UTILIZATION: "Fraction of time device memory was being read or written (0-1).",
-    m.MEMORY_USED: "Device memory used, bytes.",
+    m.MEMORY_USED: "Device memory used, bytes (as nvidia-smi: without the driver's reservation "
+                    "where the driver has NVML's v2 memory info).",
     m.MEMORY_FREE: "Device memory free, bytes.",
     m.MEMORY_TOTAL: "Device memory total, bytes.",
+    m.MEMORY_RESERVED: "Device memory reserved by the driver and firmware, bytes (v2 memory "
+                        "info only).",
     m.TEMPERATURE: "GPU core temperature, degrees Celsius.",
     m.POWER_USAGE: "Power draw, watts.",
     m.POWER_LIMIT: "Enforced power limit, watts.",

@@ -11,7 +11,9 @@ A scenario is a JSON-compatible dict (see `simulated_scenario` and docs/gpu_expo
      "init_error": "DriverNotLoaded", "init_failures": 2,       # optional: fail nvmlInit
      "hang": ["nvmlDeviceGetPowerUsage"],                        # calls that block
      "xid_events": [{"gpu": 0, "xid": 79}],                      # delivered once each
-     "gpus": [{"name": ..., "uuid": ..., "memory_total": ..., "not_supported": [...],
+     "memory_v2": true,                                          # false: driver < 510
+     "gpus": [{"name": ..., "uuid": ..., "memory_total": ..., "memory_used": ...,
+               "memory_reserved": ..., "not_supported": [...],
                "errors": {"nvmlDeviceGetUUID": "Unknown"}, "lost": false,
                "processes": [{"pid": 1234, "used_memory": 1073741824, "environ": {...}}],
                "mig": {"enabled": true, "devices": [{"uuid": ..., "memory_total": ...}]}, ...}]}
@@ -40,12 +42,14 @@ import pynvml
 
 ENV_FAKE_NVML = "TRAINWATCH_FAKE_NVML"
 GIB = 1024**3
+MIB = 1024**2
 _TOP_KEYS = frozenset({"driver_version", "cuda_version", "init_error", "init_failures", "hang",
-                       "xid_events", "gpus", "dynamic"})
+                       "xid_events", "gpus", "dynamic", "memory_v2"})
 _GPU_KEYS = frozenset({
     "name", "uuid", "pci_bus_id", "utilization_gpu", "utilization_memory", "memory_total",
-    "memory_used", "temperature", "power_usage_mw", "power_limit_mw", "power_min_mw",
-    "power_max_mw", "power_default_mw", "energy_mj", "sm_clock_mhz", "mem_clock_mhz",
+    "memory_used", "memory_reserved", "temperature", "power_usage_mw", "power_limit_mw",
+    "power_min_mw", "power_max_mw", "power_default_mw", "energy_mj", "sm_clock_mhz",
+    "mem_clock_mhz",
     "clock_event_reasons", "ecc", "remapped_rows", "pcie_generation", "pcie_width",
     "pcie_replays", "nvlinks", "processes", "mig", "not_supported", "errors", "lost", "hang",
     "supports_events",
@@ -93,7 +97,9 @@ def simulated_gpu(index: int) -> dict[str, Any]:
         "uuid": f"GPU-5a1e0000-0000-4000-8000-{index:012d}",
         "pci_bus_id": f"00000000:{0x18 + index * 0x10:02X}:00.0",
         "utilization_gpu": 90 - index, "utilization_memory": 40 + index,
+        # reserved: what driver 580 keeps on an 80 GB H100 (tests/gpu/fixtures/h100/)
         "memory_total": 80 * GIB, "memory_used": (60 + index) * GIB,
+        "memory_reserved": 480 * MIB,
         "temperature": 55 + index, "power_usage_mw": 500_000 + index * 1000,
         "power_limit_mw": 700_000, "power_min_mw": 200_000, "power_max_mw": 700_000,
         "power_default_mw": 700_000, "energy_mj": 1_000_000_000 + index,
@@ -290,12 +296,30 @@ class FakeNvml:
         return SimpleNamespace(gpu=int(min(max(util, 0), 100)),
                                memory=int(gpu.get("utilization_memory", 0)))
 
-    def nvmlDeviceGetMemoryInfo(self, h: FakeHandle) -> SimpleNamespace:
-        gpu = self._enter("nvmlDeviceGetMemoryInfo", h)
+    def nvmlDeviceGetMemoryInfo(self, h: FakeHandle, version: int | None = None
+                                ) -> SimpleNamespace:
+        """Like the driver: v1's `used` includes the reservation; v2 reports it apart.
+
+        A scenario with `"memory_v2": false` is a driver before 510, which lacks the
+        `nvmlDeviceGetMemoryInfo_v2` symbol (pynvml raises FunctionNotFound).
+        """
+        if version:
+            if not self._scenario.get("memory_v2", True):
+                self._enter("nvmlDeviceGetMemoryInfo_v2")
+                raise pynvml.NVMLError_FunctionNotFound()
+            if version != pynvml.nvmlMemory_v2:
+                raise pynvml.NVMLError_ArgumentVersionMismatch()
+        gpu = self._enter("nvmlDeviceGetMemoryInfo_v2" if version else "nvmlDeviceGetMemoryInfo",
+                          h)
         source = gpu["mig"]["devices"][h.mig] if h.mig is not None else gpu
         total = int(source.get("memory_total", 80 * GIB))
         used = int(source.get("memory_used", 0))
-        return SimpleNamespace(total=total, used=used, free=total - used)
+        reserved = int(source.get("memory_reserved", 0))
+        free = total - used - reserved
+        if version:
+            return SimpleNamespace(version=version, total=total, reserved=reserved, free=free,
+                                   used=used)
+        return SimpleNamespace(total=total, used=used + reserved, free=free)
 
     def nvmlDeviceGetTemperature(self, h: FakeHandle, sensor: int) -> int:
         gpu = self._enter("nvmlDeviceGetTemperature", h)

@@ -21,6 +21,8 @@ from exporters.gpu.snapshot import GpuIdentity, GpuSnapshot, Labels, Sample, Tal
 
 ABSENT_ERRORS = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
 LOST_ERRORS = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_ResetRequired)
+# The driver has no v2 memory info: use v1 from then on.
+V1_ONLY_ERRORS = (pynvml.NVMLError_FunctionNotFound, pynvml.NVMLError_ArgumentVersionMismatch)
 GONE_ERRORS = (
     pynvml.NVMLError_Uninitialized,
     pynvml.NVMLError_DriverNotLoaded,
@@ -91,6 +93,7 @@ class DeviceReader:
         self.errors = errors
         self.attributor = attributor
         self.read_nvlink = read_nvlink
+        self.memory_v2 = True  # until the driver says it has only v1 (a driver-wide fact)
         self.identities: dict[int, GpuIdentity] = {}
 
     def call(self, fn_name: str, *args: Any) -> Any:
@@ -179,11 +182,37 @@ class DeviceReader:
             emit(Sample(m.MEMORY_UTILIZATION, util.memory / 100.0))
 
     def _memory(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
-        mem = self.call("nvmlDeviceGetMemoryInfo", h)
-        if mem is not None:
-            emit(Sample(m.MEMORY_USED, float(mem.used)))
-            emit(Sample(m.MEMORY_FREE, float(mem.free)))
-            emit(Sample(m.MEMORY_TOTAL, float(mem.total)))
+        """v2 first: its `used` excludes the driver's reservation, as nvidia-smi shows it.
+
+        v1's `used` includes the reservation (480 MiB on an idle H100 with driver 580), so a
+        v1 reading disagrees with nvidia-smi. A driver without v2 (before 510) answers
+        FunctionNotFound or ArgumentVersionMismatch; it is asked for v1 from then on.
+        """
+        mem = None
+        if self.memory_v2:
+            try:
+                mem = self.nvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+            except V1_ONLY_ERRORS:
+                self.memory_v2 = False
+            except pynvml.NVMLError_NotSupported:
+                pass  # this device only: ask v1
+            except LOST_ERRORS as exc:
+                raise GpuLost("nvmlDeviceGetMemoryInfo") from exc
+            except GONE_ERRORS as exc:
+                raise NvmlGone("nvmlDeviceGetMemoryInfo") from exc
+            except pynvml.NVMLError as exc:
+                self.errors.inc(("nvmlDeviceGetMemoryInfo_v2", error_name(exc)))
+                return
+        if mem is None:
+            mem = self.call("nvmlDeviceGetMemoryInfo", h)
+        if mem is None:
+            return
+        emit(Sample(m.MEMORY_USED, float(mem.used)))
+        emit(Sample(m.MEMORY_FREE, float(mem.free)))
+        emit(Sample(m.MEMORY_TOTAL, float(mem.total)))
+        reserved = getattr(mem, "reserved", None)
+        if reserved is not None:
+            emit(Sample(m.MEMORY_RESERVED, float(reserved)))
 
     def _thermal_power(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
         temp = self.call("nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU)

@@ -20,7 +20,8 @@ def test_fake_nvml_every_gpu_reports_its_values_in_base_units(gpus: int) -> None
         assert value(series, m.UP, gpu=gpu) == 1
         assert value(series, m.MEMORY_TOTAL, gpu=gpu) == 80 * 2**30
         assert value(series, m.MEMORY_USED, gpu=gpu) == (60 + i) * 2**30
-        assert value(series, m.MEMORY_FREE, gpu=gpu) == (20 - i) * 2**30
+        assert value(series, m.MEMORY_RESERVED, gpu=gpu) == 480 * 2**20
+        assert value(series, m.MEMORY_FREE, gpu=gpu) == (20 - i) * 2**30 - 480 * 2**20
         assert value(series, m.UTILIZATION, gpu=gpu) == pytest.approx((90 - i) / 100)
         assert value(series, m.POWER_USAGE, gpu=gpu) == pytest.approx(500 + i)
         assert value(series, m.POWER_LIMIT, gpu=gpu) == 700

@@ -11,7 +11,8 @@ from tests.gpu.helpers import make_loop, render, static_fake
 
 SMI_ROW = {
     "index": "0", "uuid": "GPU-5a1e0000-0000-4000-8000-000000000000",
-    "memory.total": "81920", "memory.used": "61440", "utilization.gpu": "88",
+    "memory.total": "81920", "memory.used": "61440", "memory.reserved": "480",
+    "utilization.gpu": "88",
     "utilization.memory": "40", "temperature.gpu": "56", "power.draw": "512.30",
     "power.limit": "700.00", "power.min_limit": "200.00", "power.max_limit": "700.00",
     "power.default_limit": "700.00", "clocks.sm": "1980", "clocks.mem": "2619",
