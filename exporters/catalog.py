@@ -130,7 +130,23 @@ GPU_PROCESS_MEMORY = GPU_PREFIX + "process_memory_used_bytes"  # + training_job,
 GPU_MIG_ENABLED = GPU_PREFIX + "mig_enabled"
 GPU_MIG_MEMORY_USED = GPU_PREFIX + "mig_memory_used_bytes"  # + mig_index, mig_uuid
 GPU_MIG_MEMORY_TOTAL = GPU_PREFIX + "mig_memory_total_bytes"  # + mig_index, mig_uuid
+# Profiling metrics through NVML GPM (exporters/gpu/gpm.py), averaged over one collection
+# interval; absent where GPM is not supported. DCGM twin after '~'.
+GPU_GPM_SUPPORTED = GPU_PREFIX + "gpm_supported"  # 0/1; 0 also while MIG is enabled
+GPU_GRAPHICS_ENGINE_ACTIVE = GPU_PREFIX + "graphics_engine_active_ratio"  # ~ GR_ENGINE_ACTIVE
+GPU_SM_ACTIVE = GPU_PREFIX + "sm_active_ratio"  # ~ DCGM_FI_PROF_SM_ACTIVE
+GPU_SM_OCCUPANCY = GPU_PREFIX + "sm_occupancy_ratio"  # ~ DCGM_FI_PROF_SM_OCCUPANCY
+GPU_TENSOR_ACTIVE = GPU_PREFIX + "tensor_active_ratio"  # ~ DCGM_FI_PROF_PIPE_TENSOR_ACTIVE
+GPU_DRAM_ACTIVE = GPU_PREFIX + "dram_active_ratio"  # ~ DCGM_FI_PROF_DRAM_ACTIVE
+GPU_FP64_ACTIVE = GPU_PREFIX + "fp64_active_ratio"  # ~ DCGM_FI_PROF_PIPE_FP64_ACTIVE
+GPU_FP32_ACTIVE = GPU_PREFIX + "fp32_active_ratio"  # ~ DCGM_FI_PROF_PIPE_FP32_ACTIVE
+GPU_FP16_ACTIVE = GPU_PREFIX + "fp16_active_ratio"  # ~ DCGM_FI_PROF_PIPE_FP16_ACTIVE
+GPU_PCIE_TX_RATE = GPU_PREFIX + "pcie_tx_bytes_per_second"  # ~ DCGM_FI_PROF_PCIE_TX_BYTES
+GPU_PCIE_RX_RATE = GPU_PREFIX + "pcie_rx_bytes_per_second"  # ~ DCGM_FI_PROF_PCIE_RX_BYTES
+GPU_NVLINK_TX_RATE = GPU_PREFIX + "nvlink_tx_bytes_per_second"  # ~ DCGM_FI_PROF_NVLINK_TX_BYTES
+GPU_NVLINK_RX_RATE = GPU_PREFIX + "nvlink_rx_bytes_per_second"  # ~ DCGM_FI_PROF_NVLINK_RX_BYTES
 # Exporter self-metrics (no GPU labels).
+GPU_EXPORTER_GPM_DURATION = GPU_EXPORTER_PREFIX + "gpm_duration_seconds"  # GPM's cost per cycle
 GPU_EXPORTER_NVML_UP = GPU_EXPORTER_PREFIX + "nvml_up"
 GPU_EXPORTER_COLLECTION_DURATION = GPU_EXPORTER_PREFIX + "collection_duration_seconds"
 GPU_EXPORTER_LAST_SUCCESS = GPU_EXPORTER_PREFIX + "last_success_timestamp_seconds"

@@ -33,7 +33,7 @@ def build(settings: Settings, nvml: Any, simulated: bool) -> tuple[CollectionLoo
         attributor = ProcessAttributor(source)
     loop = CollectionLoop(nvml, interval=settings.interval, deadline=settings.cycle_deadline,
                           attributor=attributor, watch_xid=settings.xid_events,
-                          read_nvlink=settings.nvlink)
+                          read_nvlink=settings.nvlink, read_gpm=settings.gpm)
     return loop, ExpositionApp(GpuCollector(loop, simulated))
 
 

@@ -32,7 +32,7 @@ class CollectionLoop:
 
     def __init__(self, nvml: Any, *, interval: float, deadline: float | None = None,
                  attributor: ProcessAttributor | None = None, watch_xid: bool = True,
-                 read_nvlink: bool = True) -> None:
+                 read_nvlink: bool = True, read_gpm: bool = True) -> None:
         self.nvml = nvml
         self.interval = interval
         self.deadline = deadline if deadline is not None else interval
@@ -40,7 +40,8 @@ class CollectionLoop:
         self.errors = Tally()  # (call, error) -> count
         self.collections = Tally()  # result -> count
         self.xid_counts = Tally()  # (GpuIdentity, xid) -> count
-        self.reader = DeviceReader(nvml, self.errors, attributor, read_nvlink=read_nvlink)
+        self.reader = DeviceReader(nvml, self.errors, attributor, read_nvlink=read_nvlink,
+                                   read_gpm=read_gpm)
         self.snapshot: Snapshot | None = None
         self.cycle_started: float | None = None  # monotonic; set while a cycle runs
         self.xid_watcher: XidWatcher | None = None
@@ -65,6 +66,7 @@ class CollectionLoop:
         if self.xid_watcher is not None:
             self.xid_watcher.stop(timeout)
         if self._initialised and not self._thread.is_alive():
+            self._free_gpm()
             with contextlib.suppress(pynvml.NVMLError):
                 self.nvml.nvmlShutdown()
 
@@ -118,7 +120,9 @@ class CollectionLoop:
         return Snapshot(taken_at=time.time(), taken_monotonic=finished,
                         duration=finished - started, nvml_up=nvml_up,
                         driver_version=self._driver[0], cuda_version=self._driver[1],
-                        gpus=gpus, last_success=self._last_success)
+                        gpus=gpus, last_success=self._last_success,
+                        gpm_duration=(self.reader.gpm.cycle_seconds
+                                      if self.reader.gpm is not None and nvml_up else None))
 
     def _ensure_init(self, now: float) -> bool:
         if self._initialised:
@@ -150,8 +154,14 @@ class CollectionLoop:
         if self.xid_watcher is not None:
             self.xid_watcher.stop(timeout=0.1)
             self.xid_watcher = None
+        self._free_gpm()
         with contextlib.suppress(pynvml.NVMLError):
             self.nvml.nvmlShutdown()
+
+    def _free_gpm(self) -> None:
+        """GPM sample buffers belong to this NVML session: free them before it ends."""
+        if self.reader.gpm is not None:
+            self.reader.gpm.reset()
 
     def _maybe_start_xid(self) -> None:
         if not self.watch_xid:

@@ -25,6 +25,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "process_attribution": {"type": "boolean"},
         "xid_events": {"type": "boolean"},
         "nvlink": {"type": "boolean"},
+        "gpm": {"type": "boolean"},
         "log_level": {"enum": ["DEBUG", "INFO", "WARNING", "ERROR"]},
     },
 }
@@ -44,6 +45,7 @@ class Settings:
     process_attribution: bool = True
     xid_events: bool = True
     nvlink: bool = True
+    gpm: bool = True  # profiling metrics through NVML GPM where the GPU supports it
     log_level: str = "INFO"
 
     @property
@@ -99,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: one interval)")
     parser.add_argument("--simulate", type=_positive(int, 64), metavar="N",
                         help="serve N simulated GPUs from the fake NVML (demo, laptops)")
+    parser.add_argument("--no-gpm", dest="gpm", action="store_const", const=False,
+                        help="do not read the GPM profiling metrics (SM/tensor/DRAM activity)")
     parser.add_argument("--config", type=Path, metavar="FILE", help="optional YAML settings")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser

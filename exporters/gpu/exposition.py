@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from exporters.catalog import GPU_LABELS
 from exporters.gpu import metrics as m
 from exporters.gpu.collector_loop import CollectionLoop
+from exporters.gpu.gpm import GPM_METRICS
 from exporters.gpu.snapshot import Snapshot
 
 HELP: dict[str, str] = {
@@ -57,6 +58,10 @@ HELP: dict[str, str] = {
     m.MIG_ENABLED: "1 if MIG mode is enabled.",
     m.MIG_MEMORY_USED: "Memory used on a MIG device, bytes.",
     m.MIG_MEMORY_TOTAL: "Memory of a MIG device, bytes.",
+    m.GPM_SUPPORTED: "1 if the profiling metrics (NVML GPM) are read on this GPU; 0: not "
+                     "supported, or MIG mode is enabled.",
+    **{row.name: row.help for row in GPM_METRICS},
+    m.GPM_DURATION: "Time the last collection cycle spent reading NVML GPM, seconds.",
     m.SIMULATED: "1 if the exporter serves a simulated (fake) NVML, 0 on real hardware.",
     m.NVML_UP: "1 if NVML is initialised and answering.",
     m.COLLECTION_DURATION: "Duration of the last completed collection cycle, seconds.",
@@ -104,6 +109,9 @@ def snapshot_families(snapshot: Snapshot) -> list[Metric]:
         out.append(info)
     out.append(GaugeMetricFamily(m.COLLECTION_DURATION, HELP[m.COLLECTION_DURATION],
                                  value=snapshot.duration))
+    if snapshot.gpm_duration is not None:
+        out.append(GaugeMetricFamily(m.GPM_DURATION, HELP[m.GPM_DURATION],
+                                     value=snapshot.gpm_duration))
     if snapshot.last_success is not None:
         out.append(GaugeMetricFamily(m.LAST_SUCCESS, HELP[m.LAST_SUCCESS],
                                      value=snapshot.last_success))

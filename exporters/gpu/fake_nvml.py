@@ -16,7 +16,8 @@ A scenario is a JSON-compatible dict (see `simulated_scenario` and docs/gpu_expo
                "memory_reserved": ..., "not_supported": [...],
                "errors": {"nvmlDeviceGetUUID": "Unknown"}, "lost": false,
                "processes": [{"pid": 1234, "used_memory": 1073741824, "environ": {...}}],
-               "mig": {"enabled": true, "devices": [{"uuid": ..., "memory_total": ...}]}, ...}]}
+               "mig": {"enabled": true, "devices": [{"uuid": ..., "memory_total": ...}]},
+               "gpm": {"supported": true, "metrics": {"SM_UTIL": 62.27, ...}}, ...}]}
 
 `TRAINWATCH_FAKE_NVML=/path/scenario.json` makes `load_nvml()` return a file-backed fake that
 re-reads the file when it changes and writes power-limit changes back to it, so several
@@ -52,8 +53,22 @@ _GPU_KEYS = frozenset({
     "mem_clock_mhz",
     "clock_event_reasons", "ecc", "remapped_rows", "pcie_generation", "pcie_width",
     "pcie_replays", "nvlinks", "processes", "mig", "not_supported", "errors", "lost", "hang",
-    "supports_events",
+    "supports_events", "gpm",
 })
+# GPM metric names a scenario may give values for (NVML's own names, NVML's units: percent,
+# MiB/s), e.g. "gpm": {"supported": true, "metrics": {"SM_UTIL": 62.27}}. A metric the
+# scenario leaves out answers NOT_SUPPORTED in its per-metric return code, as on real GPUs.
+GPM_METRIC_IDS: dict[str, int] = {
+    name.removeprefix("NVML_GPM_METRIC_"): value for name, value in vars(pynvml).items()
+    if name.startswith("NVML_GPM_METRIC_") and name != "NVML_GPM_METRIC_MAX"}
+# What GPM measured on the H100 during a bf16 matmul loop (tests/gpu/fixtures/h100/); the
+# PCIe, NVLink, FP32 and FP64 figures are plausible values for a data-parallel job, not readings.
+H100_GPM_DURING_MATMUL: dict[str, float] = {
+    "GRAPHICS_UTIL": 67.46, "SM_UTIL": 62.27, "SM_OCCUPANCY": 9.21, "ANY_TENSOR_UTIL": 60.40,
+    "DRAM_BW_UTIL": 16.41, "FP16_UTIL": 0.0, "FP32_UTIL": 2.5, "FP64_UTIL": 0.0,
+    "PCIE_TX_PER_SEC": 150.0, "PCIE_RX_PER_SEC": 900.0,
+    "NVLINK_TOTAL_TX_PER_SEC": 20480.0, "NVLINK_TOTAL_RX_PER_SEC": 20480.0,
+}
 
 
 class ScenarioError(ValueError):
@@ -85,6 +100,14 @@ def validate_scenario(scenario: Any) -> dict[str, Any]:
             raise ScenarioError(f"gpus[{i}]: unknown keys {sorted(unknown)}")
         for name in gpu.get("errors", {}).values():
             _error_class(name)
+        gpm = gpu.get("gpm")
+        if gpm is not None:
+            if not isinstance(gpm, dict) or set(gpm) - {"supported", "metrics"}:
+                raise ScenarioError(f"gpus[{i}].gpm must be {{'supported': bool, 'metrics': {{}}}}")
+            unknown = set(gpm.get("metrics", {})) - set(GPM_METRIC_IDS)
+            if unknown:
+                raise ScenarioError(f"gpus[{i}].gpm.metrics: unknown GPM metrics "
+                                    f"{sorted(unknown)} (NVML names, e.g. SM_UTIL)")
     if scenario.get("init_error"):
         _error_class(scenario["init_error"])
     return scenario
@@ -113,6 +136,7 @@ def simulated_gpu(index: int) -> dict[str, Any]:
         "processes": [{"pid": 4_000_000 + index, "used_memory": (58 + index) * GIB,
                        "environ": {"TRAINWATCH_JOB": "demo-llm", "RANK": str(index)}}],
         "mig": {"enabled": False, "devices": []},
+        "gpm": {"supported": True, "metrics": dict(H100_GPM_DURING_MATMUL)},
     }
 
 
@@ -126,6 +150,27 @@ def simulated_scenario(gpus: int, dynamic: bool = True) -> dict[str, Any]:
 class FakeHandle:
     index: int
     mig: int | None = None
+
+
+class FakeGpmSample:
+    """A GPM sample buffer: which GPU it was taken on and when (None: never taken)."""
+
+    def __init__(self) -> None:
+        self.gpu: int | None = None
+        self.taken: float | None = None
+        self.freed = False
+
+
+class FakeGpmMetricsGet:
+    """Stands in for pynvml.c_nvmlGpmMetricsGet_t (same field names; a list, not ctypes)."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: FakeGpmSample | None = None
+        self.sample2: FakeGpmSample | None = None
+        self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0)
+                        for _ in range(64)]
 
 
 class FakeNvml:
@@ -432,6 +477,52 @@ class FakeNvml:
         if not 0 <= index < len(gpu.get("mig", {}).get("devices", [])):
             raise pynvml.NVMLError_NotFound()
         return FakeHandle(h.index, int(index))
+
+    # --- GPM (profiling metrics) ----------------------------------------------------------------
+    c_nvmlGpmMetricsGet_t = FakeGpmMetricsGet
+
+    def nvmlGpmQueryDeviceSupport(self, h: FakeHandle) -> SimpleNamespace:
+        """No `gpm` key: a GPU before Hopper (the call succeeds and says unsupported)."""
+        gpu = self._enter("nvmlGpmQueryDeviceSupport", h)
+        gpm = gpu.get("gpm") or {}
+        return SimpleNamespace(version=pynvml.NVML_GPM_SUPPORT_VERSION,
+                               isSupportedDevice=1 if gpm.get("supported") else 0)
+
+    def nvmlGpmSampleAlloc(self) -> FakeGpmSample:
+        self._enter("nvmlGpmSampleAlloc")
+        return FakeGpmSample()
+
+    def nvmlGpmSampleFree(self, sample: FakeGpmSample) -> None:
+        sample.freed = True
+
+    def nvmlGpmSampleGet(self, h: FakeHandle, sample: FakeGpmSample) -> FakeGpmSample:
+        gpu = self._enter("nvmlGpmSampleGet", h)
+        if not (gpu.get("gpm") or {}).get("supported") or sample.freed:
+            raise pynvml.NVMLError_NotSupported() if not sample.freed else (
+                pynvml.NVMLError_InvalidArgument())
+        sample.gpu, sample.taken = h.index, time.monotonic()
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: FakeGpmMetricsGet) -> FakeGpmMetricsGet:
+        """Like the driver: two samples of one GPU, the second one newer."""
+        first, second = request.sample1, request.sample2
+        if (first is None or second is None or first.taken is None or second.taken is None
+                or first.gpu != second.gpu or second.taken <= first.taken
+                or request.version != pynvml.NVML_GPM_METRICS_GET_VERSION):
+            self._enter("nvmlGpmMetricsGet")
+            raise pynvml.NVMLError_InvalidArgument()
+        gpu = self._enter("nvmlGpmMetricsGet", FakeHandle(int(first.gpu or 0)))
+        values = (gpu.get("gpm") or {}).get("metrics", {})
+        by_id = {GPM_METRIC_IDS[name]: float(v) for name, v in values.items()}
+        for metric in request.metrics[:request.numMetrics]:
+            if metric.metricId in by_id:
+                value = by_id[metric.metricId]
+                if metric.metricId == pynvml.NVML_GPM_METRIC_SM_UTIL:
+                    value = min(max(self._wiggle(value, 5, 30, int(first.gpu or 0)), 0), 100)
+                metric.nvmlReturn, metric.value = pynvml.NVML_SUCCESS, value
+            else:
+                metric.nvmlReturn, metric.value = pynvml.NVML_ERROR_NOT_SUPPORTED, 0.0
+        return request
 
     # --- events ------------------------------------------------------------------------------
     def nvmlEventSetCreate(self) -> object:

@@ -8,6 +8,7 @@ exposition order. Per-GPU series carry the labels `gpu`, `uuid`, `name`.
 from __future__ import annotations
 
 from exporters import catalog as c
+from exporters.gpu.gpm import GPM_NAMES
 
 # --- health and identity ---------------------------------------------------------------------
 UP = c.GPU_UP
@@ -47,6 +48,10 @@ MIG_ENABLED = c.GPU_MIG_ENABLED
 MIG_MEMORY_USED = c.GPU_MIG_MEMORY_USED
 MIG_MEMORY_TOTAL = c.GPU_MIG_MEMORY_TOTAL
 
+# --- profiling (GPM); the series themselves are listed in exporters/gpu/gpm.py's table -----
+GPM_SUPPORTED = c.GPU_GPM_SUPPORTED
+GPM_DURATION = c.GPU_EXPORTER_GPM_DURATION
+
 # --- exporter self-metrics -------------------------------------------------------------------
 SIMULATED = c.GPU_EXPORTER_SIMULATED
 NVML_UP = c.GPU_EXPORTER_NVML_UP
@@ -65,10 +70,10 @@ PER_GPU_METRICS: tuple[str, ...] = (
     ECC_ERRORS,
     REMAPPED_ROWS, REMAP_PENDING, REMAP_FAILURE, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH,
     PCIE_REPLAYS, NVLINK_UP, NVLINK_ERRORS, PROCESSES, PROCESS_MEMORY, MIG_ENABLED,
-    MIG_MEMORY_USED, MIG_MEMORY_TOTAL,
+    MIG_MEMORY_USED, MIG_MEMORY_TOTAL, GPM_SUPPORTED, *GPM_NAMES,
 )
 SELF_METRICS: tuple[str, ...] = (
     SIMULATED, NVML_UP, COLLECTION_DURATION, LAST_SUCCESS, DATA_AGE, STALE, COLLECTIONS,
-    ERRORS, XID_WATCH_UP, DRIVER_INFO,
+    ERRORS, XID_WATCH_UP, DRIVER_INFO, GPM_DURATION,
 )
 ALL_METRICS: tuple[str, ...] = PER_GPU_METRICS + SELF_METRICS

@@ -16,6 +16,7 @@ from typing import Any
 import pynvml
 
 from exporters.gpu import metrics as m
+from exporters.gpu.gpm import GpmReader
 from exporters.gpu.processes import ProcessAttributor
 from exporters.gpu.snapshot import GpuIdentity, GpuSnapshot, Labels, Sample, Tally
 
@@ -88,11 +89,14 @@ class DeviceReader:
     """Reads GPUs through an NVML-like object (pynvml, or exporters.gpu.fake_nvml)."""
 
     def __init__(self, nvml: Any, errors: Tally, attributor: ProcessAttributor | None,
-                 read_nvlink: bool = True) -> None:
+                 read_nvlink: bool = True, read_gpm: bool = True) -> None:
         self.nvml = nvml
         self.errors = errors
         self.attributor = attributor
         self.read_nvlink = read_nvlink
+        self.gpm = GpmReader(nvml, self.call) if read_gpm else None
+        # the GPU being read: its index, and whether MIG is on (set by _mig, read by _gpm)
+        self._index, self._mig_enabled = 0, False
         self.memory_v2 = True  # until the driver says it has only v1 (a driver-wide fact)
         self.identities: dict[int, GpuIdentity] = {}
 
@@ -121,6 +125,8 @@ class DeviceReader:
             raise NvmlGone("nvmlDeviceGetCount") from exc
         gpus = []
         seen_pids: set[int] = set()
+        if self.gpm is not None:
+            self.gpm.cycle_seconds = 0.0
         for index in range(count):
             gpus.append(self.read_gpu(index, seen_pids))
         if self.attributor is not None:
@@ -144,6 +150,7 @@ class DeviceReader:
         try:
             identity = self.identities.get(index) or self._identify(index, handle)
             samples: list[Sample] = []
+            self._index, self._mig_enabled = index, False
             for part in self._parts():
                 part(handle, samples.append, seen_pids)
         except GpuLost as exc:
@@ -167,6 +174,8 @@ class DeviceReader:
             parts.append(self._nvlink)
         if self.attributor is not None:
             parts.append(self._processes)
+        if self.gpm is not None:
+            parts.append(self._gpm)  # after _mig, which tells whether MIG is enabled
         return tuple(parts)
 
     # --- field groups: each appends Samples for what the GPU supports ----------------------
@@ -310,6 +319,7 @@ class DeviceReader:
         if mode is None:
             return
         enabled = mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
+        self._mig_enabled = enabled
         emit(Sample(m.MIG_ENABLED, 1.0 if enabled else 0.0))
         if not enabled:
             return
@@ -331,3 +341,7 @@ class DeviceReader:
             labels = (("mig_index", str(slot)), ("mig_uuid", text(mig_uuid or "")))
             emit(Sample(m.MIG_MEMORY_USED, float(mem.used), labels))
             emit(Sample(m.MIG_MEMORY_TOTAL, float(mem.total), labels))
+
+    def _gpm(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
+        if self.gpm is not None:
+            self.gpm.read(self._index, h, self._mig_enabled, emit)

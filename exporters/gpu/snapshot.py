@@ -53,6 +53,7 @@ class Snapshot:
     cuda_version: str | None = None
     gpus: tuple[GpuSnapshot, ...] = ()
     last_success: float | None = None
+    gpm_duration: float | None = None  # seconds spent in GPM calls; None: GPM reading is off
 
 
 class Tally:

@@ -73,7 +73,7 @@ def static_fake(gpus: int) -> FakeNvml:
 
 _VOLATILE = re.compile(
     r"^(trainwatch_gpu_exporter_(?:collection_duration_seconds|last_success_timestamp_seconds|"
-    r"data_age_seconds)) \S+$", re.M)
+    r"data_age_seconds|gpm_duration_seconds)) \S+$", re.M)
 
 
 def normalise(text: str) -> str:

@@ -32,8 +32,11 @@ def current_exposition() -> str:
         not_supported=["nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetNvLinkState"],
         clock_event_reasons=0x20))
     fake.update(lambda s: s["gpus"][5].update(lost=True))
+    fake.update(lambda s: s["gpus"][2].pop("gpm"))  # a GPU before Hopper: no GPM
+    fake.update(lambda s: s["gpus"][4].update(errors={"nvmlGpmMetricsGet": "Unknown"}))
     loop = make_loop(fake)
     loop.run_once()
+    loop.run_once()  # GPM values need two cycles' samples
     # What the XID thread records for two XID 79 events on GPU 1 (the thread itself is
     # exercised in test_background.py; here only the exposition format matters).
     loop.xid_counts.inc((loop.reader.identities[1], "79"), 2)
@@ -52,7 +55,7 @@ def test_simulated_8_gpu_exposition_matches_golden_file() -> None:
 
 def test_normalise_hides_only_timing_values() -> None:
     text = current_exposition()
-    assert text.count("<normalised>") == 3
+    assert text.count("<normalised>") == 4
     assert "trainwatch_gpu_exporter_stale 0.0" in text
 
 

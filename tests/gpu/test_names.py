@@ -14,6 +14,7 @@ def test_served_names_and_catalog_agree() -> None:
     fake.update(lambda s: s["gpus"][0].update(mig={"enabled": True, "devices": devices}))
     loop = make_loop(fake, watch_xid=False)
     loop.run_once()
+    loop.run_once()  # GPM values need two cycles
     loop.xid_counts.inc((loop.reader.identities[0], "79"))
     loop.errors.inc(("nvmlDeviceGetPowerUsage", "Unknown"))
     served = {name for name, _ in parse(render(loop))}
