@@ -18,7 +18,7 @@ CONFIG_PATH = Path(__file__).with_name("config.yml")
 PRODUCTION = "production"
 DURATION_RE = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 DURATION_KEYS = ("for", "keep_firing_for", "window", "baseline_window", "baseline_offset",
-                 "trend_window", "rate_window")
+                 "trend_window", "rate_window", "lost_window")
 
 
 class ConfigError(ValueError):

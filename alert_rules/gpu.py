@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from alert_rules import gpu_source, recording
 from alert_rules import metric_names as m
-from alert_rules import recording
 from alert_rules.config import Profile
 from alert_rules.model import Alert, Group
 from alert_rules.promql import new_events, sel, with_host, with_node, without_host
@@ -42,16 +42,7 @@ def groups(p: Profile) -> list[Group]:
             for_=a("GpuMemoryNearlyFull")["for"],
         ),
         _utilization_low(p),
-        Alert(
-            "GpuXidErrors",
-            with_node(new_events(sel(m.GPU_XID_ERRORS, gpu), a("GpuXidErrors")["window"])),
-            "warning", "gpu",
-            f"{GPU_ID} reported XID {{{{ $labels.xid }}}}",
-            f"The NVIDIA driver reported XID {{{{ $labels.xid }}}} on {GPU_ID} within the last "
-            f"{a('GpuXidErrors')['window']}. XIDs 13/31/43 usually mean an application fault; "
-            "48, 63, 64, 74, 79, 92, 94 and 95 mean hardware trouble (see the runbook table).",
-            for_=a("GpuXidErrors")["for"],
-        ),
+        _xid(p),
         Alert(
             "GpuEccUncorrectableErrors",
             with_node(new_events(sel(m.GPU_ECC_ERRORS, gpu, m.GPU_ECC_UNCORRECTED),
@@ -103,17 +94,7 @@ def groups(p: Profile) -> list[Group]:
             "back.",
             for_=a("GpuExporterDown")["for"],
         ),
-        Alert(
-            "GpuExporterStale",
-            with_node(f"time() - {sel(m.GPU_EXPORTER_LAST_SUCCESS, gpu)} > "
-                      f"{a('GpuExporterStale')['max_age_seconds']}"),
-            "warning", "gpu",
-            "GPU metrics on {{ $labels.node }} are stale",
-            "The GPU exporter at {{ $labels.instance }} still answers scrapes but its last "
-            "successful NVML poll was {{ $value | humanizeDuration }} ago: the numbers are "
-            "frozen. An NVML call is probably hanging (driver trouble).",
-            for_=a("GpuExporterStale")["for"],
-        ),
+        _stale(p),
     ]
     return [Group("trainwatch-gpu.alerts", alerts)]
 
@@ -140,3 +121,53 @@ def _utilization_low(p: Profile) -> Alert:
         "this GPU, or a rank is waiting on a slow peer.",
         for_=cfg["for"],
     )
+
+
+def _xid(p: Profile) -> Alert:
+    """Trainwatch counts XIDs per XID; dcgm-exporter exports the last XID as a gauge value, so
+    there a new XID is a change of that value to a non-zero one (the XID is the alert value;
+    the same XID twice in a row is not seen)."""
+    cfg = p.alert("GpuXidErrors")
+    window = cfg["window"]
+    if gpu_source.source(p) == gpu_source.DCGM:
+        last = sel(gpu_source.XID, p.selector("gpu"))
+        expr = with_node(gpu_source.dcgm_labels(
+            f"{last} > 0\nand\n({new_events(last, window).replace('increase(', 'changes(')})"))
+        xid = "{{ $value }}"
+    else:
+        expr = with_node(new_events(sel(m.GPU_XID_ERRORS, p.selector("gpu")), window))
+        xid = "{{ $labels.xid }}"
+    return Alert(
+        "GpuXidErrors", expr, "warning", "gpu",
+        f"{GPU_ID} reported XID {xid}",
+        f"The NVIDIA driver reported XID {xid} on {GPU_ID} within the last "
+        f"{window}. XIDs 13/31/43 usually mean an application fault; "
+        "48, 63, 64, 74, 79, 92, 94 and 95 mean hardware trouble (see the runbook table).",
+        for_=cfg["for"],
+    )
+
+
+def _stale(p: Profile) -> Alert:
+    """Trainwatch exports when NVML last answered. dcgm-exporter does not; a powered GPU's
+    energy counter always moves, so every GPU of an exporter frozen for the same time is."""
+    cfg = p.alert("GpuExporterStale")
+    gpu = p.selector("gpu")
+    max_age = cfg["max_age_seconds"]
+    if gpu_source.source(p) == gpu_source.DCGM:
+        energy = sel(gpu_source.ENERGY, gpu)
+        by = "max by (job, instance, node)"
+        # two samples at least, so a scrape interval longer than the window cannot fire it
+        expr = with_node(f"{by} (changes({energy}[{max_age}s])) == 0\n"
+                         f"and\n{by} (count_over_time({energy}[{max_age}s])) >= 2")
+        description = ("dcgm-exporter at {{ $labels.instance }} still answers scrapes but no "
+                       f"GPU's energy counter has moved for {max_age}s, and a powered GPU "
+                       "always draws energy: the numbers are frozen. DCGM or the driver is "
+                       "probably stuck.")
+    else:
+        expr = with_node(f"time() - {sel(m.GPU_EXPORTER_LAST_SUCCESS, gpu)} > {max_age}")
+        description = ("The GPU exporter at {{ $labels.instance }} still answers scrapes but "
+                       "its last successful NVML poll was {{ $value | humanizeDuration }} ago: "
+                       "the numbers are frozen. An NVML call is probably hanging (driver "
+                       "trouble).")
+    return Alert("GpuExporterStale", expr, "warning", "gpu",
+                 "GPU metrics on {{ $labels.node }} are stale", description, for_=cfg["for"])

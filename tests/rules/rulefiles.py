@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,30 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROOT / "alert_rules"
 GENERATED = RULES_DIR / "generated"
 UNIT_TESTS = RULES_DIR / "tests"
-PROFILES = ("production", "demo")
+PROFILES = ("production", "demo", "dcgm")
 CATALOG_ALERTS = [*catalog.ALERTS_GPU, *catalog.ALERTS_TRAINING, *catalog.ALERTS_NODE,
                   *catalog.ALERTS_STACK]
+
+
+DCGM_COUNTERS_CSV = Path(__file__).parent / "fixtures" / "dcgm-exporter-default-counters.csv"
+_DCGM_FIELD = re.compile(r"^(#\s*)?(DCGM_\w+)\s*,", re.MULTILINE)
+
+
+def dcgm_counters_file() -> tuple[set[str], set[str]]:
+    """(enabled, commented-out) field names of dcgm-exporter's default counters file."""
+    enabled, commented = set(), set()
+    for hash_mark, name in _DCGM_FIELD.findall(DCGM_COUNTERS_CSV.read_text()):
+        (commented if hash_mark else enabled).add(name)
+    return enabled, commented
+
+
+def dcgm_field_names() -> set[str]:
+    """Every dcgm-exporter field the dcgm source may read: the defaults file (enabled or not)
+    plus the DCGM fields it maps that the file does not list (alert_rules/gpu_source.py)."""
+    from alert_rules import gpu_source
+
+    enabled, commented = dcgm_counters_file()
+    return enabled | commented | set(gpu_source.NOT_IN_COUNTERS_FILE)
 
 
 def rule_files(profile: str) -> list[Path]:

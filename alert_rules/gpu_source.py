@@ -1,0 +1,150 @@
+"""Where GPU metrics come from: Trainwatch's gpu-exporter, or NVIDIA's dcgm-exporter.
+
+`gpu_source` in alert_rules/config.yml chooses. With `trainwatch` the alerts and dashboards
+read the exporter's series directly and this module adds nothing. With `dcgm`, one recording
+group (`gpu_source.yml`) records the `trainwatch_gpu_*` names the alerts, recording rules and
+dashboards read from dcgm-exporter's counters, converted to base units (MiB -> bytes,
+% -> ratio, MHz -> Hz, mJ -> J), with dcgm-exporter's labels renamed to ours (UUID -> uuid,
+modelName -> name, hostname -> node where Prometheus attached none). Nothing else changes.
+
+Counter names are exactly those of dcgm-exporter's `etc/default-counters.csv`
+(NVIDIA/dcgm-exporter at d5e5f510a1b6, 2026-05-12), where they are on by default. Fields the
+defaults leave commented out are mapped too, so they work once enabled, and the mapping is
+empty otherwise: DCGM_FI_DEV_ECC_DBE_VOL_TOTAL, DCGM_FI_DEV_CLOCKS_EVENT_REASONS,
+DCGM_FI_PROF_SM_ACTIVE/SM_OCCUPANCY/PIPE_FP*_ACTIVE (and NVLink bytes). What cannot be mapped
+by a rename is written per source in the alert itself (alert_rules/gpu.py): XIDs (dcgm-exporter
+exports the last XID as a gauge value, not a counter per XID) and staleness (dcgm-exporter has
+no last-success timestamp; a GPU whose energy counter stops moving is frozen data).
+"""
+
+from __future__ import annotations
+
+from alert_rules.config import ConfigError, Profile
+from alert_rules.model import Group, Record
+from alert_rules.promql import sel
+from exporters import catalog as c
+from exporters.gpu.gpm import GPM_METRICS
+from exporters.gpu.reader import CLOCK_EVENT_REASONS
+
+TRAINWATCH, DCGM = "trainwatch", "dcgm"
+SOURCES = (TRAINWATCH, DCGM)
+MIB = 1048576
+
+# dcgm-exporter counter names (etc/default-counters.csv unless marked "not default")
+GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"
+FB_USED = "DCGM_FI_DEV_FB_USED"
+FB_FREE = "DCGM_FI_DEV_FB_FREE"
+FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
+MEM_COPY_UTIL = "DCGM_FI_DEV_MEM_COPY_UTIL"
+POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"
+ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
+SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
+MEM_CLOCK = "DCGM_FI_DEV_MEM_CLOCK"
+PCIE_REPLAY = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
+XID = "DCGM_FI_DEV_XID_ERRORS"
+ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
+CORRECTABLE_REMAPPED_ROWS = "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"
+UNCORRECTABLE_REMAPPED_ROWS = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
+ECC_DBE_VOLATILE = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"  # not default
+CLOCKS_EVENT_REASONS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"  # not default (a bitmask)
+
+# DCGM fields mapped although dcgm-exporter's counters file does not list them at all
+NOT_IN_COUNTERS_FILE = (CLOCKS_EVENT_REASONS, "DCGM_FI_PROF_NVLINK_TX_BYTES",
+                        "DCGM_FI_PROF_NVLINK_RX_BYTES")
+DEFAULT_COUNTERS = (GPU_TEMP, FB_USED, FB_FREE, FB_RESERVED, GPU_UTIL, MEM_COPY_UTIL,
+                    POWER_USAGE, ENERGY, SM_CLOCK, MEM_CLOCK, PCIE_REPLAY, XID,
+                    ROW_REMAP_FAILURE, CORRECTABLE_REMAPPED_ROWS, UNCORRECTABLE_REMAPPED_ROWS,
+                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                    "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES",
+                    "DCGM_FI_PROF_PCIE_RX_BYTES")
+
+
+def source(p: Profile) -> str:
+    value = str(p.values.get("gpu_source", TRAINWATCH))
+    if value not in SOURCES:
+        raise ConfigError(f"gpu_source: {value!r} is not one of {list(SOURCES)}")
+    return value
+
+
+def dcgm_labels(expr: str) -> str:
+    """dcgm-exporter's labels renamed to the exporter's: UUID -> uuid, modelName -> name;
+    hostname -> node only where Prometheus attached no node label (the same join trick as
+    promql.with_node). The original labels are dropped so alerts carry one spelling."""
+    out = f'label_replace({expr}, "uuid", "$1", "UUID", "(.+)")'
+    out = f'label_replace({out}, "name", "$1", "modelName", "(.+)")'
+    out = f'label_join({out}, "tw_node_source", ";", "node", "hostname")'
+    out = f'label_replace({out}, "node", "$1", "tw_node_source", ";(.+)")'
+    for scratch in ("tw_node_source", "UUID", "modelName", "hostname"):
+        out = f'label_replace({out}, "{scratch}", "", "", "")'
+    return out
+
+
+def _with(expr: str, label: str, value: str) -> str:
+    return f'label_replace({expr}, "{label}", "{value}", "", "")'
+
+
+def groups(p: Profile) -> list[Group]:
+    """The mapping group for the dcgm source; nothing for Trainwatch's own exporter."""
+    if source(p) != DCGM:
+        return []
+    g = p.selector("gpu")
+
+    def d(name: str) -> str:
+        return sel(name, g)
+
+    def rec(name: str, expr: str) -> Record:
+        return SourceRecord(name, dcgm_labels(expr))
+
+    rules = [
+        rec(c.GPU_TEMPERATURE, d(GPU_TEMP)),
+        rec(c.GPU_MEMORY_USED, f"{d(FB_USED)} * {MIB}"),
+        rec(c.GPU_MEMORY_FREE, f"{d(FB_FREE)} * {MIB}"),
+        rec(c.GPU_MEMORY_RESERVED, f"{d(FB_RESERVED)} * {MIB}"),
+        # older dcgm-exporters have no FB_RESERVED: their used already includes it
+        rec(c.GPU_MEMORY_TOTAL, f"({d(FB_USED)} + {d(FB_FREE)}\n"
+                                f"+ ({d(FB_RESERVED)} or {d(FB_USED)} * 0)) * {MIB}"),
+        rec(c.GPU_UTILIZATION, f"{d(GPU_UTIL)} / 100"),
+        rec(c.GPU_MEMORY_UTILIZATION, f"{d(MEM_COPY_UTIL)} / 100"),
+        rec(c.GPU_POWER_USAGE, d(POWER_USAGE)),
+        rec(c.GPU_ENERGY, f"{d(ENERGY)} / 1000"),
+        rec(c.GPU_SM_CLOCK, f"{d(SM_CLOCK)} * 1e6"),
+        rec(c.GPU_MEMORY_CLOCK, f"{d(MEM_CLOCK)} * 1e6"),
+        rec(c.GPU_PCIE_REPLAYS, d(PCIE_REPLAY)),
+        rec(c.GPU_ROW_REMAP_FAILURE, d(ROW_REMAP_FAILURE)),
+        rec(c.GPU_REMAPPED_ROWS, _with(d(CORRECTABLE_REMAPPED_ROWS), "cause", "correctable")),
+        rec(c.GPU_REMAPPED_ROWS, _with(d(UNCORRECTABLE_REMAPPED_ROWS), "cause",
+                                       "uncorrectable")),
+        # Uncorrectable ECC: the DBE counter where enabled; else a new uncorrectable row
+        # remap, which the driver performs for every uncorrectable HBM error (on by default).
+        rec(c.GPU_ECC_ERRORS, _with(_with(f"{d(ECC_DBE_VOLATILE)}\nor\n"
+                                          f"{d(UNCORRECTABLE_REMAPPED_ROWS)}",
+                                          "error_type", "uncorrected"), "counter", "volatile")),
+        rec(c.GPU_UP, _gpu_up(p)),
+    ]
+    for label, bit in CLOCK_EVENT_REASONS:
+        rules.append(rec(c.GPU_CLOCK_EVENT_REASON,
+                         _with(f"floor({d(CLOCKS_EVENT_REASONS)} / {bit}) % 2", "reason", label)))
+    for row in GPM_METRICS:  # DCGM's profiling fields are already ratios and bytes/s
+        rules.append(rec(row.name, d(row.dcgm_field)))
+    return [Group("trainwatch-gpu-source.rules", rules)]
+
+
+def _gpu_up(p: Profile) -> str:
+    """1 while dcgm-exporter reports the GPU; 0 for `lost_window` after its series vanished
+    from an exporter that is still up (dcgm-exporter drops a GPU that fell off the bus)."""
+    g = p.selector("gpu")
+    window = p.values["dcgm"]["lost_window"]
+    temp = sel(GPU_TEMP, g)
+    return (f"({temp} * 0 + 1)\nor\n"
+            f"(max_over_time({temp}[{window}]) * 0\n"
+            f" and on (job, instance) ({sel('up', g)} == 1))")
+
+
+class SourceRecord(Record):
+    """A mapping rule: records an exporter-level `trainwatch_gpu_*` name (no colons), so every
+    rule and panel reads one spelling whatever the source; only the source group may."""
+
+    def __post_init__(self) -> None:
+        if not self.name.startswith(c.GPU_PREFIX):
+            raise ValueError(f"source mapping {self.name!r} must record a trainwatch_gpu_ name")
