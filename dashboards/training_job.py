@@ -65,6 +65,18 @@ def build() -> gd.Dashboard:
                            f"[$__rate_interval]))", "{{training_job}} samples/s"),
                          Q(f"sum by (training_job) (rate(training_tokens_total{{{T}}}"
                            f"[$__rate_interval]))", "{{training_job}} tokens/s")),
+        timeseries_panel("Model FLOP/s per rank", "Achieved model FLOP/s (forward + backward "
+                         "FLOPs of the samples or tokens processed, as the job declared them "
+                         "with set_model_flops) per rank.", "short",
+                         Q(f'{recording.FLOPS_PER_RANK}{{{J},rank=~"$rank"}}', RANK)),
+        timeseries_panel("MFU", "Model FLOPs utilisation: achieved model FLOP/s over the GPU's "
+                         "dense peak for the job's dtype (datasheet table in "
+                         "exporters/training/flops.py, or the job's override). 40-60% is good "
+                         "for large transformers; absent for ranks without a known peak (CPU).",
+                         "percentunit",
+                         Q(f'{recording.MFU_PER_RANK}{{{J},rank=~"$rank"}}', RANK),
+                         Q(f"{recording.MFU_PER_JOB}{{{J}}}", "{{training_job}} job"),
+                         min_value=0),
         timeseries_panel("Step time per rank", "Mean wall time of one step per rank.", "s",
                          Q(f"rate(training_step_duration_seconds_sum{{{T}}}[$__rate_interval])\n"
                            f"/\nrate(training_step_duration_seconds_count{{{T}}}"

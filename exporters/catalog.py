@@ -62,6 +62,10 @@ TRAINING_GRAD_NORM = "training_grad_norm"
 TRAINING_STEP_DURATION = "training_step_duration_seconds"  # histogram
 TRAINING_SAMPLES = "training_samples_total"
 TRAINING_TOKENS = "training_tokens_total"
+# MFU (exporters/training/flops.py): model FLOPs the rank's samples/tokens needed, and the
+# rank's peak FLOP/s for its dtype (absent when unknown, e.g. on CPU)
+TRAINING_MODEL_FLOPS = "training_model_flops_total"
+TRAINING_PEAK_FLOPS = "training_peak_flops_per_second"
 TRAINING_LAST_STEP_TIMESTAMP = "training_last_step_timestamp_seconds"
 TRAINING_NONFINITE_LOSS = "training_nonfinite_loss_total"
 TRAINING_DROPPED_SAMPLES = "training_dropped_samples_total"

@@ -31,7 +31,9 @@ from typing import Any
 
 from exporters import catalog
 from exporters.training import commands as cmd
+from exporters.training import flops as flops_table
 from exporters.training import sync
+from exporters.training.flops import ModelFlops
 from exporters.training.forwarders import (
     Forwarder,
     ForwarderThread,
@@ -106,6 +108,9 @@ class TrainingMonitor:
         self._seq = 0
         self._samples = 0.0
         self._tokens = 0.0
+        self._model_flops: ModelFlops | None = None  # set_model_flops (MFU)
+        self._flops = 0.0
+        self._peak_flops = 0.0
         self._nonfinite = 0
         self._rollbacks = 0
         self._applied_counts: dict[str, int] = {}
@@ -163,6 +168,8 @@ class TrainingMonitor:
             self._samples += samples
         if tokens:
             self._tokens += tokens
+        if self._model_flops is not None:
+            self._flops += self._model_flops.of(samples, tokens)
         if type(loss) is float:
             self._last_loss = loss
             if loss - loss != 0.0:  # NaN or +-Inf: count now, ship now
@@ -170,6 +177,31 @@ class TrainingMonitor:
                 self._shipper.wake.set()
         self._seq += 1
         self._buffer.append((self._seq, step, now, step_time, loss, lr, grad_norm, data_wait))
+
+    def set_model_flops(self, flops: ModelFlops, *, peak_flops: float | None = None,
+                        dtype: object = "bf16", device_name: str | None = None) -> None:
+        """Report model FLOPs (exporter: training_model_flops_total) and this rank's peak
+        FLOP/s (training_peak_flops_per_second), from which the rules compute MFU.
+
+        The peak is `peak_flops` if given, else looked up for this rank's CUDA device (or
+        `device_name`) and `dtype` in exporters/training/flops.py's datasheet table; unknown
+        (CPU, an unlisted GPU): no peak series, so MFU is absent while FLOP/s is not.
+        """
+        if peak_flops is None:
+            name = device_name if device_name is not None else self._device_name()
+            peak_flops = flops_table.peak_flops(name, dtype) if name else None
+        self._peak_flops = float(peak_flops or 0.0)
+        self._model_flops = flops
+
+    def _device_name(self) -> str | None:
+        """This rank's CUDA device name, None without CUDA (a CPU job has no GPU peak)."""
+        import sys
+
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available():
+            return None
+        device = self._cuda_device if self._cuda_device is not None else self.info.local_rank
+        return str(torch.cuda.get_device_name(device))
 
     def step_end(self, step: int) -> Control:
         """Call once per step on every rank, after `report`. Applies agreed commands.

@@ -41,6 +41,8 @@ class TrainingCollector(Collector):
             (c.TRAINING_DATA_WAIT, "Seconds the last step waited for data."),
             (c.TRAINING_CUDA_MEM_ALLOCATED, "CUDA memory allocated by the rank."),
             (c.TRAINING_CUDA_MEM_RESERVED, "CUDA memory reserved by the rank's allocator."),
+            (c.TRAINING_PEAK_FLOPS, "Peak FLOP/s of the rank's GPU for its dtype (MFU's "
+                                    "denominator)."),
         )}
         counters = {name: CounterMetricFamily(_base(name), doc, labels=labels) for name, doc in (
             (c.TRAINING_SAMPLES, "Samples processed."),
@@ -48,6 +50,8 @@ class TrainingCollector(Collector):
             (c.TRAINING_NONFINITE_LOSS, "Steps whose loss was NaN or infinite."),
             (c.TRAINING_DROPPED_SAMPLES, "Step reports the rank could not deliver."),
             (c.TRAINING_ROLLBACKS, "Checkpoint rollbacks the rank applied."),
+            (c.TRAINING_MODEL_FLOPS, "Model FLOPs (forward + backward) of the samples or "
+                                     "tokens processed; rate() = achieved FLOP/s."),
         )}
         applied = CounterMetricFamily(_base(c.TRAINING_COMMANDS_APPLIED),
                                       "Control commands the rank applied, by type.",
@@ -66,6 +70,7 @@ class TrainingCollector(Collector):
                     c.TRAINING_DATA_WAIT: s.data_wait,
                     c.TRAINING_CUDA_MEM_ALLOCATED: s.cuda[0] if s.cuda else None,
                     c.TRAINING_CUDA_MEM_RESERVED: s.cuda[1] if s.cuda else None,
+                    c.TRAINING_PEAK_FLOPS: s.peak_flops or None,
                 }
                 for name, value in gauges.items():
                     if value is not None:  # never reported -> absent, not 0
@@ -76,6 +81,8 @@ class TrainingCollector(Collector):
                                     (c.TRAINING_DROPPED_SAMPLES, s.dropped),
                                     (c.TRAINING_ROLLBACKS, s.rollbacks)):
                     counters[name].add_metric(values, float(value))
+                if s.flops_total:  # a job that does not report FLOPs has no FLOPs series
+                    counters[c.TRAINING_MODEL_FLOPS].add_metric(values, s.flops_total)
                 for command, count in sorted(s.applied_counts.items()):
                     applied.add_metric([*values, command], float(count))
                 # The store counts cumulatively already (a duration lands in every bucket

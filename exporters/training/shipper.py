@@ -146,6 +146,7 @@ class Shipper(threading.Thread):
             "world_size": info.world_size, "restarts": info.restarts,
             "dropped": self.dropped, "nonfinite": m._nonfinite + self.nonfinite_late,
             "samples_total": float(m._samples), "tokens_total": float(m._tokens),
+            "flops_total": float(m._flops), "peak_flops": float(m._peak_flops),
             "rollbacks": m._rollbacks, "applied_counts": dict(m._applied_counts),
             "command_types": {name: schema for name, (_, schema) in m._custom.items()},
             "cuda": m._cuda_memory(), "applied": applied[-50:],

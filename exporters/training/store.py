@@ -37,6 +37,8 @@ class RankState:
     nonfinite: int = 0
     samples_total: float = 0.0
     tokens_total: float = 0.0
+    flops_total: float = 0.0
+    peak_flops: float = 0.0
     rollbacks: int = 0
     applied_counts: dict[str, int] = field(default_factory=dict)
     command_types: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -110,6 +112,7 @@ class Store:
             state.nonfinite = report.nonfinite
             state.samples_total = report.samples_total
             state.tokens_total = report.tokens_total
+            state.flops_total, state.peak_flops = report.flops_total, report.peak_flops
             state.rollbacks = report.rollbacks
             state.applied_counts = dict(report.applied_counts)
             state.command_types = dict(report.command_types)

@@ -48,6 +48,8 @@ class RankReport:
     cuda: tuple[float, float] | None
     steps: list[tuple[Any, ...]] = field(default_factory=list)
     applied: list[dict[str, Any]] = field(default_factory=list)
+    flops_total: float = 0.0  # model FLOPs done (MFU); 0: the job does not report them
+    peak_flops: float = 0.0  # the rank's peak FLOP/s for its dtype; 0: unknown
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -134,4 +136,5 @@ def decode(data: bytes) -> RankReport:
         nonfinite=_int(obj, "nonfinite"), samples_total=_finite_nonneg(obj, "samples_total"),
         tokens_total=_finite_nonneg(obj, "tokens_total"), rollbacks=_int(obj, "rollbacks"),
         applied_counts=applied_counts, command_types=command_types, cuda=cuda,
-        steps=parsed_steps, applied=applied)
+        steps=parsed_steps, applied=applied, flops_total=_finite_nonneg(obj, "flops_total"),
+        peak_flops=_finite_nonneg(obj, "peak_flops"))

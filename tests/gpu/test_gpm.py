@@ -131,7 +131,7 @@ def test_request_is_built_on_the_real_pynvml_struct() -> None:
     request.sample2 = pynvml.c_nvmlGpmSample_t()
 
 
-def test_gpm_is_on_by_default_and_off_with_the_flag_or_config(tmp_path) -> None:  # noqa: ANN001
+def test_gpm_is_on_by_default_and_off_with_the_flag_or_config(tmp_path) -> None:
     from exporters.gpu.config import build_parser, resolve
 
     assert resolve(build_parser().parse_args([])).gpm is True
