@@ -92,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for path in write(args.out, rendered):
         print(path)
+    if args.out == OUT_DIR:  # the committed output: the PrometheusRule objects follow
+        from alert_rules import kubernetes
+
+        for path in kubernetes.write(kubernetes.OUT_DIR, kubernetes.render(config=args.config)):
+            print(path)
     return 0
 
 

@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for path in write(args.out):
         print(path)
+    if args.out == HERE:  # the committed output: the kube-prometheus-stack ConfigMaps follow
+        from dashboards import kubernetes
+
+        print(kubernetes.write())
     return 0
 
 
