@@ -1,4 +1,5 @@
-"""Optional copies of the per-step values to TensorBoard and MLflow, so teams keep their tools.
+"""Optional copies of the per-step values to TensorBoard, MLflow and Weights & Biases, so teams
+keep their tools.
 
 Forwarders run on their own thread behind a bounded queue: MLflow's tracking store can take
 milliseconds to seconds per call, and neither the training loop nor the datagram shipping may
@@ -71,6 +72,37 @@ class MlflowForwarder:
 
     def close(self) -> None:
         pass
+
+
+class WandbForwarder:
+    """Logs to a Weights & Biases run: `run` (one the script started with wandb.init), or one
+    this forwarder starts with `wandb.init(**init_kwargs)` and finishes on close.
+
+    Values go under `trainwatch/<name>` against their own x-axis `trainwatch/step`
+    (define_metric), not W&B's internal step: W&B drops a logged step lower than one it has
+    seen, and after a checkpoint rollback the training step does go back. `mode="offline"`
+    (or WANDB_MODE=offline) writes the run to disk for a later `wandb sync`, with no network.
+    """
+
+    def __init__(self, run: object = None, **init_kwargs: object) -> None:
+        import wandb
+
+        self._owned = run is None
+        self._run = run if run is not None else wandb.init(**init_kwargs)
+        self._run.define_metric("trainwatch/step")  # type: ignore[attr-defined]
+        self._run.define_metric("trainwatch/*",  # type: ignore[attr-defined]
+                                step_metric="trainwatch/step")
+
+    def write(self, rows: list[StepRow]) -> None:
+        for row in rows:
+            values = {f"trainwatch/{name}": value for name, value in _scalars(row)}
+            if values:
+                values["trainwatch/step"] = row[0]
+                self._run.log(values)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        if self._owned:
+            self._run.finish()  # type: ignore[attr-defined]
 
 
 class ForwarderThread(threading.Thread):

@@ -48,3 +48,33 @@ def test_tensorboard_and_mlflow_receive_every_finite_value(tmp_path: Path,
     assert {m.value for m in client.get_metric_history(run.info.run_id, "learning_rate")} == {0.01}
     assert monitor.stats()["forward_dropped_batches"] == 0
     assert mlflow.__version__
+
+
+def test_wandb_offline_run_receives_every_finite_value(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real wandb client in offline mode (no network): the run file on disk is read back
+    record by record."""
+    pytest.importorskip("wandb")
+    from exporters.training.forwarders import WandbForwarder
+    from tests.training.wandb_files import history_rows
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    forwarder = WandbForwarder(mode="offline", dir=str(tmp_path), project="trainwatch-test")
+    monitor = TrainingMonitor(rank_info=INFO, socket_path=str(tmp_path / "none.sock"),
+                              control=False, flush_interval=0.05, forwarders=[forwarder])
+    for step in [*range(20), 15, 16]:  # a rollback: steps go back, W&B must keep them
+        loss = float("nan") if step == 10 else 1.0 / (step + 1)
+        monitor.report(step, loss=loss, lr=0.01, step_time=0.1)
+    monitor.close()
+
+    rows = history_rows(tmp_path)
+    losses = [(int(r["trainwatch/step"]), float(r["trainwatch/loss"])) for r in rows
+              if "trainwatch/loss" in r]
+    assert [s for s, _ in losses] == [s for s in [*range(20), 15, 16] if s != 10]
+    assert losses[0] == (0, 1.0)
+    assert {float(r["trainwatch/learning_rate"]) for r in rows} == {0.01}
+    assert monitor.stats()["forward_dropped_batches"] == 0
