@@ -37,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from exporters.training.checkpoint import CheckpointManager, weights_digest
 from exporters.training.client import TrainingMonitor
+from exporters.training.flops import ModelFlops, count_parameters
 
 FEATURES = 16
 
@@ -82,6 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-dir", default=os.environ.get("TRAINWATCH_LOG_DIR"),
                         help="write ECS JSON logs here (default: $TRAINWATCH_LOG_DIR)")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: this rank's GPU (LOCAL_RANK) with NCCL where CUDA is "
+                             "available, else CPU with gloo")
     args = parser.parse_args(argv)
     if (args.steps < 1 or args.batch_size < 1 or args.lr <= 0 or args.step_time < 0
             or args.clip <= 0 or args.spike_factor <= 0):
@@ -109,17 +113,33 @@ class Data:
         return x, y
 
 
+def pick_device(choice: str) -> torch.device:
+    """The rank's own GPU (LOCAL_RANK) when CUDA is used, else the CPU. NCCL only works on
+    CUDA tensors: a model left on the CPU under NCCL fails in DDP's constructor with "No
+    backend type associated with device type cpu" (seen on an H100 host)."""
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: CUDA is not available on this host")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    return device
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     distributed = "RANK" in os.environ
+    device = pick_device(args.device)
     if distributed:
-        dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank = dist.get_rank() if distributed else 0
     world = dist.get_world_size() if distributed else 1
     structured_logging(args.log_dir)
     torch.manual_seed(args.seed)  # identical initial weights on every rank
-    net = nn.Sequential(nn.Linear(FEATURES, 64), nn.LeakyReLU(0.1), nn.Linear(64, 1))
-    model: nn.Module = DistributedDataParallel(net) if distributed else net
+    net = nn.Sequential(nn.Linear(FEATURES, 64), nn.LeakyReLU(0.1), nn.Linear(64, 1)).to(device)
+    device_ids = [device.index] if device.type == "cuda" else None
+    model: nn.Module = (DistributedDataParallel(net, device_ids=device_ids) if distributed
+                        else net)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     data = Data(args.seed, rank, args.batch_size)
 
@@ -127,7 +147,11 @@ def main(argv: list[str] | None = None) -> int:
                                      keep=args.keep_checkpoints)
                    if args.checkpoint_dir else None)
     monitor = TrainingMonitor(job=args.job, optimizer=optimizer, checkpoints=checkpoints,
-                              tensorboard_dir=args.tensorboard_dir)
+                              tensorboard_dir=args.tensorboard_dir,
+                              cuda_device=device.index if device.type == "cuda" else None)
+    # MFU: an MLP does 2N FLOPs per sample forward and 4N backward (the 6N rule, one sample
+    # being one "token"); fp32 matmuls. The peak comes from the GPU's datasheet row.
+    monitor.set_model_flops(ModelFlops(per_sample=6.0 * count_parameters(net)), dtype="fp32")
 
     def set_batch_size(cmd_args: dict[str, Any], step: int) -> dict[str, Any]:
         """A script-defined command: the stack can shrink the batch (e.g. after an OOM)."""
@@ -150,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     steps_run = 0
     while step < args.steps:
         started = time.perf_counter()
-        x, y = data.batch(step + batch_offset)
+        x, y = data.batch(step + batch_offset)  # generated on the CPU: the same on any device
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         data_wait = time.perf_counter() - started
         if step == args.spike_at_step and not spiked:
             spiked = True

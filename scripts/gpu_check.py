@@ -1,0 +1,225 @@
+"""One command for a GPU host: the exporter against the real driver, end to end.
+
+    bash scripts/gpu_check.sh [--steps 300] [--gpus N] [--json]
+
+Needs only this project (its Python dependencies) and the host's PyTorch with CUDA; no
+Prometheus. Runs, each on a free loopback port, with a summary at the end:
+1. gpu-exporter (--interval 1) against the real NVML; `compare_nvidia_smi` against
+   nvidia-smi, every field including memory.used and memory.reserved;
+2. a training exporter and a short CUDA DDP job (examples/train_ddp.py under torchrun, NCCL,
+   one rank per GPU up to --gpus), which must finish;
+3. while it runs: the GPU exporter attributes the job's GPU memory to its training_job and
+   ranks; GPM profiling series are present where the GPU supports them (Hopper and newer);
+4. the training exporter's model FLOPs and peak give a non-zero MFU.
+Exit 0 when every check passes (GPM counts as passed when the GPU says it has none).
+Record the output in docs/gpu_exporter.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from exporters import catalog as c  # noqa: E402
+from exporters.gpu.gpm import GPM_NAMES  # noqa: E402
+
+Series = list[tuple[str, dict[str, str], float]]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape(url: str) -> Series:
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - loopback
+        text = response.read().decode()
+    return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text)
+            for s in f.samples]
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return True
+        except OSError:
+            pass
+        time.sleep(0.5)
+    print(f"  timed out waiting for {what}", file=sys.stderr)
+    return False
+
+
+class Processes:
+    """Every process this check starts, each in its own session, all stopped at the end."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None
+              ) -> subprocess.Popen[bytes]:
+        log = (self.logs / f"{name}.log").open("wb")
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                env={**os.environ, **(env or {})}, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(5)
+
+
+def gpu_count() -> int:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+                         capture_output=True, text=True, check=True, timeout=30).stdout
+    return len([line for line in out.splitlines() if line.strip()])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--gpus", type=int, default=2, help="ranks of the DDP job (max)")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON too")
+    args = parser.parse_args(argv)
+    if shutil.which("nvidia-smi") is None:
+        print("gpu_check: nvidia-smi not found: this is not a GPU host", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_check: torch.cuda.is_available() is False", file=sys.stderr)
+        return 2
+    results: dict[str, Any] = {"driver_gpus": gpu_count(), "torch": torch.__version__,
+                               "device": torch.cuda.get_device_name(0)}
+    checks: dict[str, bool] = {}
+    work = Path(tempfile.mkdtemp(prefix="trainwatch-gpu-check-"))
+    procs = Processes(work)
+    python = sys.executable
+    try:
+        gpu_port, train_port = free_port(), free_port()
+        gpu_url = f"http://127.0.0.1:{gpu_port}/metrics"
+        procs.start("gpu-exporter", [python, "-m", "exporters.gpu.cli", "--bind", "127.0.0.1",
+                                     "--port", str(gpu_port), "--interval", "1"])
+        checks["gpu_exporter_up"] = wait_for("gpu-exporter", lambda: any(
+            n == c.GPU_UP and v == 1 for n, _, v in scrape(gpu_url)), 60)
+        time.sleep(3)  # a few cycles: GPM needs two
+        compare = subprocess.run([python, "-m", "exporters.gpu.compare_nvidia_smi", "--url",
+                                  gpu_url, "--json"], capture_output=True, text=True, cwd=REPO,
+                                 timeout=120)
+        print(compare.stdout.rstrip())
+        summary = json.loads(compare.stdout.splitlines()[-1]) if compare.stdout else {}
+        results["compare_nvidia_smi"] = {k: summary.get(k) for k in
+                                         ("compared", "mismatches", "gpus")}
+        results["compare_diffs"] = [r for r in summary.get("results", []) if not r["ok"]]
+        checks["nvidia_smi_agrees"] = compare.returncode == 0
+
+        token = work / "control.token"
+        token.write_text(secrets.token_hex(16))
+        token.chmod(0o600)
+        sock = work / "training.sock"
+        train_url = f"http://127.0.0.1:{train_port}/metrics"
+        procs.start("training-exporter", [
+            python, "-m", "exporters.training.server", "--bind", "127.0.0.1", "--port",
+            str(train_port), "--socket", str(sock), "--token-file", str(token),
+            "--node", "gpu-check"])
+        checks["training_exporter_up"] = wait_for("training exporter", sock.exists, 60)
+        job = f"gpu-check-{int(time.time())}"
+        nproc = max(1, min(args.gpus, results["driver_gpus"]))
+        env = {"TRAINWATCH_JOB": job, "TRAINWATCH_EXPORTER_SOCKET": str(sock),
+               "TRAINWATCH_EXPORTER_URL": f"http://127.0.0.1:{train_port}",
+               "TRAINWATCH_CONTROL_TOKEN_FILE": str(token),
+               "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        ddp = procs.start("ddp-job", [
+            python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            str(REPO / "examples" / "train_ddp.py"), "--device", "cuda", "--steps",
+            str(args.steps), "--step-time", "0.05"], env=env)
+        results["ddp_ranks"] = nproc
+
+        def attributed() -> bool:
+            ranks = {lbl.get(c.LABEL_RANK) for n, lbl, v in scrape(gpu_url)
+                     if n == c.GPU_PROCESS_MEMORY and lbl.get(c.LABEL_JOB) == job and v > 0}
+            results["attributed_ranks"] = sorted(r for r in ranks if r)
+            return len(results["attributed_ranks"]) == nproc
+
+        checks["process_attribution"] = wait_for("attribution of the job's memory",
+                                                 attributed, 120)
+        series = scrape(gpu_url)
+        supported = {lbl["gpu"]: v for n, lbl, v in series if n == c.GPU_GPM_SUPPORTED}
+        gpm = {n: v for n, lbl, v in series if n in GPM_NAMES and lbl.get("gpu") == "0"}
+        results["gpm_supported"] = supported
+        results["gpm_gpu0"] = gpm
+        results["gpm_cost_seconds"] = next((v for n, _, v in series
+                                            if n == c.GPU_EXPORTER_GPM_DURATION), None)
+        checks["gpm"] = (supported.get("0") == 0) or c.GPU_SM_ACTIVE in gpm
+        results["utilization_gpu0"] = next((v for n, lbl, v in series if n == c.GPU_UTILIZATION
+                                            and lbl.get("gpu") == "0"), None)
+
+        def flops_seen() -> bool:
+            got = {n: v for n, lbl, v in scrape(train_url) if lbl.get(c.LABEL_JOB) == job
+                   and lbl.get(c.LABEL_RANK) == "0"}
+            results["model_flops_total_rank0"] = got.get(c.TRAINING_MODEL_FLOPS)
+            results["peak_flops_rank0"] = got.get(c.TRAINING_PEAK_FLOPS)
+            return bool(got.get(c.TRAINING_MODEL_FLOPS))
+
+        checks["mfu_series"] = wait_for("model FLOPs", flops_seen, 60)
+        first = (time.monotonic(), results.get("model_flops_total_rank0") or 0.0)
+        time.sleep(5)
+        flops_seen()
+        rate = ((results.get("model_flops_total_rank0") or 0.0) - first[1]) / (
+            time.monotonic() - first[0])
+        results["achieved_flops_per_second_rank0"] = rate
+        peak = results.get("peak_flops_rank0")
+        results["mfu_rank0"] = rate / peak if peak else None
+        checks["mfu_series"] = checks["mfu_series"] and rate > 0 and bool(peak)
+        try:
+            checks["ddp_job_finished"] = ddp.wait(600) == 0
+        except subprocess.TimeoutExpired:
+            checks["ddp_job_finished"] = False
+    finally:
+        procs.stop_all()
+    results["checks"] = checks
+    results["logs"] = str(work)
+    print()
+    print("GPU check summary")
+    for name, ok in checks.items():
+        print(f"  {'PASS' if ok else 'FAIL'}  {name}")
+    for key in ("device", "compare_nvidia_smi", "attributed_ranks", "gpm_supported",
+                "gpm_gpu0", "gpm_cost_seconds", "utilization_gpu0",
+                "achieved_flops_per_second_rank0", "peak_flops_rank0", "mfu_rank0"):
+        print(f"  {key}: {results.get(key)}")
+    print(f"  logs: {work}")
+    if args.json:
+        print(json.dumps(results, default=str))
+    return 0 if checks and all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
