@@ -12,6 +12,7 @@ A scenario is a JSON-compatible dict (see `simulated_scenario` and docs/gpu_expo
      "hang": ["nvmlDeviceGetPowerUsage"],                        # calls that block
      "xid_events": [{"gpu": 0, "xid": 79}],                      # delivered once each
      "memory_v2": true,                                          # false: driver < 510
+     "latency_ms": {"nvmlGpmSampleGet": 2.8},                    # per-call sleep (benchmark)
      "gpus": [{"name": ..., "uuid": ..., "memory_total": ..., "memory_used": ...,
                "memory_reserved": ..., "not_supported": [...],
                "errors": {"nvmlDeviceGetUUID": "Unknown"}, "lost": false,
@@ -45,7 +46,7 @@ ENV_FAKE_NVML = "TRAINWATCH_FAKE_NVML"
 GIB = 1024**3
 MIB = 1024**2
 _TOP_KEYS = frozenset({"driver_version", "cuda_version", "init_error", "init_failures", "hang",
-                       "xid_events", "gpus", "dynamic", "memory_v2"})
+                       "xid_events", "gpus", "dynamic", "memory_v2", "latency_ms"})
 _GPU_KEYS = frozenset({
     "name", "uuid", "pci_bus_id", "utilization_gpu", "utilization_memory", "memory_total",
     "memory_used", "memory_reserved", "temperature", "power_usage_mw", "power_limit_mw",
@@ -55,6 +56,20 @@ _GPU_KEYS = frozenset({
     "pcie_replays", "nvlinks", "processes", "mig", "not_supported", "errors", "lost", "hang",
     "supports_events", "gpm",
 })
+# What one call cost on the H100 host (tests/gpu/fixtures/h100/measurements.md and
+# gpm-during-bf16-matmul.txt), in ms. A scenario's "latency_ms" makes the fake sleep that long
+# per call, so cycle times under the fake model the real driver's (benchmarks/gpu_exporter.py).
+H100_CALL_LATENCY_MS: dict[str, float] = {
+    "nvmlDeviceGetTotalEnergyConsumption": 3.1, "nvmlDeviceGetTotalEccErrors": 0.49,
+    "nvmlDeviceGetCurrentClocksEventReasons": 0.39, "nvmlDeviceGetPcieReplayCounter": 0.34,
+    "nvmlDeviceGetMigMode": 0.32, "nvmlDeviceGetComputeRunningProcesses": 0.27,
+    "nvmlDeviceGetClockInfo": 0.11, "nvmlDeviceGetNvLinkState": 0.06,
+    "nvmlDeviceGetPciInfo": 0.03, "nvmlDeviceGetRemappedRows": 0.03,
+    # utilization + memory + temperature + power together: 0.016 ms
+    "nvmlDeviceGetUtilizationRates": 0.004, "nvmlDeviceGetMemoryInfo_v2": 0.004,
+    "nvmlDeviceGetTemperature": 0.004, "nvmlDeviceGetPowerUsage": 0.004,
+    "nvmlGpmSampleGet": 2.806, "nvmlGpmMetricsGet": 4.798,
+}
 # GPM metric names a scenario may give values for (NVML's own names, NVML's units: percent,
 # MiB/s), e.g. "gpm": {"supported": true, "metrics": {"SM_UTIL": 62.27}}. A metric the
 # scenario leaves out answers NOT_SUPPORTED in its per-metric return code, as on real GPUs.
@@ -249,6 +264,9 @@ class FakeNvml:
     def _enter(self, fn: str, handle: FakeHandle | None = None) -> dict[str, Any] | None:
         self.calls += 1
         self._wait_while_hung(fn, handle)
+        latency = self._scenario.get("latency_ms")
+        if latency and fn in latency:
+            time.sleep(latency[fn] / 1000)  # the driver's time, not the CPU's
         with self._lock:
             if not self._initialised:
                 raise pynvml.NVMLError_Uninitialized()
