@@ -35,9 +35,29 @@ def build() -> gd.Dashboard:
         table_panel("GPU inventory", "Every GPU on the node with its product name, UUID and "
                     "PCI bus id (value 1 = present).", "none",
                     Q(f"trainwatch_gpu_info{{{G}}}")),
-        timeseries_panel("Memory used", "Device memory used per GPU, in bytes.", "bytes",
+        timeseries_panel("Memory used", "Device memory used per GPU, in bytes, as nvidia-smi "
+                         "shows it; reserved is the driver's own share (absent on drivers "
+                         "without NVML's v2 memory info, whose 'used' includes it).", "bytes",
                          Q(f"trainwatch_gpu_memory_used_bytes{{{G}}}", WHO),
+                         Q(f"trainwatch_gpu_memory_reserved_bytes{{{G}}}", WHO + " reserved"),
                          Q(f"trainwatch_gpu_memory_total_bytes{{{G}}}", WHO + " total")),
+        timeseries_panel("Profiling: SM, tensor and DRAM activity", "What the GPU's units did, "
+                         "from NVML GPM (Hopper and newer) or dcgm-exporter's DCGM_FI_PROF_*. "
+                         "'Utilization' only says a kernel ran: an H100 at 100% utilization "
+                         "measured 62% SM and 60% tensor activity. Absent where unsupported.",
+                         "percentunit",
+                         Q(f"trainwatch_gpu_sm_active_ratio{{{G}}}", WHO + " SM active"),
+                         Q(f"trainwatch_gpu_tensor_active_ratio{{{G}}}", WHO + " tensor"),
+                         Q(f"trainwatch_gpu_dram_active_ratio{{{G}}}", WHO + " DRAM"),
+                         min_value=0),
+        timeseries_panel("PCIe and NVLink throughput", "Bytes per second over PCIe and all "
+                         "NVLink links, per GPU and direction (GPM or DCGM profiling).", "Bps",
+                         Q(f"trainwatch_gpu_pcie_tx_bytes_per_second{{{G}}}", WHO + " PCIe tx"),
+                         Q(f"trainwatch_gpu_pcie_rx_bytes_per_second{{{G}}}", WHO + " PCIe rx"),
+                         Q(f"trainwatch_gpu_nvlink_tx_bytes_per_second{{{G}}}",
+                           WHO + " NVLink tx"),
+                         Q(f"trainwatch_gpu_nvlink_rx_bytes_per_second{{{G}}}",
+                           WHO + " NVLink rx"), min_value=0),
         timeseries_panel("SM clock", "Streaming-multiprocessor clock per GPU; a drop under load "
                          "means throttling.", "hertz",
                          Q(f"trainwatch_gpu_sm_clock_hertz{{{G}}}", WHO)),
@@ -74,7 +94,10 @@ def build() -> gd.Dashboard:
                          "collected; above a few intervals means NVML is hanging "
                          "(GpuExporterStale).", "s",
                          Q(f"trainwatch_gpu_exporter_data_age_seconds{{{E}}}", "{{instance}}")),
-        timeseries_panel("Exporter collection duration", "Time one NVML collection cycle took.",
+        timeseries_panel("Exporter collection duration", "Time one NVML collection cycle took, "
+                         "and the part of it spent in GPM calls.",
                          "s", Q(f"trainwatch_gpu_exporter_collection_duration_seconds{{{E}}}",
-                                "{{instance}}")),
+                                "{{instance}}"),
+                         Q(f"trainwatch_gpu_exporter_gpm_duration_seconds{{{E}}}",
+                           "{{instance}} GPM")),
     )
