@@ -13,6 +13,10 @@ Prometheus. Runs, each on a free loopback port, with a summary at the end:
 4. the training exporter's model FLOPs and peak give a non-zero MFU.
 Exit 0 when every check passes (GPM counts as passed when the GPU says it has none).
 Record the output in docs/gpu_exporter.md.
+
+`--simulate` runs the same plumbing on a machine without a GPU (how the script itself is
+tested): the fake NVML, whose simulated GPUs are given the job's real rank pids (the exporter
+then reads their real /proc environ), the DDP job on CPU/gloo, and no nvidia-smi comparison.
 """
 
 from __future__ import annotations
@@ -96,6 +100,36 @@ class Processes:
                     proc.wait(5)
 
 
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Atomically: the fake NVML re-reads the file whenever it changes."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def wait_rank_pids(job: str, ranks: int, timeout: float) -> list[int]:
+    """Pids of the job's rank processes (RANK and TRAINWATCH_JOB in their environment),
+    ordered by rank."""
+    found: dict[int, int] = {}
+
+    def scan() -> bool:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                env = dict(item.split(b"=", 1) for item in
+                           (entry / "environ").read_bytes().split(b"\0") if b"=" in item)
+            except OSError:
+                continue
+            if env.get(b"TRAINWATCH_JOB") == job.encode() and b"RANK" in env \
+                    and b"LOCAL_RANK" in env:
+                found[int(env[b"RANK"])] = int(entry.name)
+        return len(found) >= ranks
+
+    wait_for("the job's rank processes", scan, timeout)
+    return [found[r] for r in sorted(found)]
+
+
 def gpu_count() -> int:
     out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
                          capture_output=True, text=True, check=True, timeout=30).stdout
@@ -107,38 +141,58 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--gpus", type=int, default=2, help="ranks of the DDP job (max)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON too")
+    parser.add_argument("--simulate", action="store_true",
+                        help="no GPU: fake NVML and a CPU job (tests the script itself)")
     args = parser.parse_args(argv)
-    if shutil.which("nvidia-smi") is None:
-        print("gpu_check: nvidia-smi not found: this is not a GPU host", file=sys.stderr)
-        return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu_check: torch.cuda.is_available() is False", file=sys.stderr)
-        return 2
-    results: dict[str, Any] = {"driver_gpus": gpu_count(), "torch": torch.__version__,
-                               "device": torch.cuda.get_device_name(0)}
+    if not args.simulate:
+        if shutil.which("nvidia-smi") is None:
+            print("gpu_check: nvidia-smi not found: this is not a GPU host", file=sys.stderr)
+            return 2
+        if not torch.cuda.is_available():
+            print("gpu_check: torch.cuda.is_available() is False", file=sys.stderr)
+            return 2
+    results: dict[str, Any] = {"torch": torch.__version__}
+    if args.simulate:
+        results.update(driver_gpus=args.gpus, device="simulated (fake NVML, CPU job)")
+    else:
+        results.update(driver_gpus=gpu_count(), device=torch.cuda.get_device_name(0))
     checks: dict[str, bool] = {}
     work = Path(tempfile.mkdtemp(prefix="trainwatch-gpu-check-"))
     procs = Processes(work)
     python = sys.executable
+    scenario = work / "fake-nvml.json"
+    exporter_env: dict[str, str] = {}
+    if args.simulate:
+        from exporters.gpu.fake_nvml import ENV_FAKE_NVML, simulated_scenario
+
+        fake = simulated_scenario(args.gpus, dynamic=False)
+        for gpu in fake["gpus"]:
+            gpu["processes"] = []
+        write_json(scenario, fake)
+        exporter_env[ENV_FAKE_NVML] = str(scenario)
     try:
         gpu_port, train_port = free_port(), free_port()
         gpu_url = f"http://127.0.0.1:{gpu_port}/metrics"
         procs.start("gpu-exporter", [python, "-m", "exporters.gpu.cli", "--bind", "127.0.0.1",
-                                     "--port", str(gpu_port), "--interval", "1"])
+                                     "--port", str(gpu_port), "--interval", "1"],
+                    env=exporter_env)
         checks["gpu_exporter_up"] = wait_for("gpu-exporter", lambda: any(
             n == c.GPU_UP and v == 1 for n, _, v in scrape(gpu_url)), 60)
         time.sleep(3)  # a few cycles: GPM needs two
-        compare = subprocess.run([python, "-m", "exporters.gpu.compare_nvidia_smi", "--url",
-                                  gpu_url, "--json"], capture_output=True, text=True, cwd=REPO,
-                                 timeout=120)
-        print(compare.stdout.rstrip())
-        summary = json.loads(compare.stdout.splitlines()[-1]) if compare.stdout else {}
-        results["compare_nvidia_smi"] = {k: summary.get(k) for k in
-                                         ("compared", "mismatches", "gpus")}
-        results["compare_diffs"] = [r for r in summary.get("results", []) if not r["ok"]]
-        checks["nvidia_smi_agrees"] = compare.returncode == 0
+        if args.simulate:
+            results["compare_nvidia_smi"] = "skipped (simulated: no nvidia-smi)"
+        else:
+            compare = subprocess.run([python, "-m", "exporters.gpu.compare_nvidia_smi",
+                                      "--url", gpu_url, "--json"], capture_output=True,
+                                     text=True, cwd=REPO, timeout=120)
+            print(compare.stdout.rstrip())
+            summary = json.loads(compare.stdout.splitlines()[-1]) if compare.stdout else {}
+            results["compare_nvidia_smi"] = {k: summary.get(k) for k in
+                                             ("compared", "mismatches", "gpus")}
+            results["compare_diffs"] = [r for r in summary.get("results", []) if not r["ok"]]
+            checks["nvidia_smi_agrees"] = compare.returncode == 0
 
         token = work / "control.token"
         token.write_text(secrets.token_hex(16))
@@ -159,9 +213,15 @@ def main(argv: list[str] | None = None) -> int:
         ddp = procs.start("ddp-job", [
             python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
             "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            str(REPO / "examples" / "train_ddp.py"), "--device", "cuda", "--steps",
+            str(REPO / "examples" / "train_ddp.py"), "--device",
+            "cpu" if args.simulate else "cuda", "--steps",
             str(args.steps), "--step-time", "0.05"], env=env)
         results["ddp_ranks"] = nproc
+        if args.simulate:  # the fake's GPUs run the job's real rank processes
+            pids = wait_rank_pids(job, nproc, 60)
+            fake["gpus"] = [{**gpu, "processes": [{"pid": pids[i], "used_memory": 2**30}]}
+                            if i < len(pids) else gpu for i, gpu in enumerate(fake["gpus"])]
+            write_json(scenario, fake)
 
         def attributed() -> bool:
             ranks = {lbl.get(c.LABEL_RANK) for n, lbl, v in scrape(gpu_url)
@@ -198,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         results["achieved_flops_per_second_rank0"] = rate
         peak = results.get("peak_flops_rank0")
         results["mfu_rank0"] = rate / peak if peak else None
-        checks["mfu_series"] = checks["mfu_series"] and rate > 0 and bool(peak)
+        # a CPU job has no peak: FLOP/s only
+        checks["mfu_series"] = checks["mfu_series"] and rate > 0 and (bool(peak)
+                                                                      or args.simulate)
         try:
             checks["ddp_job_finished"] = ddp.wait(600) == 0
         except subprocess.TimeoutExpired:

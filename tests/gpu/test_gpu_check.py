@@ -1,8 +1,12 @@
 """scripts/gpu_check.sh is for GPU hosts; here (no GPU, no nvidia-smi) it must say so and stop
-with exit 2 before starting anything. Its real run is recorded in docs/gpu_exporter.md."""
+with exit 2 before starting anything, and its `--simulate` mode runs the same plumbing end to
+end: real exporters, a real 2-rank torchrun job on CPU/gloo, and the fake NVML (named so:
+there is no GPU here) given the job's real rank pids. Its real run is recorded in
+docs/gpu_exporter.md."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -33,3 +37,19 @@ def test_example_picks_the_cpu_here_and_refuses_cuda_without_it() -> None:
     assert str(train_ddp.pick_device("cpu")) == "cpu"
     with pytest.raises(SystemExit, match="CUDA is not available"):
         train_ddp.pick_device("cuda")
+
+
+@pytest.mark.slow
+def test_gpu_check_plumbing_end_to_end_with_the_fake_nvml(tmp_path: Path) -> None:
+    result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--simulate",
+                             "--steps", "150", "--json"],
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "PYTHON": sys.executable,
+                                 "TMPDIR": str(tmp_path)})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["checks"] == {
+        "gpu_exporter_up": True, "training_exporter_up": True, "process_attribution": True,
+        "gpm": True, "mfu_series": True, "ddp_job_finished": True}
+    assert summary["attributed_ranks"] == ["0", "1"]
+    assert summary["achieved_flops_per_second_rank0"] > 0
