@@ -121,6 +121,8 @@ def groups(p: Profile) -> list[Group]:
                                           f"{d(UNCORRECTABLE_REMAPPED_ROWS)}",
                                           "error_type", "uncorrected"), "counter", "volatile")),
         rec(c.GPU_UP, _gpu_up(p)),
+        # identity (dcgm-exporter puts pci_bus_id on every series): the inventory panel
+        rec(c.GPU_INFO, f"{d(GPU_TEMP)} * 0 + 1"),
     ]
     for label, bit in CLOCK_EVENT_REASONS:
         rules.append(rec(c.GPU_CLOCK_EVENT_REASON,
