@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import sys
@@ -19,6 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 TOKEN = "test-webhook-token-" + "a" * 16
 CONTROL_TOKEN = "test-control-token-" + "b" * 16
+# approver credentials (remediation.approvers): name -> token; the file holds only digests
+APPROVERS = {"alice": "approver-alice-" + "c" * 24, "bob": "approver-bob-" + "d" * 24}
 
 
 def alert(alertname: str, labels: dict[str, str] | None = None, *, fingerprint: str = "",
@@ -52,6 +55,9 @@ def write_config(workdir: Path, **overrides: Any) -> Path:
     control = workdir / "control.token"
     control.write_text(CONTROL_TOKEN)
     control.chmod(0o600)
+    approvers = workdir / "approvers"
+    approvers.write_text("".join(f"{name} sha256:{hashlib.sha256(tok.encode()).hexdigest()}\n"
+                                 for name, tok in APPROVERS.items()))
     config = {
         "bind": "127.0.0.1",
         "port": 1,
@@ -60,6 +66,7 @@ def write_config(workdir: Path, **overrides: Any) -> Path:
         "prometheus_url": "http://127.0.0.1:1",
         "alertmanager_url": "http://127.0.0.1:1",
         "training_exporter_token_file": str(control),
+        "approvers_file": str(approvers),
         "poll_interval_seconds": 0.05,
         "retry_backoff_seconds": 0.2,
         **overrides,

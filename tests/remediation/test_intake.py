@@ -53,7 +53,7 @@ def test_oversized_body_is_413(service_factory) -> None:
 
 @pytest.mark.parametrize("body", [b"not json", b"[]", b'{"version": "3", "status": "firing",'
                                   b' "alerts": []}', json.dumps({"version": "4", "status":
-                                  "firing", "alerts": [{"labels": {}}]}).encode()])
+                                  "firing", "alerts": {"labels": {}}}).encode()])
 def test_invalid_payload_is_400_so_alertmanager_does_not_retry(service_factory, body) -> None:
     with service_factory([PAGE], start_worker=False) as svc:
         resp = svc.client.post("/v1/alerts", data=body, headers=auth(),
@@ -61,6 +61,64 @@ def test_invalid_payload_is_400_so_alertmanager_does_not_retry(service_factory, 
         assert resp.status_code == 400
         assert "error" in resp.json
         assert svc.store.list_intents() == []
+
+
+def test_one_bad_alert_does_not_block_its_neighbours(service_factory) -> None:
+    """Issue 11 item 5: an oversize annotation or a missing field is recorded as invalid with
+    the reason, the valid alert beside it is accepted, and the answer is 200 (Alertmanager
+    drops a 4xx, so a 400 would lose the valid alert)."""
+    with service_factory([PAGE], start_worker=False, max_body_bytes=65536) as svc:
+        good = alert("TrainingLossSpike", {"training_job": "good"})
+        oversize = alert("TrainingLossSpike", {"training_job": "big"})
+        oversize["annotations"]["description"] = "x" * 5000
+        body = payload(good, oversize, {"labels": {"alertname": "NoFingerprint"}})
+        body["commonAnnotations"] = {"description": "x" * 5000}  # as Alertmanager repeats it
+        resp = svc.client.post("/v1/alerts", json=body, headers=auth())
+        assert resp.status_code == 200, resp.data
+        assert resp.json["accepted"] == 1 and resp.json["invalid"] == 2
+        invalid = svc.audit("invalid")
+        assert len(invalid) == 2
+        assert any("annotations/description" in r["reason"] for r in invalid)
+        assert any("is a required property" in r["reason"] for r in invalid)
+        (pending,) = svc.store.list_intents(state="pending")
+        assert pending["labels"]["training_job"] == "good"
+        again = svc.client.post("/v1/alerts", json=body, headers=auth())
+        assert again.status_code == 200 and len(svc.audit("invalid")) == 2  # not re-audited
+
+
+def test_lone_surrogate_is_recorded_invalid_not_503(service_factory) -> None:
+    """Issue 11 item 5: a lone surrogate (valid JSON escape, invalid Unicode) in alertname, a
+    label or the group key gave 503, which Alertmanager retries forever."""
+    with service_factory([PAGE], start_worker=False) as svc:
+        raw = json.dumps(payload(alert("SURROGATE", fingerprint="5e"),
+                                 alert("TrainingLossSpike", {"training_job": "SURROGATE"}),
+                                 alert("TrainingLossSpike", {"training_job": "fine"})))
+        raw = raw.replace("SURROGATE", "\\ud800").replace('"{}:{}"', '"\\udfff"')
+        resp = svc.client.post("/v1/alerts", data=raw, headers=auth(),
+                               content_type="application/json")
+        assert resp.status_code == 200, resp.data
+        assert resp.json["invalid"] == 2 and resp.json["accepted"] == 1
+        reasons = [r["reason"] for r in svc.audit("invalid")]
+        assert all("not valid Unicode" in r for r in reasons), reasons
+        listed = svc.client.get("/v1/actions", headers=auth())
+        assert listed.status_code == 200
+
+
+def test_store_failure_is_the_only_5xx(service_factory) -> None:
+    """When nothing can be recorded (the store is full) the answer is 503, so Alertmanager
+    retries; /readyz says so too."""
+    with service_factory([PAGE], start_worker=False, store_max_bytes=65536) as svc:
+        code = 200
+        for n in range(400):
+            body = payload(*[alert("TrainingLossSpike", {"training_job": f"j{n}",
+                                                         "pad": "p" * 3000}) for _ in range(4)])
+            code = svc.client.post("/v1/alerts", json=body, headers=auth()).status_code
+            if code != 200:
+                break
+        assert code == 503
+        ready = svc.client.get("/readyz")
+        assert ready.status_code == 503
+        assert any("commit" in p for p in ready.json["problems"]), ready.json
 
 
 def test_unknown_extra_fields_are_accepted(service_factory) -> None:
