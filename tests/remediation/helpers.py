@@ -94,10 +94,13 @@ class Recorded:
 
 @dataclass
 class StubState:
-    """What a stand-in server saw; `gate` (if set) blocks POST handlers until released."""
+    """What a stand-in server saw; `gate` (if set) blocks POST handlers whose path starts with
+    `gate_prefix` until released; POSTs under `fail_prefix` are answered 500."""
 
     requests: list[Recorded] = field(default_factory=list)
     gate: threading.Event | None = None
+    gate_prefix: str = "/"
+    fail_prefix: str | None = None
     metrics_text: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -135,9 +138,10 @@ class _Handler(BaseHTTPRequestHandler):
             body = raw.decode(errors="replace")
         with self.state.lock:
             self.state.requests.append(Recorded("POST", self.path, dict(self.headers), body))
-        if self.state.gate is not None:
+        if self.state.gate is not None and self.path.startswith(self.state.gate_prefix):
             self.state.gate.wait(60)
-        self._reply(200, {"ok": True})
+        failing = self.state.fail_prefix and self.path.startswith(self.state.fail_prefix)
+        self._reply(500 if failing else 200, {"ok": not failing})
 
 
 @contextmanager
