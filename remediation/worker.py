@@ -22,6 +22,7 @@ from remediation.store import Store
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 3600.0  # seconds between retention passes
+CLAIM_BACKOFF = 5.0  # seconds a worker thread waits after the store refused a claim
 
 
 class Worker:
@@ -85,8 +86,9 @@ class Worker:
             try:
                 intent = self.store.claim(self.owner, self.config.lease_seconds)
             except Exception:
-                log.exception("claim failed")
-                intent = None
+                log.exception("claim failed")  # a damaged or full store: /readyz says so
+                self._stop.wait(CLAIM_BACKOFF)
+                continue
             if intent is None:
                 self._wake.wait(self.config.poll_interval_seconds)
                 self._wake.clear()
