@@ -41,38 +41,47 @@ bp = Blueprint("remediation", __name__)
 # SQLite INTEGER is 64-bit: a larger id must be a 4xx, not an OverflowError (500).
 MAX_INTENT_ID = 2**63 - 1
 QUICK_CHECK_EVERY = 60.0  # seconds between integrity checks of the store (they read it all)
+PROBE_EVERY = 1.0  # seconds between readiness probe commits
 
 
 class Readiness:
     """What /readyz checks: a commit with intake's durability goes through, intake's own last
-    commit did not fail, and the store's pages and indexes are intact (checked at most once a
-    minute, since it reads the whole file)."""
+    commit did not fail, and the store's pages and indexes are intact. The probe commit (an
+    fsync) runs at most once a second and the integrity check (it reads the whole file) once a
+    minute, so frequent probes cannot compete with intake for the write lock."""
 
     def __init__(self, store: Store, committer: GroupCommitter) -> None:
         self.store = store
         self.committer = committer
         self._lock = threading.Lock()
+        self._probed_at = float("-inf")
+        self._probe_problem: str | None = None
         self._checked_at = float("-inf")
         self._integrity = "ok"
 
     def problems(self) -> list[str]:
-        problems = []
-        try:
-            self.store.probe_commit()
-        except Exception as exc:
-            problems.append(f"store cannot commit: {type(exc).__name__}: {printable(exc, 200)}")
-        failing = self.committer.failing()
-        if failing:
-            problems.append(f"intake commits are failing: {printable(failing, 200)}")
         with self._lock:
-            if time.monotonic() - self._checked_at >= QUICK_CHECK_EVERY:
+            now = time.monotonic()
+            if now - self._probed_at >= PROBE_EVERY:
+                try:
+                    self.store.probe_commit()
+                    self._probe_problem = None
+                except Exception as exc:
+                    self._probe_problem = (f"store cannot commit: {type(exc).__name__}: "
+                                           f"{printable(exc, 200)}")
+                self._probed_at = time.monotonic()
+            if now - self._checked_at >= QUICK_CHECK_EVERY:
                 try:
                     self._integrity = self.store.quick_check()
                 except Exception as exc:
                     self._integrity = f"{type(exc).__name__}: {exc}"
                 self._checked_at = time.monotonic()
+            problems = [self._probe_problem] if self._probe_problem else []
             if self._integrity != "ok":
                 problems.append(f"store is damaged: {printable(self._integrity, 200)}")
+        failing = self.committer.failing()
+        if failing:
+            problems.append(f"intake commits are failing: {printable(failing, 200)}")
         return problems
 
 
