@@ -13,7 +13,15 @@ import yaml
 from remediation.config import ConfigError, load_config
 from remediation.playbooks import PlaybookError, load_playbooks
 from remediation.store import Store
-from tests.remediation.helpers import REPO, alert, auth, payload, write_config, write_playbook
+from tests.remediation.helpers import (
+    REPO,
+    TOKEN,
+    alert,
+    auth,
+    payload,
+    write_config,
+    write_playbook,
+)
 
 PAGE = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
         "target": ["training_job"],
@@ -234,3 +242,27 @@ def test_bad_config_names_file_and_key(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "remediation.server", "--config", str(path)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "surprise" in proc.stderr
+
+
+def test_approver_file_holds_digests_and_refuses_the_webhook_token(tmp_path: Path) -> None:
+    """Issue 11 item 3: approver tokens are made by the tool and stored hashed; a file that
+    would let the webhook token approve stops the service at start."""
+    import hashlib
+
+    approvers = tmp_path / "team-approvers"
+    made = subprocess.run([sys.executable, "-m", "remediation.approvers", "add", "carol",
+                           "--file", str(approvers)], capture_output=True, text=True,
+                          timeout=60, check=True, cwd=REPO)
+    token = made.stdout.strip()
+    assert len(token) >= 32 and token not in approvers.read_text()
+    assert approvers.stat().st_mode & 0o077 == 0
+    config = load_config(write_config(tmp_path, approvers_file=str(approvers)))
+    assert config.approvers.identify(token) == "carol"
+    assert config.approvers.identify(token + "x") is None
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    approvers.write_text(f"mallory sha256:{digest}\n")
+    with pytest.raises(ConfigError, match="webhook token"):
+        load_config(write_config(tmp_path, approvers_file=str(approvers)))
+    approvers.write_text("bad line\n")
+    with pytest.raises(ConfigError, match=r"team-approvers:1"):
+        load_config(write_config(tmp_path, approvers_file=str(approvers)))
