@@ -211,6 +211,9 @@ def _migrate(conn: sqlite3.Connection) -> None:
             names = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
             if names and column not in names:
                 conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+                if column == "acted":  # granted before the column existed
+                    conn.execute("UPDATE intents SET acted=1 WHERE decision IN"
+                                 " ('act', 'resolve_act')")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
