@@ -105,3 +105,30 @@ def test_resolve_races_never_act_after_resolve(tmp_path: Path) -> None:
             assert cancelled == {"a1", "b1", "c1", "d1"}
             assert len(state.posts("/running/slow")) == 1  # (d) never ran it
             assert state.posts("/approval/") == []
+
+
+def test_resolve_after_a_crash_mid_step_runs_on_resolve_once(tmp_path: Path) -> None:
+    """(e) the process running a firing step is killed (-9); the resolve reaches the restarted
+    one: the remaining firing step never runs, on_resolve runs exactly once."""
+    from tests.remediation.processes import service_config, start_service
+    from tests.support.net import free_port
+
+    gate = threading.Event()
+    with stub_server(StubState(gate=gate, gate_prefix="/crash/slow")) as (hp, state):
+        port = free_port()
+        config = service_config(tmp_path, [book("crash", "TrainingLossSpike",
+                                                ["/crash/slow", "/crash/second"], hp)],
+                                port=port, lease_seconds=1.5)
+        fired = alert("TrainingLossSpike", {"training_job": "e"}, fingerprint="e1")
+        with start_service(config, port, "first.log") as first:
+            assert first.post(payload(fired)).json()["accepted"] == 1
+            wait_until(lambda: state.posts("/crash/slow"), timeout=30, what="step 1 running")
+            first.proc.kill9()
+        gate.set()
+        with start_service(config, port, "second.log") as second:
+            assert second.post(resolved(fired)).json()["resolved"] == 1
+            found = wait_until(lambda: settled(second, "e1"), timeout=60, what="settled")
+            assert found["fire"]["state"] == "cancelled"
+            assert found["resolve"]["decision"] == "resolve_act"
+            assert state.posts("/crash/second") == []
+            assert len(state.posts("/crash/restore")) == 1
