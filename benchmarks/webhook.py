@@ -12,7 +12,12 @@ The load generator runs in a second process and posts real-shaped Alertmanager v
 (distinct fingerprints, so every request is new work) over loopback:
   * latency: open loop at --rate req/s (1 alert each) for --seconds; latency is measured from
     the scheduled send time, so a stalled server cannot hide queueing (no coordinated omission);
-  * throughput: closed loop, 8 connections, payloads of 10 alerts, for --seconds / 2.
+  * throughput: closed loop, 8 connections, payloads of 10 alerts, for --seconds / 2;
+  * slow clients: --slow (64) connections that stay open doing nothing useful (a third idle, a
+    third sending headers a byte at a time, a third sending a body a byte at a time; each one
+    reconnects when the server cuts it off), while the others post alerts and ask for the
+    health endpoint at --rate req/s in total, open loop; a request not answered within 5 s
+    counts as 5 s.
 Prints one line per phase and, last, a JSON object with both results and the ratios.
 """
 
@@ -24,6 +29,7 @@ import multiprocessing as mp
 import os
 import platform
 import secrets
+import socket
 import statistics
 import subprocess
 import sys
@@ -177,6 +183,103 @@ def _generate(url: str, rate: float, seconds: float, out: Any) -> None:
     out.put(result)
 
 
+SLOW_PREFIXES = (b"", b"POST /v1/alerts HTTP/1.1\r\nHost: remediation\r\n",
+                 b"POST /v1/alerts HTTP/1.1\r\nHost: remediation\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: 100000\r\n\r\n")
+SLOW_TIMEOUT = 5.0
+
+
+def _slow_client(host: str, port: int, kind: int, stop: threading.Event,
+                 reconnects: list[int]) -> None:
+    """Hold one connection open, sending a byte a second (idle ones send nothing); reconnect
+    whenever the server closes it, as a slowloris would."""
+    while not stop.is_set():
+        try:
+            with socket.create_connection((host, port), timeout=5) as sock:
+                if SLOW_PREFIXES[kind]:
+                    sock.sendall(SLOW_PREFIXES[kind])
+                while not stop.wait(1.0):
+                    if kind:
+                        sock.sendall(b"X-Slow: y\r\n"[:1] if kind == 1 else b" ")
+                    else:
+                        sock.setblocking(False)
+                        try:
+                            if sock.recv(1) == b"":
+                                break
+                        except BlockingIOError:
+                            pass
+                        sock.setblocking(True)
+        except OSError:
+            pass
+        reconnects[0] += 1
+        stop.wait(0.1)
+
+
+def _generate_slow(base: str, health: str, n_slow: int, rate: float, seconds: float,
+                   out: Any) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    host, port = base.split("//", 1)[1].split(":")
+    stop = threading.Event()
+    reconnects = [0]
+    slow = [threading.Thread(target=_slow_client, args=(host, int(port), i % 3, stop,
+                                                       reconnects), daemon=True)
+            for i in range(n_slow)]
+    for t in slow:
+        t.start()
+    time.sleep(1.0)  # every slow connection is open before the measured requests start
+    local = threading.local()
+    n = int(rate * seconds)
+    bodies = [_payload(1) for _ in range(n)]
+    latencies: dict[str, list[float]] = {"alerts": [], "health": []}
+    codes: dict[int, int] = {}
+    lock = threading.Lock()
+    start = time.perf_counter() + 0.2
+
+    def one(i: int) -> None:
+        if not hasattr(local, "s"):
+            local.s = requests.Session()
+        scheduled = start + i / rate
+        delay = scheduled - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        which = "alerts" if i % 2 == 0 else "health"
+        try:
+            if which == "alerts":
+                code = local.s.post(f"{base}/v1/alerts", data=bodies[i], headers=headers,
+                                    timeout=SLOW_TIMEOUT).status_code
+            else:
+                code = local.s.get(f"{base}{health}", timeout=SLOW_TIMEOUT).status_code
+            took = time.perf_counter() - scheduled
+        except requests.RequestException:
+            code, took = 0, SLOW_TIMEOUT
+        with lock:
+            latencies[which].append(took)
+            codes[code] = codes.get(code, 0) + 1
+
+    with ThreadPoolExecutor(64) as pool:
+        list(pool.map(one, range(n)))
+    stop.set()
+    result: dict[str, Any] = {"slow_connections": n_slow, "requests": n, "codes": codes,
+                              "slow_reconnects": reconnects[0]}
+    for which, values in latencies.items():
+        values.sort()
+        result[which] = {"p50_ms": 1000 * values[len(values) // 2],
+                         "p99_ms": 1000 * values[max(int(len(values) * 0.99) - 1, 0)]}
+    every = sorted(latencies["alerts"] + latencies["health"])
+    result["p99_ms"] = 1000 * every[max(int(len(every) * 0.99) - 1, 0)]
+    out.put(result)
+
+
+def measure_slow(base: str, health: str, n_slow: int, rate: float, seconds: float
+                 ) -> dict[str, Any]:
+    queue: Any = mp.Queue()
+    proc = mp.Process(target=_generate_slow, args=(base, health, n_slow, rate, seconds, queue))
+    proc.start()
+    result = queue.get(timeout=seconds * 20 + 120)
+    proc.join(30)
+    return result
+
+
 def measure(url: str, rate: float, seconds: float) -> dict[str, Any]:
     queue: Any = mp.Queue()
     proc = mp.Process(target=_generate, args=(url, rate, seconds, queue))
@@ -204,6 +307,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--slow", type=int, default=64, help="slow connections (0: skip)")
     args = parser.parse_args()
     if args.seconds <= 0 or args.rate <= 0:
         parser.error("--seconds and --rate must be positive")
@@ -238,6 +342,9 @@ def main() -> int:
         try:
             results["trainwatch"] = measure(f"http://127.0.0.1:{port}/v1/alerts", args.rate,
                                             args.seconds)
+            if args.slow:
+                results["trainwatch"]["slow"] = measure_slow(
+                    f"http://127.0.0.1:{port}", "/readyz", args.slow, args.rate, args.seconds)
         finally:
             _stop(proc)
         bport = free_port()
@@ -246,6 +353,9 @@ def main() -> int:
         try:
             results["naive_sync"] = measure(f"http://127.0.0.1:{bport}/v1/alerts", args.rate,
                                             args.seconds)
+            if args.slow:
+                results["naive_sync"]["slow"] = measure_slow(
+                    f"http://127.0.0.1:{bport}", "/healthz", args.slow, args.rate, args.seconds)
         finally:
             _stop(proc)
     target_server.shutdown()
@@ -255,6 +365,11 @@ def main() -> int:
         print(f"{name:12s} at {args.rate:.0f} req/s: p50 {lat['p50_ms']:.1f} ms, "
               f"p99 {lat['p99_ms']:.1f} ms, codes {lat['codes']}; "
               f"closed loop {thr['alerts_per_s']:.0f} alerts/s")
+        if "slow" in res:
+            slow = res["slow"]
+            print(f"{name:12s} with {slow['slow_connections']} slow connections open: alerts "
+                  f"p99 {slow['alerts']['p99_ms']:.1f} ms, health p99 "
+                  f"{slow['health']['p99_ms']:.1f} ms, codes {slow['codes']}")
     tw, base = results["trainwatch"], results["naive_sync"]
     summary = {
         "benchmark": "webhook",
@@ -279,6 +394,16 @@ def main() -> int:
         "goals_met": {"p99_le_25ms": tw["latency"]["p99_ms"] <= 25.0,
                       "alerts_per_s_ge_500": tw["throughput"]["alerts_per_s"] >= 500},
     }
+    if "slow" in tw:
+        summary["slow_connections"] = {
+            "connections": args.slow,
+            "trainwatch": {k: tw["slow"][k] for k in ("alerts", "health", "p99_ms", "codes",
+                                                      "slow_reconnects")},
+            "baseline_gunicorn_gthread": {k: base["slow"][k] for k in (
+                "alerts", "health", "p99_ms", "codes", "slow_reconnects")},
+            "p99_baseline_over_trainwatch": round(base["slow"]["p99_ms"]
+                                                  / max(tw["slow"]["p99_ms"], 1e-9), 2)}
+        summary["goals_met"]["slow_p99_le_100ms"] = tw["slow"]["p99_ms"] <= 100.0
     print(json.dumps(summary))
     return 0
 

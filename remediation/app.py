@@ -4,7 +4,13 @@ The webhook answers 200 only after the intents are committed to SQLite (remediat
 batches concurrent deliveries into one fsync), and 200 even if the
 actions later fail: Alertmanager retries 5xx (re-running the action is exactly what must not
 happen), while a 4xx is not retried, which is what garbage deserves. Order of checks:
-401 (token, constant time) -> 413 (size) -> 400 (JSON + schema).
+401 (token, constant time) -> 413 (size) -> 400 (not JSON, or not a v4 envelope) -> each
+alert on its own (an invalid one is recorded with its reason; 200 when anything was recorded)
+-> 503 only when nothing could be recorded (the store failed), which is when a retry helps.
+
+Credentials: the webhook token posts alerts and reads the audit; approving or rejecting needs
+an approver token (remediation.approvers), and the audit records the approver's name bound to
+that token. The webhook token is refused there (403).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,15 +29,60 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from remediation.committer import CommitFailed, GroupCommitter
 from remediation.config import Config
+from remediation.engine import cancel_if_resolved
+from remediation.ingest import printable
 from remediation.metrics import StoreCollector, WebhookMetrics
 from remediation.playbooks import Playbook, load_playbooks
 from remediation.schemas import first_error
-from remediation.store import Store
+from remediation.store import Intent, Store
 
 log = logging.getLogger(__name__)
 bp = Blueprint("remediation", __name__)
 # SQLite INTEGER is 64-bit: a larger id must be a 4xx, not an OverflowError (500).
 MAX_INTENT_ID = 2**63 - 1
+QUICK_CHECK_EVERY = 60.0  # seconds between integrity checks of the store (they read it all)
+PROBE_EVERY = 1.0  # seconds between readiness probe commits
+
+
+class Readiness:
+    """What /readyz checks: a commit with intake's durability goes through, intake's own last
+    commit did not fail, and the store's pages and indexes are intact. The probe commit (an
+    fsync) runs at most once a second and the integrity check (it reads the whole file) once a
+    minute, so frequent probes cannot compete with intake for the write lock."""
+
+    def __init__(self, store: Store, committer: GroupCommitter) -> None:
+        self.store = store
+        self.committer = committer
+        self._lock = threading.Lock()
+        self._probed_at = float("-inf")
+        self._probe_problem: str | None = None
+        self._checked_at = float("-inf")
+        self._integrity = "ok"
+
+    def problems(self) -> list[str]:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._probed_at >= PROBE_EVERY:
+                try:
+                    self.store.probe_commit()
+                    self._probe_problem = None
+                except Exception as exc:
+                    self._probe_problem = (f"store cannot commit: {type(exc).__name__}: "
+                                           f"{printable(exc, 200)}")
+                self._probed_at = time.monotonic()
+            if now - self._checked_at >= QUICK_CHECK_EVERY:
+                try:
+                    self._integrity = self.store.quick_check()
+                except Exception as exc:
+                    self._integrity = f"{type(exc).__name__}: {exc}"
+                self._checked_at = time.monotonic()
+            problems = [self._probe_problem] if self._probe_problem else []
+            if self._integrity != "ok":
+                problems.append(f"store is damaged: {printable(self._integrity, 200)}")
+        failing = self.committer.failing()
+        if failing:
+            problems.append(f"intake commits are failing: {printable(failing, 200)}")
+        return problems
 
 
 class Services:
@@ -46,19 +98,35 @@ class Services:
         self.registry.register(StoreCollector(store, config))
         self.metrics = WebhookMetrics(self.registry)
         self.committer = GroupCommitter(store, books, escalate=bool(config.pager_url))
+        self.readiness = Readiness(store, self.committer)
 
 
 def services() -> Services:
     return current_app.extensions["trainwatch_remediation"]
 
 
-def _authorized() -> bool:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    expected = services().config.webhook_token
+def _bearer() -> str | None:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def _is_webhook_token(token: str | None) -> bool:
     # compare_digest on bytes of both: constant time whatever the supplied length or content
-    return scheme.lower() == "bearer" and hmac.compare_digest(
-        token.strip().encode("utf-8", "replace"), expected.encode())
+    return token is not None and hmac.compare_digest(
+        token.encode("utf-8", "replace"), services().config.webhook_token.encode())
+
+
+def _authorized() -> bool:
+    """The webhook token (Alertmanager): may post alerts and read the audit."""
+    return _is_webhook_token(_bearer())
+
+
+def _approver() -> str | None:
+    """The approver's name bound to the presented token (never a header), or None."""
+    token = _bearer()
+    if token is None or _is_webhook_token(token):
+        return None
+    return services().config.approvers.identify(token)
 
 
 def _error(status: int, message: str) -> Response:
@@ -102,7 +170,7 @@ def _receive(svc: Services) -> Response:
         result = svc.committer.submit(payload)
     except CommitFailed as exc:  # not recorded: 5xx, so Alertmanager retries
         return _error(503, f"not recorded, retry: {exc}")
-    for outcome in ("accepted", "deduplicated", "refused", "resolved", "unmatched"):
+    for outcome in ("accepted", "deduplicated", "refused", "resolved", "unmatched", "invalid"):
         count = getattr(result, outcome)
         if count:
             svc.metrics.alerts.labels(outcome).inc(count)
@@ -110,12 +178,13 @@ def _receive(svc: Services) -> Response:
         svc.worker.wake()
     return jsonify({"accepted": result.accepted, "deduplicated": result.deduplicated,
                     "refused": result.refused, "resolved": result.resolved,
-                    "unmatched": result.unmatched, "intents": result.intents})
+                    "unmatched": result.unmatched, "invalid": result.invalid,
+                    "intents": result.intents})
 
 
 @bp.get("/v1/actions")
 def list_actions() -> Response:
-    if not _authorized():
+    if not _authorized() and _approver() is None:
         return _error(401, "missing or invalid bearer token")
     try:
         limit = min(max(int(request.args.get("limit", "100")), 1), 10000)
@@ -135,10 +204,15 @@ def list_actions() -> Response:
 
 
 def _set_approval(intent_id: int, approve: bool) -> Response:
-    if not _authorized():
-        return _error(401, "missing or invalid bearer token")
     svc = services()
-    who = request.headers.get("X-Trainwatch-User", "api")[:64]
+    if _is_webhook_token(_bearer()):
+        return _error(403, "the webhook token cannot approve or reject; use an approver token "
+                           "(approvers_file)")
+    who = _approver()
+    if who is None:
+        return _error(401, "missing or invalid approver token"
+                      + ("" if svc.config.approvers.entries else
+                         " (no approvers configured: set approvers_file)"))
     with svc.store.transaction() as conn:
         row = conn.execute("SELECT * FROM intents WHERE id=?", (intent_id,)).fetchone()
         if row is None:
@@ -148,15 +222,20 @@ def _set_approval(intent_id: int, approve: bool) -> Response:
         ids = {"intent_id": intent_id, "fingerprint": row["fingerprint"],
                "playbook": row["playbook"], "alertname": row["alertname"],
                "target_key": row["target_key"]}
+        if approve and cancel_if_resolved(conn, Intent.from_row(row), row["next_step"]):
+            return _error(409, f"intent {intent_id}: the alert has resolved; cancelled")
         if approve:
             Store.update_intent(conn, intent_id, state="pending", decision=None, approved=1)
-            Store.audit(conn, "approved", reason=f"approved by {who}", **ids)
+            Store.audit(conn, "approved", reason=f"approved by {who}",
+                        detail={"approver": who}, **ids)
         else:
             Store.update_intent(conn, intent_id, state="rejected", decision="rejected")
-            Store.audit(conn, "rejected", reason=f"rejected by {who}", **ids)
+            Store.audit(conn, "rejected", reason=f"rejected by {who}",
+                        detail={"approver": who}, **ids)
     if approve and svc.worker is not None:
         svc.worker.wake()
-    return jsonify({"id": intent_id, "state": "pending" if approve else "rejected"})
+    return jsonify({"id": intent_id, "state": "pending" if approve else "rejected",
+                    "by": who})
 
 
 @bp.post(f"/v1/actions/<int(max={MAX_INTENT_ID}):intent_id>/approve")
@@ -177,11 +256,7 @@ def healthz() -> Response:
 @bp.get("/readyz")
 def readyz() -> Response:
     svc = services()
-    problems = []
-    try:
-        svc.store.ping()
-    except Exception as exc:
-        problems.append(f"store: {type(exc).__name__}")
+    problems = svc.readiness.problems()
     if svc.worker is not None and not svc.worker.alive():
         problems.append("worker threads not running")
     if problems:
@@ -202,7 +277,7 @@ def create_app(config: Config, *, worker: Any = None, store: Store | None = None
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = None  # enforced in the handler, after authentication
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    store = store or Store(config.store_path)
+    store = store or Store(config.store_path, max_bytes=config.store_max_bytes)
     books = books if books is not None else load_playbooks(config.playbooks_dir)
     app.extensions["trainwatch_remediation"] = Services(config, store, books, worker)
     app.register_blueprint(bp)

@@ -1,4 +1,7 @@
-"""`trainwatch-remediation --url URL --token-file F {actions,approve ID,reject ID}`."""
+"""`trainwatch-remediation --url URL --token-file F {actions,approve ID,reject ID}`.
+
+`actions` works with the webhook token or an approver token; `approve` and `reject` need an
+approver token (remediation.approvers): the server records the name bound to that token."""
 
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="List, approve and reject remediation actions.")
     parser.add_argument("--url", required=True, help="remediation service base URL")
     parser.add_argument("--token-file", required=True, type=Path,
-                        help="file holding the service's bearer token")
-    parser.add_argument("--user", default="cli", help="recorded in the audit as approver")
+                        help="file holding your approver token (or the webhook token, which "
+                             "can only list)")
     sub = parser.add_subparsers(dest="command", required=True)
     lst = sub.add_parser("actions", help="list intents and audit records (JSON)")
     lst.add_argument("--state", help="only intents in this state, e.g. awaiting_approval")
@@ -34,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if not token:
         print(f"trainwatch-remediation: {args.token_file} is empty", file=sys.stderr)
         return 2
-    headers = {"Authorization": f"Bearer {token}", "X-Trainwatch-User": args.user}
+    headers = {"Authorization": f"Bearer {token}"}
     base = args.url.rstrip("/")
     try:
         if args.command == "actions":

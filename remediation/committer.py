@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,17 @@ class GroupCommitter:
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # readiness: the newest commit failure and success (time.monotonic()); /readyz fails
+        # while the last commit failed, whatever a probe write manages
+        self.last_failure: tuple[float, str] | None = None
+        self.last_success = 0.0
+
+    def failing(self) -> str | None:
+        """Why intake is failing to commit right now, or None."""
+        failure = self.last_failure
+        if failure is None or failure[0] < self.last_success:
+            return None
+        return failure[1]
 
     def submit(self, payload: dict[str, Any], timeout: float = 30.0) -> IngestResult:
         """Record `payload` durably; raises CommitFailed if that did not happen in time."""
@@ -89,7 +101,15 @@ class GroupCommitter:
                         job.result, job.error = None, exc
         except Exception as exc:  # the commit itself failed: nothing in the batch is stored
             log.exception("intake commit failed")
+            self.last_failure = (time.monotonic(), f"{type(exc).__name__}: {exc}"[:300])
             for job in batch:
                 job.result, job.error = None, exc
+        else:
+            errors = [job.error for job in batch if job.error is not None]
+            if errors:
+                self.last_failure = (time.monotonic(),
+                                     f"{type(errors[0]).__name__}: {errors[0]}"[:300])
+            else:
+                self.last_success = time.monotonic()
         for job in batch:
             job.done.set()

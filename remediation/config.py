@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from exporters.catalog import PORTS
+from remediation.approvers import ApproverError, Approvers, load_approvers
 from remediation.durations import seconds
 from remediation.schemas import first_error
 
@@ -45,8 +46,28 @@ class Config:
     retry_backoff_seconds: float = 5.0
     poll_interval_seconds: float = 0.2
     action_timeout_seconds: float = 300.0
+    approvers_file: Path | None = None
+    approvers: Approvers = field(default_factory=Approvers)
+    store_max_bytes: int | None = None
+    store_marker_path: Path | None = None  # default: "<store_path>.marker"
+    audit_retention_seconds: float = 90 * 86400.0
+    request_timeout_seconds: float = 10.0
+    idle_timeout_seconds: float = 30.0
+    max_connections: int = 1000
     breaker_max_actions: int = 20
     breaker_window_seconds: float = 600.0
+    # per-priority limits (low / normal / high); a priority not named uses breaker_max_actions
+    breaker_max_by_priority: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def marker_path(self) -> Path:
+        """The file outside the store that says a store existed here (remediation.marker)."""
+        return self.store_marker_path or self.store_path.with_name(self.store_path.name
+                                                                   + ".marker")
+
+    def breaker_limit(self, priority: str) -> int:
+        """The circuit breaker limit of one playbook priority."""
+        return dict(self.breaker_max_by_priority).get(priority, self.breaker_max_actions)
 
 
 def _read_secret(path: Path, key: str, source: Path) -> str:
@@ -85,25 +106,40 @@ def config_from_dict(raw: object, source: Path) -> Config:
     breaker = raw.get("circuit_breaker", {})
     optional: dict[str, object] = {}
     for key in ("bind", "port", "dry_run", "pager_url", "max_body_bytes", "worker_threads",
-                "http_threads", "max_attempts"):
+                "http_threads", "max_attempts", "store_max_bytes", "max_connections"):
         if key in raw:
             optional[key] = raw[key]
     for key in ("lease_seconds", "retry_backoff_seconds", "poll_interval_seconds",
-                "action_timeout_seconds"):
+                "action_timeout_seconds", "request_timeout_seconds", "idle_timeout_seconds"):
         if key in raw:
             optional[key] = float(raw[key])
-    for key in ("playbooks_dir", "ansible_playbooks_dir", "ansible_inventory"):
+    for key in ("playbooks_dir", "ansible_playbooks_dir", "ansible_inventory", "approvers_file",
+                "store_marker_path"):
         if key in raw:
             optional[key] = _resolve(base, raw[key])
     for key in ("playbooks_dir", "ansible_playbooks_dir"):
         if key in optional and not Path(str(optional[key])).is_dir():
             raise ConfigError(f"{source}: {key}: {optional[key]} is not a directory")
+    if "audit_retention" in raw:
+        optional["audit_retention_seconds"] = seconds(raw["audit_retention"])
+        if optional["audit_retention_seconds"] < 86400:  # type: ignore[operator]
+            # grants older than this go too: keep them past every cooldown/rate-limit window
+            raise ConfigError(f"{source}: audit_retention: must be at least 1d")
     if breaker:
         optional["breaker_max_actions"] = breaker["max_actions"]
         optional["breaker_window_seconds"] = seconds(breaker["window"])
+        optional["breaker_max_by_priority"] = tuple(sorted(
+            breaker.get("max_actions_by_priority", {}).items()))
+    webhook_token = _read_secret(_resolve(base, raw["webhook_token_file"]),
+                                 "webhook_token_file", source)
+    if "approvers_file" in optional:
+        try:
+            optional["approvers"] = load_approvers(Path(str(optional["approvers_file"])),
+                                                   webhook_token=webhook_token)
+        except ApproverError as exc:
+            raise ConfigError(f"{source}: approvers_file: {exc}") from exc
     return Config(
-        webhook_token=_read_secret(_resolve(base, raw["webhook_token_file"]),
-                                   "webhook_token_file", source),
+        webhook_token=webhook_token,
         training_exporter_token=_read_secret(_resolve(base, raw["training_exporter_token_file"]),
                                              "training_exporter_token_file", source),
         store_path=_resolve(base, raw["store_path"]),

@@ -1,10 +1,16 @@
 """Decide and act on one claimed intent.
 
 Decision (once per intent, inside one BEGIN IMMEDIATE transaction, so two processes cannot
-both pass a cooldown): labels allowlisted -> dry-run -> approval gate -> per-target cooldown
-and rate limit -> global circuit breaker -> grant. Then steps run one by one; after each the
-step index is committed, so a crash resumes at the first unfinished step (and that step, being
-idempotent, is safe to repeat).
+both pass a cooldown): labels allowlisted -> still firing -> dry-run -> approval gate ->
+per-target cooldown and rate limit -> circuit breaker of the playbook's priority -> grant.
+Then steps run one by one; after each the step index is committed, so a crash resumes at the
+first unfinished step (and that step, being idempotent, is safe to repeat).
+
+Resolve races: the alert's state is re-read at every moment something would act. Before a
+firing intent's decision, before a resumed or retried step and at every step boundary, a
+recorded resolve of the same alert cancels the steps not yet run (audited `cancelled`). The
+resolve intent waits while its firing intent is running, then runs `on_resolve` once if any
+firing step was started (`acted`), whatever the order the two arrived and ran in.
 """
 
 from __future__ import annotations
@@ -23,13 +29,40 @@ from remediation.config import Config
 from remediation.ingest import ESCALATION_PLAYBOOK
 from remediation.labels import LabelError, safe_labels
 from remediation.playbooks import Playbook
-from remediation.store import Intent, Store
+from remediation.store import PRIORITIES, Intent, Store
 
 log = logging.getLogger(__name__)
 
 
 class LostLease(RuntimeError):
     """Another process took this intent over (our lease expired): stop touching it."""
+
+
+class Cancelled(RuntimeError):
+    """The alert resolved: this firing intent's remaining steps were cancelled (audited)."""
+
+
+def _ids(intent: Intent) -> dict[str, Any]:
+    return {"intent_id": intent.id, "fingerprint": intent.fingerprint,
+            "playbook": intent.playbook, "alertname": intent.alertname,
+            "target_key": intent.target_key}
+
+
+def cancel_if_resolved(conn: Any, intent: Intent, next_step: int,
+                       results: list[dict[str, Any]] | None = None) -> bool:
+    """Inside the caller's transaction: if the alert of this firing intent has resolved, mark
+    the intent cancelled (steps from `next_step` on never run) and audit it."""
+    if intent.phase != "fire" or Store.partner(conn, intent.fingerprint, intent.starts_at,
+                                               intent.playbook, "resolve") is None:
+        return False
+    acted = bool(conn.execute("SELECT acted FROM intents WHERE id=?", (intent.id,)).fetchone()[0])
+    Store.update_intent(conn, intent.id, state="cancelled", decision="cancelled",
+                        lease_owner=None, lease_until=None, next_step=next_step,
+                        results=results if results is not None else intent.results)
+    Store.audit(conn, "cancelled", reason=f"alert resolved: steps from {next_step + 1} on "
+                f"were not run", detail={"acted": acted, "next_step": next_step,
+                                         "results": results or intent.results}, **_ids(intent))
+    return True
 
 
 def escalation_playbook() -> Playbook:
@@ -50,13 +83,14 @@ class Engine:
         self.books = {**books, ESCALATION_PLAYBOOK: escalation_playbook()}
         self.owner = owner
         self.session = requests.Session()
+        # how soon a resolve waiting for a running firing intent looks again
+        self._recheck = min(max(config.poll_interval_seconds * 5, 0.25), 2.0)
 
     # --- decision -------------------------------------------------------------------------
     def _decide(self, intent: Intent, book: Playbook, labels_ok: bool, reason: str) -> str:
-        """Returns 'act', 'resolve_act', or a terminal decision already written to the audit."""
-        ids = {"intent_id": intent.id, "fingerprint": intent.fingerprint,
-               "playbook": intent.playbook, "alertname": intent.alertname,
-               "target_key": intent.target_key}
+        """Returns 'act', 'resolve_act', 'deferred', or a terminal decision already written to
+        the audit."""
+        ids = _ids(intent)
         now = time.time()
         with self.store.transaction() as conn:
             if not Store.owns(conn, intent.id, self.owner):
@@ -71,12 +105,9 @@ class Engine:
             if not labels_ok:
                 return finish("refused", "refused", reason)
             if intent.phase == "resolve":
-                if not self.store.fire_intent_acted(intent.fingerprint, intent.starts_at,
-                                                    intent.playbook):
-                    return finish("resolved_recorded", "done",
-                                  "resolved; the firing alert was never acted on, nothing to undo")
-                Store.update_intent(conn, intent.id, decision="resolve_act")
-                return "resolve_act"
+                return self._decide_resolve(conn, intent, finish)
+            if cancel_if_resolved(conn, intent, intent.next_step):
+                return "cancelled"
             if self.config.dry_run or book.dry_run:
                 return finish("dry_run", "done", "dry-run: steps planned, not executed",
                               {"steps": list(book.steps)})
@@ -98,16 +129,39 @@ class Engine:
                                   f"{count} actions on {key} in the last "
                                   f"{book.rate_limit_window_seconds:.0f}s (limit "
                                   f"{book.rate_limit_count})")
+            priority = PRIORITIES[book.priority]
             if intent.playbook != ESCALATION_PLAYBOOK:
-                total, _ = Store.grants_since(conn, now - self.config.breaker_window_seconds)
-                if total >= self.config.breaker_max_actions:
+                total, _ = Store.grants_since(conn, now - self.config.breaker_window_seconds,
+                                              min_priority=priority)
+                limit = self.config.breaker_limit(book.priority)
+                if total >= limit:
                     return finish("refused", "refused",
-                                  f"circuit breaker open: {total} actions in the last "
-                                  f"{self.config.breaker_window_seconds:.0f}s")
-            conn.execute("INSERT INTO grants (at, playbook, target_key, intent_id)"
-                         " VALUES (?,?,?,?)", (now, book.name, key, intent.id))
-            Store.update_intent(conn, intent.id, decision="act")
+                                  f"circuit breaker open ({book.priority} priority): {total} "
+                                  f"actions at this priority or above in the last "
+                                  f"{self.config.breaker_window_seconds:.0f}s (limit {limit})")
+            conn.execute("INSERT INTO grants (at, playbook, target_key, intent_id, priority)"
+                         " VALUES (?,?,?,?,?)", (now, book.name, key, intent.id, priority))
+            Store.update_intent(conn, intent.id, decision="act", acted=1)
         return "act"
+
+    def _decide_resolve(self, conn: Any, intent: Intent, finish: Any) -> str:
+        """on_resolve runs once, after the firing steps that ran have stopped, and only if
+        one was started."""
+        fire = Store.partner(conn, intent.fingerprint, intent.starts_at, intent.playbook, "fire")
+        if fire is not None and fire["state"] == "running":
+            # Its worker cancels the remaining steps at the next boundary; look again soon.
+            Store.update_intent(conn, intent.id, state="pending", lease_owner=None,
+                                lease_until=None, not_before=time.time() + self._recheck)
+            return "deferred"
+        if fire is not None and fire["state"] in ("pending", "awaiting_approval"):
+            from remediation.ingest import cancel_unstarted_fire
+
+            cancel_unstarted_fire(conn, intent.fingerprint, intent.starts_at, intent.playbook)
+        if fire is None or not fire["acted"]:
+            return finish("resolved_recorded", "done",
+                          "resolved; the firing alert was never acted on, nothing to undo")
+        Store.update_intent(conn, intent.id, decision="resolve_act")
+        return "resolve_act"
 
     # --- execution ------------------------------------------------------------------------
     def process(self, intent: Intent) -> None:
@@ -122,7 +176,13 @@ class Engine:
         except LabelError as exc:
             labels, labels_ok, reason = {}, False, str(exc)
         decision = intent.decision
-        if decision not in ("act", "resolve_act"):
+        if decision in ("act", "resolve_act"):  # resumed: a retry or a dead process's work
+            with self.store.transaction() as conn:
+                if not Store.owns(conn, intent.id, self.owner):
+                    raise LostLease(intent.id)
+                if cancel_if_resolved(conn, intent, intent.next_step):
+                    return
+        else:
             decision = self._decide(intent, book, labels_ok, reason)
         if decision not in ("act", "resolve_act"):
             return
@@ -149,6 +209,8 @@ class Engine:
             with self.store.transaction() as conn:
                 if not Store.owns(conn, intent.id, self.owner):
                     raise LostLease(intent.id)
+                if cancel_if_resolved(conn, intent, index + 1, results):
+                    return
                 Store.update_intent(conn, intent.id, next_step=index + 1, results=results)
         self._expire_silences(results, ctx)
         with self.store.transaction() as conn:
@@ -182,6 +244,9 @@ class Engine:
         with self.store.transaction() as conn:
             if not Store.owns(conn, intent.id, self.owner):
                 raise LostLease(intent.id)
+            failed_step = len(results) if results is not None else intent.next_step
+            if not give_up and cancel_if_resolved(conn, intent, failed_step, results):
+                return  # no retry of a firing step once the alert resolved
             if give_up:
                 Store.update_intent(conn, intent.id, state="failed", attempts=attempts,
                                     lease_owner=None, lease_until=None)

@@ -3,22 +3,38 @@
 Nothing here runs an action: the caller answers 2xx right after this commits, and the worker
 acts later. Alerts that will never act (bad/missing target labels, no playbook, resolved
 without undo steps) are decided here so that the audit says why at once.
+
+Each alert is validated and recorded on its own (under its own SAVEPOINT): an alert that is
+malformed (schema, oversize field, text that is not valid Unicode) is recorded as `invalid`
+with the reason and its neighbours are accepted, so one bad alert never turns the whole
+notification into a 4xx (which Alertmanager drops) or a 5xx (which it retries forever).
+
+A resolved alert cancels its firing intent's steps that have not started (audited
+`cancelled`); a firing intent that is running notices the resolve at its next step boundary
+(remediation.engine).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import re
+import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from remediation.labels import LabelError, safe_labels
 from remediation.playbooks import Playbook, matching
+from remediation.schemas import first_error
 from remediation.store import NewIntent, Store
 
 log = logging.getLogger(__name__)
 ESCALATION_PLAYBOOK = "_truncated_alerts_escalation"
+INVALID_PLAYBOOK = "_invalid_alert"
+MAX_REASON = 500
+FINGERPRINT = re.compile(r"[0-9a-f]{1,32}")  # as in schemas/alert.schema.json
 
 
 @dataclass
@@ -28,6 +44,7 @@ class IngestResult:
     refused: int = 0
     resolved: int = 0
     unmatched: int = 0
+    invalid: int = 0
     intents: list[int] = field(default_factory=list)
 
 
@@ -47,31 +64,120 @@ def ingest(store: Store, books: Mapping[str, Playbook], payload: dict[str, Any],
 
 def ingest_in(store: Store, conn: Any, books: Mapping[str, Playbook], payload: dict[str, Any],
               *, escalate: bool) -> IngestResult:
-    """Record one payload inside the caller's transaction (the group committer batches many)."""
+    """Record one payload inside the caller's transaction (the group committer batches many).
+    The envelope was validated by the caller; each alert is validated here, one by one."""
     result = IngestResult()
     truncated = int(payload.get("truncatedAlerts", 0) or 0)
     if truncated > 0:
         _record_truncation(store, conn, payload, truncated, escalate, result)
     for alert in payload["alerts"]:
-        labels: dict[str, str] = alert["labels"]
-        annotations: dict[str, str] = alert.get("annotations", {})
-        phase = "fire" if alert["status"] == "firing" else "resolve"
-        books_for_alert = matching(books, labels)
-        base = {"fingerprint": alert["fingerprint"], "starts_at": alert["startsAt"],
-                "phase": phase, "alertname": labels["alertname"], "labels": labels,
-                "annotations": annotations}
-        if not books_for_alert:
-            new_id = store.insert_intent(conn, NewIntent(
-                playbook="", target_key=None, state="done", decision="unmatched", **base))
-            if new_id:
-                result.unmatched += 1
-                store.audit(conn, "unmatched", intent_id=new_id,
-                            fingerprint=alert["fingerprint"], alertname=labels["alertname"],
-                            reason="no playbook matches this alert")
-            continue
-        for book in books_for_alert:
-            _ingest_one(store, conn, book, base, result)
+        conn.execute("SAVEPOINT alert")
+        try:
+            problem = alert_problem(alert)
+            if problem:
+                _record_invalid(store, conn, alert, problem, result)
+            else:
+                _ingest_alert(store, conn, books, alert, result)
+        except Exception as exc:  # this alert only: record why, keep its neighbours
+            conn.execute("ROLLBACK TO alert")
+            if _storage_failure(exc):
+                raise  # nothing can be recorded: the delivery fails (5xx) and is retried
+            log.exception("recording an alert failed")
+            _record_invalid(store, conn, alert, f"could not be recorded: {type(exc).__name__}",
+                            result)
+        conn.execute("RELEASE alert")
     return result
+
+
+def _storage_failure(exc: BaseException) -> bool:
+    """A full or damaged store, a lock timeout: not this alert's fault."""
+    return isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
+
+
+def printable(value: object, limit: int = 256) -> str:
+    """Text safe to store and log: lone surrogates escaped, length capped."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
+
+
+def _unicode_problem(value: Any, path: str) -> str | None:
+    """The first string (key or value) that is not valid Unicode, e.g. a lone surrogate that
+    JSON's \\ud800 escape can carry: SQLite, UTF-8 logs and Ansible would all choke on it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{path}: not valid Unicode (lone surrogate)"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            problem = _unicode_problem(key, f"{path}/<key>") or _unicode_problem(
+                item, f"{path}/{printable(key, 64)}")
+            if problem:
+                return problem
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            problem = _unicode_problem(item, f"{path}/{index}")
+            if problem:
+                return problem
+    return None
+
+
+def alert_problem(alert: Any) -> str | None:
+    """Why this alert cannot be used (schema, sizes, Unicode), or None."""
+    try:
+        problem = first_error("alert", alert)
+    except RecursionError:
+        return "alert nested too deeply"
+    if problem:
+        return printable(problem, MAX_REASON)
+    return _unicode_problem(alert, "alert")
+
+
+def _record_invalid(store: Store, conn: Any, alert: Any, problem: str,
+                    result: IngestResult) -> None:
+    """An invalid alert is kept as a finished intent (so a redelivery is a duplicate, not a new
+    audit row each time) with its reason; only printable, size-capped text is stored."""
+    fields = alert if isinstance(alert, dict) else {}
+    labels = fields.get("labels") if isinstance(fields.get("labels"), dict) else {}
+    fingerprint = fields.get("fingerprint")
+    if not (isinstance(fingerprint, str) and FINGERPRINT.fullmatch(fingerprint)):
+        digest = json.dumps(alert, sort_keys=True, default=str)  # ascii: surrogates escaped
+        fingerprint = "invalid:" + hashlib.sha256(digest.encode()).hexdigest()[:16]
+    starts_at = printable(fields.get("startsAt", ""), 64)
+    alertname = printable(labels.get("alertname", ""), 256)
+    reason = printable(problem, MAX_REASON)
+    new_id = store.insert_intent(conn, NewIntent(
+        fingerprint=fingerprint, starts_at=starts_at, playbook=INVALID_PLAYBOOK, phase="fire",
+        alertname=alertname, labels={}, annotations={}, target_key=None, state="done",
+        decision="invalid"))
+    result.invalid += 1
+    if new_id is None:
+        return
+    result.intents.append(new_id)
+    store.audit(conn, "invalid", intent_id=new_id, fingerprint=fingerprint,
+                playbook=INVALID_PLAYBOOK, alertname=alertname, reason=reason)
+
+
+def _ingest_alert(store: Store, conn: Any, books: Mapping[str, Playbook], alert: dict[str, Any],
+                  result: IngestResult) -> None:
+    labels: dict[str, str] = alert["labels"]
+    annotations: dict[str, str] = alert.get("annotations", {})
+    phase = "fire" if alert["status"] == "firing" else "resolve"
+    books_for_alert = matching(books, labels)
+    base = {"fingerprint": alert["fingerprint"], "starts_at": alert["startsAt"],
+            "phase": phase, "alertname": labels["alertname"], "labels": labels,
+            "annotations": annotations}
+    if not books_for_alert:
+        new_id = store.insert_intent(conn, NewIntent(
+            playbook="", target_key=None, state="done", decision="unmatched", **base))
+        if new_id:
+            result.unmatched += 1
+            store.audit(conn, "unmatched", intent_id=new_id,
+                        fingerprint=alert["fingerprint"], alertname=labels["alertname"],
+                        reason="no playbook matches this alert")
+        return
+    for book in books_for_alert:
+        _ingest_one(store, conn, book, base, result)
 
 
 def _ingest_one(store: Store, conn: Any, book: Playbook, base: dict[str, Any],
@@ -103,6 +209,7 @@ def _ingest_one(store: Store, conn: Any, book: Playbook, base: dict[str, Any],
         return
     result.intents.append(new_id)
     if base["phase"] == "resolve":
+        cancel_unstarted_fire(conn, base["fingerprint"], base["starts_at"], book.name)
         result.resolved += 1
         reason = "resolved; on_resolve steps queued" if state == "pending" else (
             refusal or "resolved; playbook has no on_resolve steps")
@@ -115,16 +222,31 @@ def _ingest_one(store: Store, conn: Any, book: Playbook, base: dict[str, Any],
         result.accepted += 1
 
 
+def cancel_unstarted_fire(conn: Any, fingerprint: str, starts_at: str, playbook: str) -> None:
+    """The alert resolved: its firing intent's steps that are not running now never will.
+    A running intent is left to stop itself at its next step boundary."""
+    fire = Store.partner(conn, fingerprint, starts_at, playbook, "fire")
+    if fire is None or fire["state"] not in ("pending", "awaiting_approval"):
+        return
+    Store.update_intent(conn, fire["id"], state="cancelled", decision="cancelled",
+                        lease_owner=None, lease_until=None)
+    Store.audit(conn, "cancelled", intent_id=fire["id"], fingerprint=fingerprint,
+                playbook=playbook, alertname=fire["alertname"], target_key=fire["target_key"],
+                reason=f"alert resolved while {fire['state']}: steps from "
+                       f"{fire['next_step'] + 1} on were not run",
+                detail={"acted": bool(fire["acted"]), "next_step": fire["next_step"]})
+
+
 def _record_truncation(store: Store, conn: Any, payload: dict[str, Any], truncated: int,
                        escalate: bool, result: IngestResult) -> None:
     """Alertmanager dropped alerts from this notification (max_alerts): they can never be acted
     on, so a human must look. Recorded once per group and count, then escalated."""
-    group = str(payload.get("groupKey", ""))
+    group = printable(payload.get("groupKey", ""), 4096)
     fingerprint = hashlib.sha256(group.encode()).hexdigest()[:16]
     new_id = store.insert_intent(conn, NewIntent(
         fingerprint=fingerprint, starts_at=f"truncated:{truncated}",
         playbook=ESCALATION_PLAYBOOK, phase="fire", alertname="TruncatedAlerts",
-        labels={"receiver": str(payload.get("receiver", ""))[:128]},
+        labels={"receiver": printable(payload.get("receiver", ""), 128)},
         annotations={"groupKey": group[:1024], "truncatedAlerts": str(truncated)},
         target_key="global", state="pending" if escalate else "done",
         decision=None if escalate else "truncated_escalated"))

@@ -1,6 +1,8 @@
 """/metrics: decisions and actions are read from the shared store at scrape time, so the
-numbers are the same whichever process (or how many) answers the scrape, and counters derived
-from the append-only audit table never go backwards."""
+numbers are the same whichever process (or how many) answers the scrape. They come from the
+running totals a trigger keeps with every audit insert (store.counters), not from a scan of
+the audit table: a scrape costs a few row reads however long the history, and the totals
+never go backwards, audit retention included."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from exporters.catalog import REMEDIATION_PREFIX as P
 from remediation.config import Config
-from remediation.store import Store
+from remediation.store import PRIORITIES, Store
 
 
 class StoreCollector(Collector):
@@ -44,13 +46,26 @@ class StoreCollector(Collector):
                                 "Age of the oldest intent not yet finished",
                                 value=self.store.oldest_pending_age())
         conn = self.store._conn()
-        granted, _ = Store.grants_since(conn, time.time() - self.config.breaker_window_seconds)
+        since = time.time() - self.config.breaker_window_seconds
+        by_priority = GaugeMetricFamily(
+            f"{P}circuit_breaker_priority_open",
+            "1 while the circuit breaker of this playbook priority refuses to act",
+            labels=["priority"])
+        for name, level in PRIORITIES.items():
+            count, _ = Store.grants_since(conn, since, min_priority=level)
+            by_priority.add_metric([name], 1.0 if count >= self.config.breaker_limit(name)
+                                   else 0.0)
+        granted, _ = Store.grants_since(conn, since, min_priority=PRIORITIES["normal"])
         yield GaugeMetricFamily(f"{P}circuit_breaker_open",
-                                "1 while the global circuit breaker refuses to act",
-                                value=1.0 if granted >= self.config.breaker_max_actions else 0.0)
+                                "1 while the circuit breaker of normal-priority playbooks "
+                                "refuses to act (see circuit_breaker_priority_open)",
+                                value=1.0 if granted >= self.config.breaker_limit("normal")
+                                else 0.0)
+        yield by_priority
+        total, _ = Store.grants_since(conn, since)
         yield GaugeMetricFamily(f"{P}actions_in_breaker_window",
                                 "Actions granted inside the circuit breaker window",
-                                value=granted)
+                                value=total)
 
 
 class WebhookMetrics:

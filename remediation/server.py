@@ -1,20 +1,38 @@
-"""`remediation-server --config FILE`: the app under gunicorn, with the worker threads inside
-the gunicorn worker process (one process: the store is shared with any other instance through
-SQLite, so running two servers on one store is also safe)."""
+"""`remediation-server --config FILE`: the app under waitress, with the worker threads that run
+actions in the same process (the store is shared with any other instance through SQLite, so
+running two servers on one store is also safe).
+
+Why waitress and not gunicorn's gthread worker: gthread hands every new connection to a handler
+thread at once, and that thread blocks reading the request, so eight clients that send their
+headers slowly held all eight threads and stopped every intake and health request. Waitress
+reads requests in one non-blocking I/O loop and gives a handler thread only a request that has
+fully arrived (headers and body), so slow or idle connections cost a socket, never a thread.
+On top of that: a request must arrive completely within `request_timeout_seconds` (a client
+trickling a byte at a time is cut off), an idle connection is closed after
+`idle_timeout_seconds`, and at most `max_connections` are open at once (poll(), not select(),
+so that is not capped at 1024 descriptors).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sqlite3
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gunicorn.app.base import BaseApplication
+from waitress.adjustments import Adjustments
+from waitress.channel import HTTPChannel
+from waitress.server import TcpWSGIServer
+from waitress.task import ThreadedTaskDispatcher
 
 from remediation.app import create_app
 from remediation.config import Config, ConfigError, load_config
+from remediation.marker import StoreResetError, check_store, write_marker
 from remediation.playbooks import PlaybookError, load_playbooks
 from remediation.store import Store
 from remediation.worker import Worker
@@ -22,47 +40,67 @@ from remediation.worker import Worker
 log = logging.getLogger("remediation.server")
 
 
-class RemediationServer(BaseApplication):  # type: ignore[misc]
-    def __init__(self, config: Config) -> None:
-        self.config_obj = config
-        super().__init__()
+class _DeadlineChannel(HTTPChannel):  # type: ignore[misc]
+    """Remembers when the request being read began, for the server's deadline sweep."""
 
-    def load_config(self) -> None:
-        cfg = self.config_obj
-        settings = {
-            "bind": f"{cfg.bind}:{cfg.port}" if ":" not in cfg.bind else f"[{cfg.bind}]:{cfg.port}",
-            "workers": 1,
-            "worker_class": "gthread",
-            "threads": cfg.http_threads,
-            "timeout": 60,
-            "graceful_timeout": 10,
-            "accesslog": None,
-            "errorlog": "-",
-            "loglevel": "warning",
-            "post_worker_init": _start_worker,
-            "worker_exit": _stop_worker,
-        }
-        for key, value in settings.items():
-            self.cfg.set(key, value)
+    request_began: float | None = None
 
-    def load(self) -> Any:
-        cfg = self.config_obj
-        store = Store(cfg.store_path)
-        books = load_playbooks(cfg.playbooks_dir)
-        worker = Worker(cfg, store, books)
-        app = create_app(cfg, worker=worker, store=store, books=books)
-        app.extensions["trainwatch_worker"] = worker
-        return app
+    def received(self, data: bytes) -> bool:
+        if self.request is None and data:
+            self.request_began = time.monotonic()
+        return bool(super().received(data))
 
 
-def _start_worker(gunicorn_worker: Any) -> None:
-    gunicorn_worker.wsgi.extensions["trainwatch_worker"].start()
+class _Server(TcpWSGIServer):  # type: ignore[misc]
+    channel_class = _DeadlineChannel
+    request_timeout = 10.0
+
+    def maintenance(self, now: float) -> None:
+        """waitress closes idle channels; also close those whose request has been arriving for
+        longer than request_timeout (slow headers or body), unless it is being served."""
+        super().maintenance(now)
+        cutoff = time.monotonic() - self.request_timeout
+        for channel in list(self.active_channels.values()):
+            began = getattr(channel, "request_began", None)
+            if (channel.request is not None and not channel.requests and began is not None
+                    and began < cutoff):
+                channel.will_close = True
 
 
-def _stop_worker(_server: Any, gunicorn_worker: Any) -> None:
-    worker = getattr(gunicorn_worker, "wsgi", None)
-    if worker is not None:
-        worker.extensions["trainwatch_worker"].stop()
+def make_server(app: Any, config: Config) -> _Server:
+    """A waitress server bound to the config's address, accepting once run() is called."""
+    adj = Adjustments(
+        host=config.bind, port=config.port, threads=config.http_threads,
+        connection_limit=config.max_connections,
+        channel_timeout=max(int(config.idle_timeout_seconds), 1), cleanup_interval=1,
+        asyncore_use_poll=True, max_request_header_size=65536,
+        max_request_body_size=config.max_body_bytes + 65536, ident="trainwatch-remediation")
+    dispatcher = ThreadedTaskDispatcher()
+    dispatcher.set_thread_count(adj.threads)
+    server = _Server(app, map={}, dispatcher=dispatcher, adj=adj, sockinfo=adj.listen[0])
+    server.request_timeout = config.request_timeout_seconds
+    return server
+
+
+def serve(config: Config) -> None:
+    store = Store(config.store_path, max_bytes=config.store_max_bytes)
+    books = load_playbooks(config.playbooks_dir)
+    worker = Worker(config, store, books)
+    app = create_app(config, worker=worker, store=store, books=books)
+    server = make_server(app, config)
+    worker.start()
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("listening on %s:%d", config.bind, config.port)
+    try:
+        server.run()
+    finally:
+        worker.stop()
+        server.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,16 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, type=Path, help="YAML config file")
     parser.add_argument("--bind", help="override the config's bind address")
     parser.add_argument("--port", type=int, help="override the config's port")
+    parser.add_argument("--accept-new-store", action="store_true",
+                        help="start even though the store is missing, empty or another one "
+                             "than the marker file names (it was reset or replaced): alerts "
+                             "already acted on may be acted on again")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config)
         load_playbooks(config.playbooks_dir)  # fail before binding, with a clear message
-        # Open (and create) the store here too: a bad store_path is a one-line error, not a
-        # gunicorn worker that fails to boot. The worker opens its own after the fork.
-        Store(config.store_path).close()
-    except (ConfigError, PlaybookError) as exc:
+        check_store(config, accept_new=args.accept_new_store)
+        store = Store(config.store_path, max_bytes=config.store_max_bytes)
+        write_marker(config, store)
+        store.close()
+    except (ConfigError, PlaybookError, StoreResetError) as exc:
         print(f"remediation-server: {exc}", file=sys.stderr)
         return 2
     except (OSError, sqlite3.Error) as exc:
@@ -95,10 +138,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         overrides["port"] = args.port
     if overrides:
-        from dataclasses import replace
-
         config = replace(config, **overrides)
-    RemediationServer(config).run()
+    try:
+        serve(config)
+    except OSError as exc:  # the port is taken, the address is not local
+        print(f"remediation-server: cannot listen on {config.bind}:{config.port}: {exc}",
+              file=sys.stderr)
+        return 2
     return 0
 
 

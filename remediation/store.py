@@ -3,7 +3,17 @@
 * intents: one row per (fingerprint, startsAt, playbook, phase); UNIQUE makes redelivery,
   HA-pair duplicates and two processes sharing the file harmless.
 * audit: append-only (triggers refuse UPDATE/DELETE); every decision is a row.
-* grants: one row per permission to act, the basis of cooldowns, rate limits and the breaker.
+* grants: one row per permission to act, the basis of cooldowns, rate limits and the breakers
+  (each grant carries its playbook's priority: a breaker counts only grants at its priority
+  or above, so low-value actions cannot keep a checkpoint rollback from running).
+* counters: running totals kept by a trigger on every audit insert, so /metrics reads a few
+  rows instead of scanning the audit table, and the totals survive audit retention.
+* meta: the store's identity (a random id written once); the marker file kept outside the
+  store (remediation.marker) names it, so a store that was reset is noticed at start.
+
+Retention (`Store.prune`) deletes finished intents and audit rows older than the horizon;
+the audit triggers still refuse any delete of a row newer than the horizon or belonging to an
+intent that is not finished, so an unfinished intent never loses its history.
 
 WAL with synchronous=FULL for intake: a 2xx is only sent after the intent's commit reached the
 disk, so an accepted alert survives a power cut as well as a crash (NORMAL would survive a
@@ -49,6 +59,7 @@ CREATE TABLE IF NOT EXISTS intents (
     results TEXT NOT NULL DEFAULT '[]',
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
+    acted INTEGER NOT NULL DEFAULT 0,
     UNIQUE (fingerprint, starts_at, playbook, phase)
 );
 CREATE INDEX IF NOT EXISTS intents_claim ON intents (state, not_before);
@@ -66,22 +77,62 @@ CREATE TABLE IF NOT EXISTS audit (
     detail TEXT
 );
 CREATE INDEX IF NOT EXISTS audit_intent ON audit (intent_id);
+CREATE INDEX IF NOT EXISTS audit_at ON audit (at);
+CREATE TABLE IF NOT EXISTS retention (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    horizon REAL NOT NULL
+);
+INSERT OR IGNORE INTO retention (id, horizon) VALUES (1, 0);
 CREATE TRIGGER IF NOT EXISTS audit_append_only_update BEFORE UPDATE ON audit
 BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS audit_append_only_delete BEFORE DELETE ON audit
-BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END;
+DROP TRIGGER IF EXISTS audit_append_only_delete;
+CREATE TRIGGER audit_append_only_delete BEFORE DELETE ON audit
+WHEN old.at >= (SELECT horizon FROM retention WHERE id = 1)
+  OR old.intent_id IN (SELECT id FROM intents WHERE state NOT IN (TERMINAL))
+BEGIN SELECT RAISE(ABORT, 'audit is append-only (only finished records past retention go)');
+END;
+CREATE TRIGGER IF NOT EXISTS retention_forward BEFORE UPDATE ON retention
+WHEN new.horizon < old.horizon
+BEGIN SELECT RAISE(ABORT, 'the retention horizon only moves forward'); END;
 CREATE TABLE IF NOT EXISTS grants (
     id INTEGER PRIMARY KEY,
     at REAL NOT NULL,
     playbook TEXT NOT NULL,
     target_key TEXT NOT NULL,
-    intent_id INTEGER NOT NULL
+    intent_id INTEGER NOT NULL,
+    priority INTEGER NOT NULL DEFAULT 1
 );
 CREATE INDEX IF NOT EXISTS grants_target ON grants (playbook, target_key, at);
 CREATE INDEX IF NOT EXISTS grants_at ON grants (at);
+CREATE TABLE IF NOT EXISTS counters (
+    kind TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value INTEGER NOT NULL,
+    PRIMARY KEY (kind, key)
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS audit_counts AFTER INSERT ON audit
+BEGIN
+  INSERT INTO counters (kind, key, value) VALUES ('decision', new.decision, 1)
+    ON CONFLICT (kind, key) DO UPDATE SET value = value + 1;
+  INSERT INTO counters (kind, key, value)
+    SELECT 'action', json_array(coalesce(new.playbook, ''), coalesce(new.action, ''),
+                                new.decision), 1
+    WHERE new.decision IN ('acted', 'failed')
+    ON CONFLICT (kind, key) DO UPDATE SET value = value + 1;
+END;
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS readiness (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    at REAL NOT NULL
+);
 """
 
-TERMINAL_STATES = ("done", "failed", "refused", "rejected")
+TERMINAL_STATES = ("done", "failed", "refused", "rejected", "cancelled")
+SCHEMA = SCHEMA.replace("TERMINAL", ", ".join(f"'{state}'" for state in TERMINAL_STATES))
+PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 
 
 @dataclass(frozen=True)
@@ -116,6 +167,7 @@ class Intent:
     approved: bool
     results: list[Any]
     lease_owner: str | None
+    acted: bool = False
 
     @property
     def idempotency_key(self) -> str:
@@ -129,18 +181,58 @@ class Intent:
             labels=json.loads(row["labels"]), annotations=json.loads(row["annotations"]),
             target_key=row["target_key"], state=row["state"], decision=row["decision"],
             next_step=row["next_step"], attempts=row["attempts"], approved=bool(row["approved"]),
-            results=json.loads(row["results"]), lease_owner=row["lease_owner"])
+            results=json.loads(row["results"]), lease_owner=row["lease_owner"],
+            acted=bool(row["acted"]))
+
+
+# Counters start from what the audit already holds when a store made before them is opened.
+SEED = """
+INSERT INTO counters (kind, key, value)
+  SELECT 'decision', decision, count(*) FROM audit
+  WHERE NOT EXISTS (SELECT 1 FROM meta WHERE key = 'counters_seeded') GROUP BY decision;
+INSERT INTO counters (kind, key, value)
+  SELECT 'action', json_array(coalesce(playbook, ''), coalesce(action, ''), decision), count(*)
+  FROM audit WHERE decision IN ('acted', 'failed')
+  AND NOT EXISTS (SELECT 1 FROM meta WHERE key = 'counters_seeded') GROUP BY 2;
+INSERT OR IGNORE INTO meta (key, value) VALUES ('counters_seeded', '1');
+INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', lower(hex(randomblob(16))));
+"""
+# Columns added after the first release: (table, column, definition).
+ADDED_COLUMNS = (("intents", "acted", "INTEGER NOT NULL DEFAULT 0"),
+                 ("grants", "priority", "INTEGER NOT NULL DEFAULT 1"))
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Add the columns a store made by an older release lacks (before SCHEMA's indexes and
+    triggers refer to them)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table, column, definition in ADDED_COLUMNS:
+            names = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+            if names and column not in names:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+                if column == "acted":  # granted before the column existed
+                    conn.execute("UPDATE intents SET acted=1 WHERE decision IN"
+                                 " ('act', 'resolve_act')")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 class Store:
     """Thread-safe access: one connection per thread, explicit transactions."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, max_bytes: int | None = None) -> None:
+        """`max_bytes` caps the file (SQLite max_page_count): past it every write fails as on
+        a full disk, so the store cannot fill the disk it shares with checkpoints."""
         self.path = path
+        self.max_bytes = max_bytes
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         conn = self._conn()
-        conn.executescript(SCHEMA)
+        _migrate(conn)
+        conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}{SEED}COMMIT;")
         for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
             with contextlib.suppress(OSError):  # audit details may hold host names, stack dumps
                 name.chmod(0o600)
@@ -155,6 +247,9 @@ class Store:
             sync = "NORMAL" if getattr(self._local, "worker", False) else "FULL"
             conn.execute(f"PRAGMA synchronous={sync}")
             conn.execute("PRAGMA busy_timeout=30000")
+            if self.max_bytes:
+                page = conn.execute("PRAGMA page_size").fetchone()[0]
+                conn.execute(f"PRAGMA max_page_count={max(self.max_bytes // page, 2)}")
             self._local.conn = conn
         return conn
 
@@ -186,6 +281,43 @@ class Store:
 
     def ping(self) -> bool:
         return self._conn().execute("SELECT 1").fetchone()[0] == 1
+
+    def probe_commit(self) -> None:
+        """Commit one small write with intake's durability; raises what intake would meet
+        (read-only or full disk, a store over max_bytes, a lock held too long)."""
+        with self.transaction() as conn:
+            conn.execute("INSERT OR REPLACE INTO readiness (id, at) VALUES (1, ?)",
+                         (time.time(),))
+
+    def quick_check(self) -> str:
+        """'ok', or SQLite's first complaint about a damaged page or index."""
+        row = self._conn().execute("PRAGMA quick_check(1)").fetchone()
+        return str(row[0])
+
+    def store_id(self) -> str:
+        return str(self._conn().execute(
+            "SELECT value FROM meta WHERE key='store_id'").fetchone()[0])
+
+    def prune(self, older_than: float) -> tuple[int, int]:
+        """Retention: delete finished history last touched before `older_than` (epoch s).
+        Intents go only once finished and resolved (their idempotency key is no longer needed:
+        Alertmanager stops resending a resolved alert), so an alert that still fires is never
+        acted on twice; audit rows go only when their intent is finished or gone. Returns
+        (intents, audit rows) deleted."""
+        terminal = ", ".join(f"'{state}'" for state in TERMINAL_STATES)
+        with self.transaction() as conn:
+            conn.execute("UPDATE retention SET horizon=max(horizon, ?) WHERE id=1", (older_than,))
+            intents = conn.execute(
+                f"DELETE FROM intents AS i WHERE i.state IN ({terminal}) AND i.updated_at < ?"  # noqa: S608
+                " AND (i.phase = 'resolve' OR EXISTS (SELECT 1 FROM intents r"
+                "      WHERE r.fingerprint = i.fingerprint AND r.starts_at = i.starts_at"
+                "      AND r.phase = 'resolve'))", (older_than,)).rowcount
+            audit = conn.execute(
+                f"DELETE FROM audit WHERE at < ? AND (intent_id IS NULL OR intent_id NOT IN"  # noqa: S608
+                f" (SELECT id FROM intents WHERE state NOT IN ({terminal})))",
+                (older_than,)).rowcount
+            conn.execute("DELETE FROM grants WHERE at < ?", (older_than,))
+        return intents, audit
 
     # --- writes ---------------------------------------------------------------------------
     @staticmethod
@@ -241,7 +373,7 @@ class Store:
     @staticmethod
     def update_intent(conn: sqlite3.Connection, intent_id: int, **fields: Any) -> None:
         allowed = {"state", "decision", "next_step", "attempts", "not_before", "lease_owner",
-                   "lease_until", "approved", "results"}
+                   "lease_until", "approved", "results", "acted"}
         assert set(fields) <= allowed, fields
         fields["updated_at"] = time.time()
         if "results" in fields:
@@ -253,11 +385,13 @@ class Store:
     # --- reads ----------------------------------------------------------------------------
     @staticmethod
     def grants_since(conn: sqlite3.Connection, since: float, playbook: str | None = None,
-                     target_key: str | None = None) -> tuple[int, float | None]:
-        """(count, newest time) of grants since `since`, globally or for one target."""
+                     target_key: str | None = None, *, min_priority: int = 0
+                     ) -> tuple[int, float | None]:
+        """(count, newest time) of grants since `since`: for one target, or (breakers) of
+        every playbook at `min_priority` or above."""
         if playbook is None:
-            row = conn.execute("SELECT count(*), max(at) FROM grants WHERE at>=?",
-                               (since,)).fetchone()
+            row = conn.execute("SELECT count(*), max(at) FROM grants WHERE at>=? AND priority>=?",
+                               (since, min_priority)).fetchone()
         else:
             row = conn.execute(
                 "SELECT count(*), max(at) FROM grants WHERE playbook=? AND target_key=? AND at>=?",
@@ -268,12 +402,13 @@ class Store:
         row = self._conn().execute("SELECT * FROM intents WHERE id=?", (intent_id,)).fetchone()
         return Intent.from_row(row) if row else None
 
-    def fire_intent_acted(self, fingerprint: str, starts_at: str, playbook: str) -> bool:
-        row = self._conn().execute(
-            "SELECT 1 FROM intents WHERE fingerprint=? AND starts_at=? AND playbook=?"
-            " AND phase='fire' AND decision='act' AND state='done'",
-            (fingerprint, starts_at, playbook)).fetchone()
-        return row is not None
+    @staticmethod
+    def partner(conn: sqlite3.Connection, fingerprint: str, starts_at: str, playbook: str,
+                phase: str) -> sqlite3.Row | None:
+        """The intent of one phase of an alert and playbook (fire <-> resolve pairs)."""
+        return conn.execute(
+            "SELECT * FROM intents WHERE fingerprint=? AND starts_at=? AND playbook=? AND phase=?",
+            (fingerprint, starts_at, playbook, phase)).fetchone()
 
     def list_intents(self, limit: int = 100, state: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM intents"
@@ -312,14 +447,17 @@ class Store:
         return out
 
     def decision_counts(self) -> dict[str, int]:
-        rows = self._conn().execute("SELECT decision, count(*) FROM audit GROUP BY decision")
+        """Running totals (kept by the audit_counts trigger; they survive retention)."""
+        rows = self._conn().execute("SELECT key, value FROM counters WHERE kind='decision'")
         return {r[0]: int(r[1]) for r in rows}
 
     def action_counts(self) -> list[tuple[str, str, str, int]]:
-        rows = self._conn().execute(
-            "SELECT playbook, coalesce(action, ''), decision, count(*) FROM audit"
-            " WHERE decision IN ('acted', 'failed') GROUP BY 1, 2, 3")
-        return [(r[0] or "", r[1], r[2], int(r[3])) for r in rows]
+        rows = self._conn().execute("SELECT key, value FROM counters WHERE kind='action'")
+        out = []
+        for key, value in rows:
+            playbook, action, decision = json.loads(key)
+            out.append((playbook, action, decision, int(value)))
+        return out
 
     def state_counts(self) -> dict[str, int]:
         rows = self._conn().execute("SELECT state, count(*) FROM intents GROUP BY state")

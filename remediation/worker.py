@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 
@@ -20,6 +21,8 @@ from remediation.playbooks import Playbook
 from remediation.store import Store
 
 log = logging.getLogger(__name__)
+PRUNE_EVERY = 3600.0  # seconds between retention passes
+CLAIM_BACKOFF = 5.0  # seconds a worker thread waits after the store refused a claim
 
 
 class Worker:
@@ -55,8 +58,22 @@ class Worker:
             t.join(timeout)
 
     def _heartbeat(self) -> None:
+        """Renews leases; also applies audit retention, once at start and then hourly."""
         self.store.use_worker_durability()
-        while not self._stop.wait(self.config.lease_seconds / 3):
+        next_prune = time.monotonic()
+        while True:
+            if time.monotonic() >= next_prune:
+                next_prune = time.monotonic() + PRUNE_EVERY
+                try:
+                    intents, audit = self.store.prune(
+                        time.time() - self.config.audit_retention_seconds)
+                    if intents or audit:
+                        log.info("retention: removed %d finished intents, %d audit rows",
+                                 intents, audit)
+                except Exception:
+                    log.exception("retention pass failed")
+            if self._stop.wait(self.config.lease_seconds / 3):
+                return
             try:
                 self.store.renew_leases(self.owner, self.config.lease_seconds)
             except Exception:
@@ -69,8 +86,9 @@ class Worker:
             try:
                 intent = self.store.claim(self.owner, self.config.lease_seconds)
             except Exception:
-                log.exception("claim failed")
-                intent = None
+                log.exception("claim failed")  # a damaged or full store: /readyz says so
+                self._stop.wait(CLAIM_BACKOFF)
+                continue
             if intent is None:
                 self._wake.wait(self.config.poll_interval_seconds)
                 self._wake.clear()

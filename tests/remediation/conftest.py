@@ -46,7 +46,7 @@ def make_service(workdir: Path, playbooks: list[dict[str, Any]] | None = None, *
             write_playbook(workdir / "playbooks", doc)
         overrides["playbooks_dir"] = str(workdir / "playbooks")
     config = load_config(write_config(workdir, **overrides))
-    store = Store(config.store_path)
+    store = Store(config.store_path, max_bytes=config.store_max_bytes)
     books = load_playbooks(config.playbooks_dir)
     worker = Worker(config, store, books) if start_worker else None
     app = create_app(config, worker=worker, store=store, books=books)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 import sys
@@ -19,6 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 TOKEN = "test-webhook-token-" + "a" * 16
 CONTROL_TOKEN = "test-control-token-" + "b" * 16
+# approver credentials (remediation.approvers): name -> token; the file holds only digests
+APPROVERS = {"alice": "approver-alice-" + "c" * 24, "bob": "approver-bob-" + "d" * 24}
 
 
 def alert(alertname: str, labels: dict[str, str] | None = None, *, fingerprint: str = "",
@@ -52,6 +55,9 @@ def write_config(workdir: Path, **overrides: Any) -> Path:
     control = workdir / "control.token"
     control.write_text(CONTROL_TOKEN)
     control.chmod(0o600)
+    approvers = workdir / "approvers"
+    approvers.write_text("".join(f"{name} sha256:{hashlib.sha256(tok.encode()).hexdigest()}\n"
+                                 for name, tok in APPROVERS.items()))
     config = {
         "bind": "127.0.0.1",
         "port": 1,
@@ -60,6 +66,7 @@ def write_config(workdir: Path, **overrides: Any) -> Path:
         "prometheus_url": "http://127.0.0.1:1",
         "alertmanager_url": "http://127.0.0.1:1",
         "training_exporter_token_file": str(control),
+        "approvers_file": str(approvers),
         "poll_interval_seconds": 0.05,
         "retry_backoff_seconds": 0.2,
         **overrides,
@@ -87,10 +94,13 @@ class Recorded:
 
 @dataclass
 class StubState:
-    """What a stand-in server saw; `gate` (if set) blocks POST handlers until released."""
+    """What a stand-in server saw; `gate` (if set) blocks POST handlers whose path starts with
+    `gate_prefix` until released; POSTs under `fail_prefix` are answered 500."""
 
     requests: list[Recorded] = field(default_factory=list)
     gate: threading.Event | None = None
+    gate_prefix: str = "/"
+    fail_prefix: str | None = None
     metrics_text: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -128,9 +138,10 @@ class _Handler(BaseHTTPRequestHandler):
             body = raw.decode(errors="replace")
         with self.state.lock:
             self.state.requests.append(Recorded("POST", self.path, dict(self.headers), body))
-        if self.state.gate is not None:
+        if self.state.gate is not None and self.path.startswith(self.state.gate_prefix):
             self.state.gate.wait(60)
-        self._reply(200, {"ok": True})
+        failing = self.state.fail_prefix and self.path.startswith(self.state.fail_prefix)
+        self._reply(500 if failing else 200, {"ok": not failing})
 
 
 @contextmanager

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.remediation.helpers import TOKEN, alert, auth, payload, stub_server
+from tests.remediation.helpers import APPROVERS, TOKEN, alert, auth, payload, stub_server
 from tests.support.net import wait_until
 
 
@@ -88,15 +88,23 @@ def test_approval_gate_with_api_and_reject(service_factory) -> None:
         huge = 10**20  # beyond SQLite's 64-bit INTEGER: a 4xx, not an OverflowError
         assert svc.client.post(f"/v1/actions/{huge}/approve", headers=auth()).status_code == 404
         assert svc.client.get(f"/v1/actions?intent={huge}", headers=auth()).status_code == 400
+        # Issue 11 item 3: the webhook token cannot approve, a header cannot name the approver
+        forged = {**auth(), "X-Trainwatch-User": "alice"}
+        assert svc.client.post(f"/v1/actions/{first}/approve", headers=forged).status_code == 403
         assert svc.client.post(f"/v1/actions/{first}/approve",
-                               headers=auth()).status_code == 200
+                               headers=auth("not-a-known-token")).status_code == 401
+        assert svc.client.post(f"/v1/actions/{first}/approve", headers={
+            **auth(APPROVERS["bob"]), "X-Trainwatch-User": "mallory"}).status_code == 200
         assert svc.client.post(f"/v1/actions/{second}/reject",
-                               headers=auth()).status_code == 200
+                               headers=auth(APPROVERS["alice"])).status_code == 200
         assert svc.client.post(f"/v1/actions/{second}/approve",
-                               headers=auth()).status_code == 409
+                               headers=auth(APPROVERS["alice"])).status_code == 409
         svc.wait_idle()
         assert [r.path for r in state.posts()] == ["/hook/a"]
         assert {a["decision"] for a in svc.audit()} >= {"approved", "rejected", "acted"}
+        assert svc.audit("approved")[0]["reason"] == "approved by bob"
+        assert svc.audit("approved")[0]["detail"] == {"approver": "bob"}
+        assert svc.audit("rejected")[0]["reason"] == "rejected by alice"
 
 
 def test_failing_action_retries_then_fails_and_counts(service_factory) -> None:
@@ -148,13 +156,19 @@ def test_cli_lists_and_approves(tmp_path: Path) -> None:
         listed = subprocess.run([*cli, "actions", "--state", "awaiting_approval"],
                                 capture_output=True, text=True, timeout=30, check=True)
         assert f'"id": {intent}' in listed.stdout
-        subprocess.run([*cli, "--user", "alice", "approve", str(intent)], capture_output=True,
+        refused = subprocess.run([*cli, "approve", str(intent)], capture_output=True,
+                                 text=True, timeout=30, check=False)
+        assert refused.returncode == 1 and "webhook token cannot approve" in refused.stdout
+        approver_file = tmp_path / "alice.token"
+        approver_file.write_text(APPROVERS["alice"])
+        approver_cli = [*cli[:-1], str(approver_file)]
+        subprocess.run([*approver_cli, "approve", str(intent)], capture_output=True,
                        text=True, timeout=30, check=True)
         wait_until(lambda: state.posts(), timeout=20, what="approved action ran")
         approved = svc.actions(decision="approved")["audit"]
         assert approved[0]["reason"] == "approved by alice"
-        again = subprocess.run([*cli, "approve", str(intent)], capture_output=True, text=True,
-                               timeout=30, check=False)
+        again = subprocess.run([*approver_cli, "approve", str(intent)], capture_output=True,
+                               text=True, timeout=30, check=False)
         assert again.returncode == 1
 
 

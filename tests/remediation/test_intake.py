@@ -13,7 +13,15 @@ import yaml
 from remediation.config import ConfigError, load_config
 from remediation.playbooks import PlaybookError, load_playbooks
 from remediation.store import Store
-from tests.remediation.helpers import REPO, alert, auth, payload, write_config, write_playbook
+from tests.remediation.helpers import (
+    REPO,
+    TOKEN,
+    alert,
+    auth,
+    payload,
+    write_config,
+    write_playbook,
+)
 
 PAGE = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
         "target": ["training_job"],
@@ -53,7 +61,7 @@ def test_oversized_body_is_413(service_factory) -> None:
 
 @pytest.mark.parametrize("body", [b"not json", b"[]", b'{"version": "3", "status": "firing",'
                                   b' "alerts": []}', json.dumps({"version": "4", "status":
-                                  "firing", "alerts": [{"labels": {}}]}).encode()])
+                                  "firing", "alerts": {"labels": {}}}).encode()])
 def test_invalid_payload_is_400_so_alertmanager_does_not_retry(service_factory, body) -> None:
     with service_factory([PAGE], start_worker=False) as svc:
         resp = svc.client.post("/v1/alerts", data=body, headers=auth(),
@@ -61,6 +69,64 @@ def test_invalid_payload_is_400_so_alertmanager_does_not_retry(service_factory, 
         assert resp.status_code == 400
         assert "error" in resp.json
         assert svc.store.list_intents() == []
+
+
+def test_one_bad_alert_does_not_block_its_neighbours(service_factory) -> None:
+    """Issue 11 item 5: an oversize annotation or a missing field is recorded as invalid with
+    the reason, the valid alert beside it is accepted, and the answer is 200 (Alertmanager
+    drops a 4xx, so a 400 would lose the valid alert)."""
+    with service_factory([PAGE], start_worker=False, max_body_bytes=65536) as svc:
+        good = alert("TrainingLossSpike", {"training_job": "good"})
+        oversize = alert("TrainingLossSpike", {"training_job": "big"})
+        oversize["annotations"]["description"] = "x" * 5000
+        body = payload(good, oversize, {"labels": {"alertname": "NoFingerprint"}})
+        body["commonAnnotations"] = {"description": "x" * 5000}  # as Alertmanager repeats it
+        resp = svc.client.post("/v1/alerts", json=body, headers=auth())
+        assert resp.status_code == 200, resp.data
+        assert resp.json["accepted"] == 1 and resp.json["invalid"] == 2
+        invalid = svc.audit("invalid")
+        assert len(invalid) == 2
+        assert any("annotations/description" in r["reason"] for r in invalid)
+        assert any("is a required property" in r["reason"] for r in invalid)
+        (pending,) = svc.store.list_intents(state="pending")
+        assert pending["labels"]["training_job"] == "good"
+        again = svc.client.post("/v1/alerts", json=body, headers=auth())
+        assert again.status_code == 200 and len(svc.audit("invalid")) == 2  # not re-audited
+
+
+def test_lone_surrogate_is_recorded_invalid_not_503(service_factory) -> None:
+    """Issue 11 item 5: a lone surrogate (valid JSON escape, invalid Unicode) in alertname, a
+    label or the group key gave 503, which Alertmanager retries forever."""
+    with service_factory([PAGE], start_worker=False) as svc:
+        raw = json.dumps(payload(alert("SURROGATE", fingerprint="5e"),
+                                 alert("TrainingLossSpike", {"training_job": "SURROGATE"}),
+                                 alert("TrainingLossSpike", {"training_job": "fine"})))
+        raw = raw.replace("SURROGATE", "\\ud800").replace('"{}:{}"', '"\\udfff"')
+        resp = svc.client.post("/v1/alerts", data=raw, headers=auth(),
+                               content_type="application/json")
+        assert resp.status_code == 200, resp.data
+        assert resp.json["invalid"] == 2 and resp.json["accepted"] == 1
+        reasons = [r["reason"] for r in svc.audit("invalid")]
+        assert all("not valid Unicode" in r for r in reasons), reasons
+        listed = svc.client.get("/v1/actions", headers=auth())
+        assert listed.status_code == 200
+
+
+def test_store_failure_is_the_only_5xx(service_factory) -> None:
+    """When nothing can be recorded (the store is full) the answer is 503, so Alertmanager
+    retries; /readyz says so too."""
+    with service_factory([PAGE], start_worker=False, store_max_bytes=65536) as svc:
+        code = 200
+        for n in range(400):
+            body = payload(*[alert("TrainingLossSpike", {"training_job": f"j{n}",
+                                                         "pad": "p" * 3000}) for _ in range(4)])
+            code = svc.client.post("/v1/alerts", json=body, headers=auth()).status_code
+            if code != 200:
+                break
+        assert code == 503
+        ready = svc.client.get("/readyz")
+        assert ready.status_code == 503
+        assert any("commit" in p for p in ready.json["problems"]), ready.json
 
 
 def test_unknown_extra_fields_are_accepted(service_factory) -> None:
@@ -176,3 +242,27 @@ def test_bad_config_names_file_and_key(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "remediation.server", "--config", str(path)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "surprise" in proc.stderr
+
+
+def test_approver_file_holds_digests_and_refuses_the_webhook_token(tmp_path: Path) -> None:
+    """Issue 11 item 3: approver tokens are made by the tool and stored hashed; a file that
+    would let the webhook token approve stops the service at start."""
+    import hashlib
+
+    approvers = tmp_path / "team-approvers"
+    made = subprocess.run([sys.executable, "-m", "remediation.approvers", "add", "carol",
+                           "--file", str(approvers)], capture_output=True, text=True,
+                          timeout=60, check=True, cwd=REPO)
+    token = made.stdout.strip()
+    assert len(token) >= 32 and token not in approvers.read_text()
+    assert approvers.stat().st_mode & 0o077 == 0
+    config = load_config(write_config(tmp_path, approvers_file=str(approvers)))
+    assert config.approvers.identify(token) == "carol"
+    assert config.approvers.identify(token + "x") is None
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    approvers.write_text(f"mallory sha256:{digest}\n")
+    with pytest.raises(ConfigError, match="webhook token"):
+        load_config(write_config(tmp_path, approvers_file=str(approvers)))
+    approvers.write_text("bad line\n")
+    with pytest.raises(ConfigError, match=r"team-approvers:1"):
+        load_config(write_config(tmp_path, approvers_file=str(approvers)))

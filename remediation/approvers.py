@@ -1,0 +1,115 @@
+"""Approver credentials: approving a destructive action is its own privilege.
+
+The approvers file names each approver with a SHA-256 digest of their bearer token, one a line:
+
+    # name      digest of the token
+    alice       sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
+
+Only digests are stored, so the file (and its backups) cannot be used to approve. SHA-256
+rather than a slow hash (scrypt) because the tokens are 256-bit random strings made by
+`python -m remediation.approvers add`, never passwords a person chose: there is no dictionary
+to try, and every request is verified without a deliberate 50 ms delay. The identity recorded
+in the audit is the name bound to the token, never a header the caller sets. The webhook token
+is not an approver token (checked at load and per request), so whoever can post alerts cannot
+also approve what they caused.
+
+    python -m remediation.approvers add NAME --file APPROVERS   # prints the new token once
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
+DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+
+class ApproverError(ValueError):
+    """An approvers file that cannot be used; the message names the file and line."""
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Approvers:
+    """(digest, name) pairs; `identify` answers the name bound to a token, or None."""
+
+    entries: tuple[tuple[str, str], ...] = ()
+
+    def identify(self, token: str) -> str | None:
+        supplied = digest(token)
+        found = None
+        for known, name in self.entries:  # compare with every entry: no early exit
+            if hmac.compare_digest(supplied, known):
+                found = name
+        return found
+
+
+def load_approvers(path: Path, *, webhook_token: str = "") -> Approvers:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ApproverError(f"{path}: cannot read: {exc.strerror}") from exc
+    entries: list[tuple[str, str]] = []
+    names: set[str] = set()
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2 or not NAME.match(parts[0]) or not DIGEST.match(parts[1]):
+            raise ApproverError(f"{path}:{number}: expected 'NAME sha256:<64 hex digits>'")
+        if parts[0] in names:
+            raise ApproverError(f"{path}:{number}: approver {parts[0]!r} named twice")
+        names.add(parts[0])
+        entries.append((DIGEST.match(parts[1]).group(1), parts[0]))  # type: ignore[union-attr]
+    approvers = Approvers(tuple(entries))
+    if webhook_token and approvers.identify(webhook_token):
+        raise ApproverError(f"{path}: an approver's token is the webhook token; approval "
+                            "must be a separate credential")
+    return approvers
+
+
+def add(path: Path, name: str) -> str:
+    """Append a new approver with a fresh random token; returns the token (shown once)."""
+    if not NAME.match(name):
+        raise ApproverError(f"approver name must match {NAME.pattern}")
+    if path.exists() and name in {line.split()[0] for line in path.read_text().splitlines()
+                                  if line.strip() and not line.lstrip().startswith("#")}:
+        raise ApproverError(f"{path}: approver {name!r} exists already")
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as fh:
+        fh.write(f"{name} sha256:{digest(token)}\n")
+    return token
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m remediation.approvers",
+                                     description="Manage remediation approver credentials.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    new = sub.add_parser("add", help="add an approver; prints their token once")
+    new.add_argument("name")
+    new.add_argument("--file", required=True, type=Path)
+    args = parser.parse_args(argv)
+    try:
+        token = add(args.file, args.name)
+    except (ApproverError, OSError) as exc:
+        print(f"remediation.approvers: {exc}", file=sys.stderr)
+        return 2
+    print(token)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The store's marker: a small file outside the store that says which store existed here.
+
+A store that was deleted, truncated to 0 bytes, or swapped for another file starts empty: it
+has forgotten which alerts were already acted on, so every resend from Alertmanager (which
+keeps resending firing alerts) would act again. The marker names the store's id (written once
+into its `meta` table); at start, a store that is missing, empty or has another id than the
+marker refuses to start unless the operator says `--accept-new-store` (which then rewrites the
+marker). Keep the marker out of the store's own backup/restore path, for example next to it
+(`<store>.marker`, the default) or in the service's config directory (`store_marker_path`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+from remediation.config import Config
+from remediation.store import Store
+
+
+class StoreResetError(RuntimeError):
+    """The store is not the one the marker names; the message says what to do."""
+
+
+def _existing_id(path: Path) -> str | None:
+    """The id of the store at `path` without creating or changing anything; None when the file
+    is missing, empty or not a store of ours."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    try:
+        conn = sqlite3.connect(path, timeout=30.0)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row else None
+
+
+def check_store(config: Config, *, accept_new: bool) -> None:
+    """Raise StoreResetError when a marker exists and the store is not the one it names."""
+    marker = config.marker_path
+    if not marker.exists() or accept_new:
+        return
+    try:
+        recorded = json.loads(marker.read_text())
+        expected = str(recorded["store_id"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StoreResetError(f"marker {marker} is unreadable ({type(exc).__name__}); fix or "
+                              "remove it, or start with --accept-new-store") from exc
+    found = _existing_id(config.store_path)
+    if found == expected:
+        return
+    what = ("is missing" if not config.store_path.exists() else
+            "is empty" if config.store_path.stat().st_size == 0 or found is None else
+            f"is another store (id {found})")
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(recorded.get("created", 0)))
+    raise StoreResetError(
+        f"store {config.store_path} {what}, but marker {marker} says store {expected} existed "
+        f"here (since {since}). Starting would forget which alerts were already acted on and "
+        "act on them again. Restore the store, or start once with --accept-new-store if a new "
+        "store is intended.")
+
+
+def write_marker(config: Config, store: Store) -> None:
+    """Record the open store's id (atomically, mode 0600) unless the marker already names it.
+    The store is checkpointed first, so its file is never empty once a marker names it."""
+    marker = config.marker_path
+    store_id = store.store_id()
+    try:
+        if json.loads(marker.read_text()).get("store_id") == store_id:
+            return
+    except (OSError, ValueError, AttributeError):
+        pass
+    store._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_name(f".{marker.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({"store_id": store_id, "store_path": str(config.store_path),
+                   "created": time.time()}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, marker)
