@@ -28,11 +28,12 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat, starmap
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from exporters.logs import shutdown_hooks
-from exporters.logs.ecs import EcsFormatter, capture_error, make_encoder
+from exporters.logs.ecs import EcsFormatter, capture_error
 from exporters.logs.identity import (
     detect_job,
     detect_rank,
@@ -102,7 +103,6 @@ class AsyncEcsHandler(logging.Handler):
             self.path = Path(path) if path is not None else None
         self._writer = writer
         self._capacity = capacity
-        self._room = capacity
         self._block = overflow == "block"
         self._batch_size = batch_size
         self._wake_at = min(batch_size, capacity) - 1
@@ -119,7 +119,6 @@ class AsyncEcsHandler(logging.Handler):
         self._exception_formatter = logging.Formatter()
         self._ecs = EcsFormatter(service=service, job=self.job, rank=self.rank,
                                  prefer_orjson=use_orjson)
-        self._encode: Callable[[dict[str, Any]], bytes] = make_encoder(use_orjson)
         # Counters: callers only increment `_dropped` (under a lock, on the rare overflow path);
         # the writer thread alone updates the others.
         self._dropped = 0
@@ -129,6 +128,7 @@ class AsyncEcsHandler(logging.Handler):
         self.format_errors = 0
         self._thread = threading.Thread(target=self._run, name=f"trainwatch-log-writer-{id(self)}",
                                          daemon=True)
+        self.handle = self._make_caller_path()  # type: ignore[method-assign]
         self._thread.start()
         shutdown_hooks.register(self, sigterm=install_signal_handler)
 
@@ -138,30 +138,48 @@ class AsyncEcsHandler(logging.Handler):
         """Records refused because the queue was full (or the handler already closed)."""
         return self._dropped
 
-    def handle(self, record: logging.LogRecord) -> logging.LogRecord | bool:
-        """Like Handler.handle but without the per-call handler lock: the queue is thread-safe.
+    def _make_caller_path(self) -> Callable[[logging.LogRecord], logging.LogRecord | bool]:
+        """The whole caller-side path as one closure, installed as this instance's `handle`.
 
-        The whole caller-side path is inlined here because every call costs the training loop.
+        Why a closure: every call costs the training loop, and free variables are read faster
+        than attributes. No handler lock: the deque is thread-safe. close() swaps in
+        `_handle_closed`, so the open path needs no closed check.
         """
-        if self.filters:
-            rv = self.filter(record)
-            if not rv:
-                return rv
-            if isinstance(rv, logging.LogRecord):
-                record = rv
-        args = record.args
-        needs_prepare = record.exc_info or (args and (
-            type(args) is not tuple or not _IMMUTABLE_ARG_TYPES.issuperset(map(type, args))))
-        if needs_prepare and not self._prepare(record):
-            return record
+        filters = self.filters  # addFilter/removeFilter change this same list
         queue = self._queue
-        queued = len(queue)
-        if queued < self._room:  # _room drops to 0 on close, so one test covers both
-            queue.append(record)
-            if queued >= self._wake_at and not self._wake.is_set():
-                self._wake.set()
-        else:
-            self._overflow(record)
+        append = queue.append
+        capacity = self._capacity
+        wake_at = self._wake_at
+        wake = self._wake
+        immutable = _IMMUTABLE_ARG_TYPES.issuperset
+        prepare = self._prepare
+        overflow = self._overflow
+
+        def handle(record: logging.LogRecord) -> logging.LogRecord | bool:
+            if filters:
+                rv = self.filter(record)
+                if not rv:
+                    return rv
+                if isinstance(rv, logging.LogRecord):
+                    record = rv
+            args = record.args
+            if ((args and (type(args) is not tuple or not immutable(map(type, args))))
+                    or record.exc_info) and not prepare(record):
+                return record
+            queued = len(queue)
+            if queued < capacity:
+                append(record)
+                if queued >= wake_at and not wake.is_set():
+                    wake.set()
+            else:
+                overflow(record)
+            return record
+
+        return handle
+
+    def _handle_closed(self, record: logging.LogRecord) -> logging.LogRecord | bool:
+        with self._drop_lock:
+            self._dropped += 1
         return record
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -212,8 +230,7 @@ class AsyncEcsHandler(logging.Handler):
                     return
                 self._busy = True
             count = min(len(queue), self._batch_size)
-            pop = queue.popleft
-            batch = [pop() for _ in range(count)]
+            batch = list(starmap(queue.popleft, repeat((), count)))  # C loop, no bytecode
             lines = self._encode_batch(batch)
             summary = self._drop_summary()
             if summary is not None:
@@ -232,7 +249,10 @@ class AsyncEcsHandler(logging.Handler):
                 self._cond.notify_all()
 
     def _encode_batch(self, batch: list[logging.LogRecord]) -> list[bytes]:
-        line = self._ecs.line
+        try:
+            return self._ecs.lines(batch)
+        except Exception:  # one odd record must not cost the batch: go one by one
+            line = self._ecs.line
         lines = []
         for record in batch:
             try:
@@ -252,7 +272,7 @@ class AsyncEcsHandler(logging.Handler):
             "dropped %d log records: queue full (capacity %d); %d dropped since start",
             (newly, self._capacity, dropped), None)
         record.trainwatch = {"dropped_records": newly, "dropped_total": dropped}  # type: ignore[attr-defined]
-        return self._encode(self._ecs.document(record))
+        return self._ecs.line(record)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
@@ -270,7 +290,7 @@ class AsyncEcsHandler(logging.Handler):
         """Called in a forked child: this copy has no writer thread and a copy of the parent's
         file buffer, so it must never write. Later records are dropped and counted."""
         self._closed = True
-        self._room = 0
+        self.handle = self._handle_closed  # type: ignore[method-assign]
         self._stopping = True
         self._queue.clear()
 
@@ -280,7 +300,7 @@ class AsyncEcsHandler(logging.Handler):
             if self._closed:
                 return
             self._closed = True
-            self._room = 0
+            self.handle = self._handle_closed  # type: ignore[method-assign]
         self._stopping = True
         self._wake.set()
         if self._thread.ident is not None and self._thread.is_alive():
