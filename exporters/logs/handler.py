@@ -24,6 +24,7 @@ Choices a user should know about (see docs/logging.md):
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import threading
 from collections import deque
@@ -34,6 +35,7 @@ from typing import Protocol
 
 from exporters.logs import shutdown_hooks
 from exporters.logs.ecs import EcsFormatter, capture_error
+from exporters.logs.ecs_compat import EcsLoggingCompatFormatter, capture_error_compat
 from exporters.logs.identity import (
     detect_job,
     detect_rank,
@@ -44,6 +46,9 @@ from exporters.logs.identity import (
 from exporters.logs.rotating_writer import RotatingJsonlWriter
 
 OVERFLOW_POLICIES = ("drop", "block")
+# "ecs": the ECS logging spec, fast path; "ecs-logging": exactly what Elastic's ecs-logging
+# package writes for the same record (slower; for pipelines built around that formatter).
+LAYOUTS = ("ecs", "ecs-logging")
 _IMMUTABLE_ARG_TYPES = frozenset({int, float, str, bytes, bool, type(None)})
 
 
@@ -71,6 +76,8 @@ class AsyncEcsHandler(logging.Handler):
         job: str | None = None,
         rank: int | None = None,
         service: str = "training",
+        dataset: str | None = None,
+        layout: str = "ecs",
         max_bytes: int = 100 * 1024 * 1024,
         backup_count: int = 5,
         capacity: int = 100_000,
@@ -84,6 +91,8 @@ class AsyncEcsHandler(logging.Handler):
         level: int = logging.NOTSET,
     ) -> None:
         super().__init__(level)
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
         if capacity < 1 or batch_size < 1:
@@ -117,8 +126,16 @@ class AsyncEcsHandler(logging.Handler):
         self._closed = False
         self._close_lock = threading.Lock()
         self._exception_formatter = logging.Formatter()
-        self._ecs = EcsFormatter(service=service, job=self.job, rank=self.rank,
-                                 prefer_orjson=use_orjson)
+        self._ecs: EcsFormatter | EcsLoggingCompatFormatter
+        if layout == "ecs":
+            self._ecs = EcsFormatter(service=service, job=self.job, rank=self.rank,
+                                     dataset=dataset, prefer_orjson=use_orjson)
+        else:
+            self._ecs = EcsLoggingCompatFormatter(extra={
+                "service.name": service, "event.dataset": dataset or service,
+                "host.name": socket.gethostname(),
+                "labels.training_job": self.job, "labels.rank": str(self.rank)})
+        self._layout = layout
         # Counters: callers only increment `_dropped` (under a lock, on the rare overflow path);
         # the writer thread alone updates the others.
         self._dropped = 0
@@ -189,7 +206,10 @@ class AsyncEcsHandler(logging.Handler):
         """Freeze what may change after the call: the exception text and mutable args."""
         try:
             if record.exc_info:
-                capture_error(record, self._exception_formatter)
+                if self._layout == "ecs":
+                    capture_error(record, self._exception_formatter)
+                else:
+                    capture_error_compat(record)
             if record.args and (type(record.args) is not tuple or not
                                 _IMMUTABLE_ARG_TYPES.issuperset(map(type, record.args))):
                 record.msg = record.getMessage()
