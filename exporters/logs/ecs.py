@@ -162,14 +162,25 @@ class EcsFormatter:
         return escaped if len(escaped) == len(batch) else None
 
     def lines(self, batch: list[logging.LogRecord]) -> list[bytes]:
-        """One ECS JSON line (no newline) per record, in order.
+        """One ECS JSON line (no newline) per record, in order."""
+        return self.block(batch)[:-1].split(b"\n") if batch else []
+
+    def block(self, batch: list[logging.LogRecord]) -> bytes:
+        """The batch as newline-terminated ECS JSON lines in one buffer.
 
         Written as map() over C callables (attrgetter, dict.get, bytes.join) rather than a
         Python loop: at a few hundred nanoseconds per record, bytecode dispatch is the cost.
+        (One flat join over all parts measured slower than a join per line plus one "\n" join.)
         """
         escaped = self._escaped_messages(batch)
-        if escaped is None:
-            return [self.line(record) for record in batch]
+        sizes = list(map(len, map(_DICT, batch)))
+        if escaped is None:  # a message that needs one-by-one rendering
+            return b"".join([self.line(record) + b"\n" for record in batch])
+        if sizes.count(_BASE_RECORD_KEYS) != len(sizes):  # some records have extras or an error
+            return b"".join([
+                self._fast_line(record, message) if size == _BASE_RECORD_KEYS
+                else self.line(record) + b"\n"
+                for record, size, message in zip(batch, sizes, escaped, strict=True)])
         keys = list(map(_SITE_KEY, batch))
         sites = list(map(self._sites.get, keys))
         if None in sites:
@@ -184,14 +195,18 @@ class EcsFormatter:
             for index, stamp in enumerate(stamps):
                 if stamp is None:
                     stamps[index] = known_stamps.get(millis[index]) or self._stamp(millis[index])
-        out = list(map(b"".join, zip(stamps, map(_FIRST, sites), escaped, map(_SECOND, sites),
-                                     strict=True)))
-        sizes = list(map(len, map(_DICT, batch)))
-        if sizes.count(_BASE_RECORD_KEYS) != len(sizes):  # records with extras or an error
-            for index, size in enumerate(sizes):
-                if size != _BASE_RECORD_KEYS:
-                    out[index] = self.line(batch[index])
-        return out
+        lines = list(map(b"".join, zip(stamps, map(_FIRST, sites), escaped, map(_SECOND, sites),
+                                       strict=True)))
+        lines.append(b"")  # the block ends with a newline without copying it again
+        return b"\n".join(lines)
+
+    def _fast_line(self, record: logging.LogRecord, message: bytes) -> bytes:
+        """One newline-terminated line from the cached parts (for mixed batches)."""
+        key = _SITE_KEY(record)
+        site = self._sites.get(key) or self._site(key, record)
+        ms = int(record.created * 1000)
+        return b"".join((self._stamps.get(ms) or self._stamp(ms), site[0], message, site[1],
+                         b"\n"))
 
     def line(self, record: logging.LogRecord) -> bytes:
         """One ECS JSON line (no newline) for `record`."""

@@ -56,6 +56,7 @@ class LineWriter(Protocol):
     """Where encoded lines go; RotatingJsonlWriter in production, injectable for tests."""
 
     def write_lines(self, lines: list[bytes]) -> None: ...
+    # Optional: `write_block(data)`, newline-terminated lines in one buffer (saves a copy).
     def flush(self) -> None: ...
     def close(self) -> None: ...
 
@@ -111,6 +112,7 @@ class AsyncEcsHandler(logging.Handler):
         else:
             self.path = Path(path) if path is not None else None
         self._writer = writer
+        self._write_block: Callable[[bytes], None] | None = getattr(writer, "write_block", None)
         self._capacity = capacity
         self._block = overflow == "block"
         self._batch_size = batch_size
@@ -251,12 +253,15 @@ class AsyncEcsHandler(logging.Handler):
                 self._busy = True
             count = min(len(queue), self._batch_size)
             batch = list(starmap(queue.popleft, repeat((), count)))  # C loop, no bytecode
-            lines = self._encode_batch(batch)
+            block = self._encode_block(batch)
             summary = self._drop_summary()
             if summary is not None:
-                lines.append(summary)
+                block += summary + b"\n"
             try:
-                self._writer.write_lines(lines)
+                if self._write_block is not None:
+                    self._write_block(block)
+                elif block:
+                    self._writer.write_lines(block[:-1].split(b"\n"))
                 if not queue:
                     self._writer.flush()
                 self.written += count
@@ -268,9 +273,10 @@ class AsyncEcsHandler(logging.Handler):
                 self._busy = False
                 self._cond.notify_all()
 
-    def _encode_batch(self, batch: list[logging.LogRecord]) -> list[bytes]:
+    def _encode_block(self, batch: list[logging.LogRecord]) -> bytes:
+        """The batch as newline-terminated lines in one buffer (JSON never holds a raw newline)."""
         try:
-            return self._ecs.lines(batch)
+            return self._ecs.block(batch)
         except Exception:  # one odd record must not cost the batch: go one by one
             line = self._ecs.line
         lines = []
@@ -279,7 +285,7 @@ class AsyncEcsHandler(logging.Handler):
                 lines.append(line(record))
             except Exception:  # one odd record must not cost the batch
                 self.format_errors += 1
-        return lines
+        return b"".join(item + b"\n" for item in lines)
 
     def _drop_summary(self) -> bytes | None:
         dropped = self._dropped
