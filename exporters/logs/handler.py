@@ -16,6 +16,8 @@ Choices a user should know about (see docs/logging.md):
   never blocks the caller: the record is dropped and counted, and the writer logs one
   WARNING summary record with the number dropped. `overflow="block"` makes the caller wait
   for room instead (for logs that must not be lost, at the price of stalling the loop).
+* Layout: `layout="ecs"` (default) follows Elastic's ECS logging spec; `layout="ecs-logging"`
+  writes exactly what Elastic's `ecs-logging` package writes (slower; see ecs_compat.py).
 * Records are flushed by `flush()`, `close()` (idempotent), at interpreter exit and on
   SIGTERM (chained to the previous SIGTERM handler). A stalled disk cannot hang exit: close
   waits at most `close_timeout` seconds and reports what it had to abandon.
