@@ -50,11 +50,14 @@ FORMS: tuple[FailureForm, ...] = (
        "15.78 GiB total capacity; 14.56 GiB already allocated; 3.44 MiB free; 14.71 GiB reserved"
        " in total by PyTorch) If reserved memory is >> allocated memory try setting "
        "max_split_size_mb to avoid fragmentation.", "cuda_oom",
-       f"{ALLOCATOR}, torch 2.0 form, TORCH_CHECK_WITH(OutOfMemoryError, ...)"),
+       f"{ALLOCATOR}, pre-2.1 form TORCH_CHECK_WITH(OutOfMemoryError, \"CUDA out of memory. "
+       "Tried to allocate \", ..., \" (GPU \", device, \"; \", ..., \" total capacity; \" ...) "
+       "(read in copies of the file in the source index, not at a tag)"),
     _f("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
        "total capacity of 79.11 GiB of which 1.20 GiB is free. Including non-PyTorch memory, this"
        " process has 77.90 GiB memory in use.", "cuda_oom",
-       f"{ALLOCATOR}, torch >= 2.1 form; class torch.OutOfMemoryError since 2.5"),
+       f"{ALLOCATOR}, torch >= 2.1 form (not read at a tag here: the CUDA sources are not in "
+       "the CPU wheel); class torch.OutOfMemoryError since 2.5"),
     _f("RuntimeError: CUDA error: out of memory", "cuda_oom",
        "pytorch c10/cuda/CUDAException.cpp c10_cuda_check_implementation: 'CUDA error: ' + "
        "cudaGetErrorString(cudaErrorMemoryAllocation)"),
@@ -142,7 +145,9 @@ FORMS: tuple[FailureForm, ...] = (
     _f("RuntimeError: [1] is setting up NCCL communicator and retreiving ncclUniqueId from [0] "
        "via c10d key-value store by key '0', but store->get('0') got error: Connection reset by "
        "peer", "nccl_error",
-       "pytorch ProcessGroupNCCL.cpp broadcastUniqueNCCLID, torch 2.0 spelling 'retreiving'"),
+       "pytorch ProcessGroupNCCL.cpp broadcastUniqueNCCLID, older spelling 'retreiving' (read "
+       "in an earlier copy of the file in the source index, not at a tag; @0007e752 spells it "
+       "'retrieving')"),
     # --- elastic_child_failed --------------------------------------------------------------------
     _f("E1121 10:31:02.123000 4242 torch/distributed/elastic/multiprocessing/api.py:1003] failed "
        "(exitcode: 1) local_rank: 0 (pid: 4243) of binary: /usr/bin/python3",
