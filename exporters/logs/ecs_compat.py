@@ -110,6 +110,10 @@ class EcsLoggingCompatFormatter:
     def lines(self, batch: list[logging.LogRecord]) -> list[bytes]:
         return [self.line(record) for record in batch]
 
+    def block(self, batch: list[logging.LogRecord]) -> bytes:
+        """The batch as newline-terminated lines in one buffer (the writer's unit)."""
+        return b"".join([self.line(record) + b"\n" for record in batch])
+
     def line(self, record: logging.LogRecord) -> bytes:
         return self.text(record).encode("ascii")
 
