@@ -160,3 +160,22 @@ def test_unknown_layout_is_refused_before_anything_is_created(tmp_path: Path) ->
         AsyncEcsHandler(path=tmp_path / "x.jsonl", job="j", rank=0, layout="gelf",
                         install_signal_handler=False)
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_a_bad_format_string_in_a_batch_costs_only_its_own_message(tmp_path: Path) -> None:
+    """The batch encoder renders all messages at once; one record whose format string does not
+    match its args sends the batch down the one-by-one path, and nothing is lost."""
+    handler = AsyncEcsHandler(path=tmp_path / "x.jsonl", job="j", rank=0,
+                              install_signal_handler=False)
+    logger = _new_logger("spec.badformat", handler)
+    logger.info("before %d", 1)
+    logger.info("two placeholders %d %d", 1)  # wrong arity
+    logger.info({"not": "a string"})
+    logger.info("after %s", "x")
+    handler.close()
+    docs = [json.loads(line) for line in _written_lines(tmp_path / "x.jsonl")]
+    assert len(docs) == 4 and docs[0]["message"] == "before 1"
+    assert "message formatting failed" in docs[1]["message"]
+    assert docs[2]["message"] == "{'not': 'a string'}"
+    assert docs[3]["message"] == "after x"
+    assert handler.format_errors == 0 and handler.written == 4
