@@ -100,10 +100,11 @@ class RegexPerLineBaseline:
 TEMPLATES = [
     "2026-11-21 10:30:25 INFO Step {i}: loss=1.234, lr=1e-4, time=0.5s",
     "[rank1]: 2026-11-21 10:30:25 INFO train.py:88 step={i} tokens=1048576 throughput=412.5",
-    '{{"@timestamp":"2026-11-21T10:30:25.120Z","message":"step {i} loss=1.2345 lr=0.0001",'
-    '"log.level":"info","log":{{"logger":"train","origin":{{"file":{{"name":"train.py",'
-    '"line":88}},"function":"step"}}}},"process":{{"pid":4242,"thread":{{"name":"MainThread"}}}},'
-    '"ecs.version":"8.11.0","service":{{"name":"training"}},"host":{{"name":"gpu-node-3"}},'
+    '{{"@timestamp":"2026-11-21T10:30:25.120Z","log.level":"info",'
+    '"message":"step {i} loss=1.2345 lr=0.0001","ecs.version":"1.6.0",'
+    '"event":{{"dataset":"training"}},"log":{{"logger":"train","origin":{{"file":{{"name":'
+    '"train.py","line":88}},"function":"step"}}}},"process":{{"pid":4242,"thread":{{"name":'
+    '"MainThread"}}}},"service":{{"name":"training"}},"host":{{"name":"gpu-node-3"}},'
     '"labels":{{"training_job":"llm-7b","rank":"3"}}}}',
     "2026-11-21 10:30:20 ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
     "2.00 GiB. GPU 0 has a total capacity of 79.11 GiB of which 1.2 GiB is free.",

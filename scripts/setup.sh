@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 DEB_PACKAGES=(prometheus prometheus-alertmanager prometheus-pushgateway prometheus-node-exporter
               supervisor python3-venv)
+# ruby: its Regexp (Onigmo) runs the generated Logstash patterns in tests/logs.
+DEB_PACKAGES+=(ruby)
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

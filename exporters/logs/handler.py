@@ -16,6 +16,8 @@ Choices a user should know about (see docs/logging.md):
   never blocks the caller: the record is dropped and counted, and the writer logs one
   WARNING summary record with the number dropped. `overflow="block"` makes the caller wait
   for room instead (for logs that must not be lost, at the price of stalling the loop).
+* Layout: `layout="ecs"` (default) follows Elastic's ECS logging spec; `layout="ecs-logging"`
+  writes exactly what Elastic's `ecs-logging` package writes (slower; see ecs_compat.py).
 * Records are flushed by `flush()`, `close()` (idempotent), at interpreter exit and on
   SIGTERM (chained to the previous SIGTERM handler). A stalled disk cannot hang exit: close
   waits at most `close_timeout` seconds and reports what it had to abandon.
@@ -24,15 +26,18 @@ Choices a user should know about (see docs/logging.md):
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import threading
 from collections import deque
 from collections.abc import Callable
+from itertools import repeat, starmap
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from exporters.logs import shutdown_hooks
-from exporters.logs.ecs import EcsFormatter, capture_error, make_encoder
+from exporters.logs.ecs import EcsFormatter, capture_error
+from exporters.logs.ecs_compat import EcsLoggingCompatFormatter, capture_error_compat
 from exporters.logs.identity import (
     detect_job,
     detect_rank,
@@ -43,6 +48,9 @@ from exporters.logs.identity import (
 from exporters.logs.rotating_writer import RotatingJsonlWriter
 
 OVERFLOW_POLICIES = ("drop", "block")
+# "ecs": the ECS logging spec, fast path; "ecs-logging": exactly what Elastic's ecs-logging
+# package writes for the same record (slower; for pipelines built around that formatter).
+LAYOUTS = ("ecs", "ecs-logging")
 _IMMUTABLE_ARG_TYPES = frozenset({int, float, str, bytes, bool, type(None)})
 
 
@@ -50,6 +58,7 @@ class LineWriter(Protocol):
     """Where encoded lines go; RotatingJsonlWriter in production, injectable for tests."""
 
     def write_lines(self, lines: list[bytes]) -> None: ...
+    # Optional: `write_block(data)`, newline-terminated lines in one buffer (saves a copy).
     def flush(self) -> None: ...
     def close(self) -> None: ...
 
@@ -70,6 +79,8 @@ class AsyncEcsHandler(logging.Handler):
         job: str | None = None,
         rank: int | None = None,
         service: str = "training",
+        dataset: str | None = None,
+        layout: str = "ecs",
         max_bytes: int = 100 * 1024 * 1024,
         backup_count: int = 5,
         capacity: int = 100_000,
@@ -83,6 +94,8 @@ class AsyncEcsHandler(logging.Handler):
         level: int = logging.NOTSET,
     ) -> None:
         super().__init__(level)
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
         if capacity < 1 or batch_size < 1:
@@ -101,8 +114,8 @@ class AsyncEcsHandler(logging.Handler):
         else:
             self.path = Path(path) if path is not None else None
         self._writer = writer
+        self._write_block: Callable[[bytes], None] | None = getattr(writer, "write_block", None)
         self._capacity = capacity
-        self._room = capacity
         self._block = overflow == "block"
         self._batch_size = batch_size
         self._wake_at = min(batch_size, capacity) - 1
@@ -117,9 +130,16 @@ class AsyncEcsHandler(logging.Handler):
         self._closed = False
         self._close_lock = threading.Lock()
         self._exception_formatter = logging.Formatter()
-        self._ecs = EcsFormatter(service=service, job=self.job, rank=self.rank,
-                                 prefer_orjson=use_orjson)
-        self._encode: Callable[[dict[str, Any]], bytes] = make_encoder(use_orjson)
+        self._ecs: EcsFormatter | EcsLoggingCompatFormatter
+        if layout == "ecs":
+            self._ecs = EcsFormatter(service=service, job=self.job, rank=self.rank,
+                                     dataset=dataset, prefer_orjson=use_orjson)
+        else:
+            self._ecs = EcsLoggingCompatFormatter(extra={
+                "service.name": service, "event.dataset": dataset or service,
+                "host.name": socket.gethostname(),
+                "labels.training_job": self.job, "labels.rank": str(self.rank)})
+        self._layout = layout
         # Counters: callers only increment `_dropped` (under a lock, on the rare overflow path);
         # the writer thread alone updates the others.
         self._dropped = 0
@@ -129,6 +149,7 @@ class AsyncEcsHandler(logging.Handler):
         self.format_errors = 0
         self._thread = threading.Thread(target=self._run, name=f"trainwatch-log-writer-{id(self)}",
                                          daemon=True)
+        self.handle = self._make_caller_path()  # type: ignore[method-assign]
         self._thread.start()
         shutdown_hooks.register(self, sigterm=install_signal_handler)
 
@@ -138,30 +159,48 @@ class AsyncEcsHandler(logging.Handler):
         """Records refused because the queue was full (or the handler already closed)."""
         return self._dropped
 
-    def handle(self, record: logging.LogRecord) -> logging.LogRecord | bool:
-        """Like Handler.handle but without the per-call handler lock: the queue is thread-safe.
+    def _make_caller_path(self) -> Callable[[logging.LogRecord], logging.LogRecord | bool]:
+        """The whole caller-side path as one closure, installed as this instance's `handle`.
 
-        The whole caller-side path is inlined here because every call costs the training loop.
+        Why a closure: every call costs the training loop, and free variables are read faster
+        than attributes. No handler lock: the deque is thread-safe. close() swaps in
+        `_handle_closed`, so the open path needs no closed check.
         """
-        if self.filters:
-            rv = self.filter(record)
-            if not rv:
-                return rv
-            if isinstance(rv, logging.LogRecord):
-                record = rv
-        args = record.args
-        needs_prepare = record.exc_info or (args and (
-            type(args) is not tuple or not _IMMUTABLE_ARG_TYPES.issuperset(map(type, args))))
-        if needs_prepare and not self._prepare(record):
-            return record
+        filters = self.filters  # addFilter/removeFilter change this same list
         queue = self._queue
-        queued = len(queue)
-        if queued < self._room:  # _room drops to 0 on close, so one test covers both
-            queue.append(record)
-            if queued >= self._wake_at and not self._wake.is_set():
-                self._wake.set()
-        else:
-            self._overflow(record)
+        append = queue.append
+        capacity = self._capacity
+        wake_at = self._wake_at
+        wake = self._wake
+        immutable = _IMMUTABLE_ARG_TYPES.issuperset
+        prepare = self._prepare
+        overflow = self._overflow
+
+        def handle(record: logging.LogRecord) -> logging.LogRecord | bool:
+            if filters:
+                rv = self.filter(record)
+                if not rv:
+                    return rv
+                if isinstance(rv, logging.LogRecord):
+                    record = rv
+            args = record.args
+            if ((args and (type(args) is not tuple or not immutable(map(type, args))))
+                    or record.exc_info) and not prepare(record):
+                return record
+            queued = len(queue)
+            if queued < capacity:
+                append(record)
+                if queued >= wake_at and not wake.is_set():
+                    wake.set()
+            else:
+                overflow(record)
+            return record
+
+        return handle
+
+    def _handle_closed(self, record: logging.LogRecord) -> logging.LogRecord | bool:
+        with self._drop_lock:
+            self._dropped += 1
         return record
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -171,7 +210,10 @@ class AsyncEcsHandler(logging.Handler):
         """Freeze what may change after the call: the exception text and mutable args."""
         try:
             if record.exc_info:
-                capture_error(record, self._exception_formatter)
+                if self._layout == "ecs":
+                    capture_error(record, self._exception_formatter)
+                else:
+                    capture_error_compat(record)
             if record.args and (type(record.args) is not tuple or not
                                 _IMMUTABLE_ARG_TYPES.issuperset(map(type, record.args))):
                 record.msg = record.getMessage()
@@ -212,14 +254,16 @@ class AsyncEcsHandler(logging.Handler):
                     return
                 self._busy = True
             count = min(len(queue), self._batch_size)
-            pop = queue.popleft
-            batch = [pop() for _ in range(count)]
-            lines = self._encode_batch(batch)
+            batch = list(starmap(queue.popleft, repeat((), count)))  # C loop, no bytecode
+            block = self._encode_block(batch)
             summary = self._drop_summary()
             if summary is not None:
-                lines.append(summary)
+                block += summary + b"\n"
             try:
-                self._writer.write_lines(lines)
+                if self._write_block is not None:
+                    self._write_block(block)
+                elif block:
+                    self._writer.write_lines(block[:-1].split(b"\n"))
                 if not queue:
                     self._writer.flush()
                 self.written += count
@@ -231,15 +275,19 @@ class AsyncEcsHandler(logging.Handler):
                 self._busy = False
                 self._cond.notify_all()
 
-    def _encode_batch(self, batch: list[logging.LogRecord]) -> list[bytes]:
-        line = self._ecs.line
+    def _encode_block(self, batch: list[logging.LogRecord]) -> bytes:
+        """The batch as newline-terminated lines in one buffer (JSON never holds a raw newline)."""
+        try:
+            return self._ecs.block(batch)
+        except Exception:  # one odd record must not cost the batch: go one by one
+            line = self._ecs.line
         lines = []
         for record in batch:
             try:
                 lines.append(line(record))
             except Exception:  # one odd record must not cost the batch
                 self.format_errors += 1
-        return lines
+        return b"".join(item + b"\n" for item in lines)
 
     def _drop_summary(self) -> bytes | None:
         dropped = self._dropped
@@ -252,7 +300,7 @@ class AsyncEcsHandler(logging.Handler):
             "dropped %d log records: queue full (capacity %d); %d dropped since start",
             (newly, self._capacity, dropped), None)
         record.trainwatch = {"dropped_records": newly, "dropped_total": dropped}  # type: ignore[attr-defined]
-        return self._encode(self._ecs.document(record))
+        return self._ecs.line(record)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
@@ -270,7 +318,7 @@ class AsyncEcsHandler(logging.Handler):
         """Called in a forked child: this copy has no writer thread and a copy of the parent's
         file buffer, so it must never write. Later records are dropped and counted."""
         self._closed = True
-        self._room = 0
+        self.handle = self._handle_closed  # type: ignore[method-assign]
         self._stopping = True
         self._queue.clear()
 
@@ -280,7 +328,7 @@ class AsyncEcsHandler(logging.Handler):
             if self._closed:
                 return
             self._closed = True
-            self._room = 0
+            self.handle = self._handle_closed  # type: ignore[method-assign]
         self._stopping = True
         self._wake.set()
         if self._thread.ident is not None and self._thread.is_alive():

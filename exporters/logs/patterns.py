@@ -39,6 +39,7 @@ import re
 PREFILTER_TOKENS = (
     "out of memory", "outofmemory", "nccl", "operation timeout", "childfailed", "exitcode",
     "rendezvous", "clients joined", "nan", "finite", "loss scale", "xid",
+    "operation to complete", "monitoredbarrier", "no heartbeat", "client socket has timed out",
 )
 # "inf" as a value, not the start of "info"/"infer"/"infra"...
 PREFILTER_INF = re.compile(r"inf(?![a-z_])")
@@ -47,30 +48,46 @@ PREFILTER_INF = re.compile(r"inf(?![a-z_])")
 PREFILTER = re.compile(
     r"out of memory|OutOfMemory|NCCL|nccl|ChildFailedError|exitcode|[Rr]endezvous"
     r"|clients joined|[Nn][Aa][Nn]|(?:inf|Inf|INF)\b|non-finite|not finite|Xid"
-    r"|[Ll]oss scale reached"
+    r"|[Ll]oss scale reached|operation to complete|monitoredBarrier|no heartbeat"
+    r"|client socket has timed out"
 )
 
 _NUMBER_NONFINITE = r"[-+]?(?:nan|inf(?:inity)?)\b"
 
+# The class patterns below are also Logstash's (exporters/logs/logstash.py generates its copy),
+# so they are written in the subset where Python's `re` and Ruby's Onigmo (Logstash's regex
+# engine family) agree: explicit ASCII classes ([0-9], [ \t]) instead of \d, \w and \s, whose
+# Unicode meaning differs between the two; flags only IGNORECASE (written as (?i) there).
+
 CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("cuda_oom", re.compile(
-        r"CUDA out of memory|\btorch\.(?:cuda\.)?OutOfMemoryError\b|CUDA error: out of memory")),
+        r"CUDA out of memory|\btorch\.(?:cuda\.)?OutOfMemoryError\b|CUDA error: out of memory"
+        r"|Cuda failure 'out of memory'")),
     ("nccl_timeout", re.compile(
-        r"[Cc]aught collective operation timeout|\d milliseconds before timing out"
-        r"|Timeout at NCCL work")),
+        r"[Cc]aught collective operation timeout|[0-9] milliseconds before timing out"
+        r"|Timeout at NCCL work|timed out in blocking wait|watchdog got stuck for [0-9]+ seconds"
+        r"|NCCL monitor thread timeout|monitoring thread detects no heartbeat"
+        r"|NCCL timeout in communicator initialization"
+        r"|Timed out waiting [0-9]+ms for (?:recv|send) operation to complete"
+        r"|failed to pass monitoredBarrier in|timed out in monitoredBarrier")),
     ("nccl_error", re.compile(
-        r"\bNCCL error\b|\bnccl(?:UnhandledCuda|System|Internal|InvalidArgument|InvalidUsage"
-        r"|Remote)Error\b")),
+        # ncclResult_t names: ncclInvalidArgument and ncclInvalidUsage carry no "Error" suffix.
+        r"\bNCCL error\b|\bnccl(?:(?:UnhandledCuda|System|Internal|Remote)Error|InvalidArgument"
+        r"|InvalidUsage)\b|NCCL communicator was aborted|NCCL communicator encountered error"
+        r"|Failed to initialize NCCL communicator"
+        r"|setting up NCCL communicator and retr(?:ie|ei)ving ncclUniqueId")),
     ("elastic_child_failed", re.compile(
-        r"\bChildFailedError\b|\bfailed \(exitcode: -?\d+\) local_rank: \d+")),
+        r"\bChildFailedError\b|\bfailed \(exitcode: -?[0-9]+\) local_rank: [0-9]+")),
     ("rendezvous_timeout", re.compile(
-        r"\bRendezvousTimeout(?:Error|Exception)\b|waiting for clients\. \d+/\d+ clients joined")),
+        r"\bRendezvousTimeout(?:Error|Exception)\b"
+        r"|waiting for clients\. [0-9]+/[0-9]+ clients joined"
+        r"|The client socket has timed out after [^ ]+ while trying to connect to")),
     ("nonfinite_loss", re.compile(
-        r"(?<![A-Za-z])loss(?:es)?\b(?: value)?\s*(?:is|was|became|has become|=|:)\s*"
+        r"(?<![A-Za-z])loss(?:es)?\b(?: value)?[ \t]*(?:is|was|became|has become|=|:)[ \t]*"
         + _NUMBER_NONFINITE +
-        r"|(?<![A-Za-z])grad(?:ient)?[ _]norm\b\s*(?:is|was|=|:)\s*" + _NUMBER_NONFINITE +
+        r"|(?<![A-Za-z])grad(?:ient)?[ _]norm\b[ \t]*(?:is|was|=|:)[ \t]*" + _NUMBER_NONFINITE +
         r"|\bnon-?finite loss\b|\bloss is not finite\b|\bDetected (?:inf or nan|nan or inf)\b"
-        r"|\bnan and/or inf values\b|\breturned nan values in its \d+\w* output\b"
+        r"|\bnan and/or inf values\b|\breturned nan values in its [0-9]+[a-z]* output\b"
         r"|\bis non-finite, so it cannot be clipped\b"
         r"|\bfound NaN in local (?:forward loss|grad norm)"
         r"|\bgradients are Nan/Inf\b|\bMinimum loss scale reached\b"
@@ -79,7 +96,8 @@ CLASS_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 )
 
 XID = re.compile(
-    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): (\d+)\b")
+    r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?)\): "
+    r"([0-9]+)\b")
 
 # "[rank1]:" is what torchrun puts in front of each line of a rank's redirected output.
 RANK_PREFIX = re.compile(r"\[(?:default)?rank(\d+)\]:\s?")
@@ -101,10 +119,12 @@ CHAIN_MARKERS = (
 # the full regexes are precise but slow on long lines, the guards are C-speed `in` checks.
 _GUARDS: dict[str, tuple[str, ...]] = {
     "cuda_oom": ("out of memory", "outofmemory"),
-    "nccl_timeout": ("collective operation timeout", "before timing out", "timeout at nccl"),
+    "nccl_timeout": ("collective operation timeout", "before timing out", "timeout at nccl",
+                     "blocking wait", "watchdog got stuck", "monitor thread timeout",
+                     "no heartbeat", "nccl timeout", "operation to complete", "monitoredbarrier"),
     "nccl_error": ("nccl",),
     "elastic_child_failed": ("childfailederror", "exitcode"),
-    "rendezvous_timeout": ("rendezvoustimeout", "clients joined"),
+    "rendezvous_timeout": ("rendezvoustimeout", "clients joined", "client socket has timed out"),
     "nonfinite_loss": ("nan", "inf", "finite", "loss scale"),
 }
 _GUARDED = tuple((kind, _GUARDS[kind], pattern) for kind, pattern in CLASS_PATTERNS)

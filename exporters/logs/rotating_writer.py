@@ -50,6 +50,15 @@ class RotatingJsonlWriter:
             size += needed
         self._append(b"\n".join(lines[start:]) + b"\n")
 
+    def write_block(self, block: bytes) -> None:
+        """Append newline-terminated lines given as one buffer; split only to rotate."""
+        if not block:
+            return
+        if self.max_bytes == 0 or self._size + len(block) <= self.max_bytes:
+            self._append(block)
+            return
+        self.write_lines(block[:-1].split(b"\n"))
+
     def _append(self, data: bytes) -> None:
         view = memoryview(data)
         while view:

@@ -176,7 +176,7 @@ def test_interleaved_ranks_are_grouped_per_rank() -> None:
 def test_ecs_json_lines_use_message_error_and_labels() -> None:
     doc = {
         "@timestamp": "2026-11-21T10:30:30.000Z", "log.level": "error",
-        "message": "step 42 failed", "ecs.version": "8.11.0",
+        "message": "step 42 failed", "ecs.version": "1.6.0",
         "labels": {"training_job": "json-job", "rank": "6"},
         "error": {"type": "torch.OutOfMemoryError",
                   "message": "CUDA out of memory. Tried to allocate 2.00 GiB.",
