@@ -8,6 +8,8 @@ See docs/contracts.md for the prose version.
 
 from __future__ import annotations
 
+import hashlib
+import socket
 from collections.abc import Mapping
 
 # --- default ports (production). The local inventory and the tests override them. ---------
@@ -41,18 +43,57 @@ ENV_SYNC_EVERY = "TRAINWATCH_SYNC_EVERY"
 DEFAULT_EXPORTER_SOCKET = "/run/trainwatch/training.sock"
 
 # Where the training_job label comes from when not given: the first of these that is set.
-JOB_ENV_VARIABLES = (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+# Launcher job ids: torchrun's rendezvous id, Slurm, Open MPI (4.x orte, 5.x PRRTE/PMIx).
+JOB_ENV_VARIABLES = (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_orte_ess_jobid",
+                     "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE")
 # torchrun sets TORCHELASTIC_RUN_ID to "none" when no --rdzv-id is given: not a job name.
 PLACEHOLDER_JOB_NAMES = frozenset({"none"})
+# Prefix of a job id derived from the rendezvous endpoint (no launcher job id).
+DERIVED_JOB_PREFIX = "tw-"
+_JOB_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
+
+
+def _label_safe(value: str) -> str:
+    """A launcher's id as a label-safe job name (e.g. PMIx's `prterun-host-1@1`)."""
+    safe = "".join(ch if ch in _JOB_CHARS else "-" for ch in value)[:128]
+    return safe if safe[:1].isalnum() else "j" + safe[:127]
+
+
+def _derived_job(env: Mapping[str, str]) -> str | None:
+    """A job id every rank of one launch derives alike, and no concurrent launch shares.
+
+    Without a launcher job id, torchrun's static rendezvous still gives every worker the
+    rendezvous endpoint (MASTER_ADDR:MASTER_PORT, a port only one live job can hold on its
+    host) and TORCHELASTIC_ERROR_FILE, a path inside the agent's private temporary directory
+    (`mkdtemp`, kept across restarts, so a restarted job keeps its id):
+    `/tmp/torchelastic_XXXX/<run_id>_YYYY/attempt_<n>/<local_rank>/error.json`. The endpoint
+    plus that directory names one launch; a loopback endpoint also takes the host name, since
+    every node has its own 127.0.0.1. On several nodes the agents' directories differ, so
+    the training client makes rank 0's id the job's (exporters.training.sync.Agreement);
+    parts that only see the environment (log files, GPU process attribution) name a
+    multi-node unnamed job per node: give such jobs a name (--rdzv-id, TRAINWATCH_JOB).
+    """
+    addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+    if not (addr and port):
+        return None
+    error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
+    agent_dir = error_file.split("/attempt_", 1)[0] if "/attempt_" in error_file else ""
+    host = ""
+    if addr in ("localhost", "::1") or addr.startswith("127."):
+        host = socket.gethostname()
+    digest = hashlib.sha256(f"{addr}:{port}|{agent_dir}|{host}".encode()).hexdigest()
+    return DERIVED_JOB_PREFIX + digest[:12]
 
 
 def job_from_env(env: Mapping[str, str]) -> str | None:
-    """The launcher's job name, skipping unset variables and placeholders; None if none."""
+    """The job's id from the launcher: an explicit name, the launcher's job id (placeholders
+    skipped, made label-safe), else one derived from the rendezvous; None outside a launcher.
+    """
     for name in JOB_ENV_VARIABLES:
         value = env.get(name, "")
         if value and value not in PLACEHOLDER_JOB_NAMES:
-            return value
-    return None
+            return value if name == ENV_JOB else _label_safe(value)
+    return _derived_job(env)
 
 # --- training exporter metrics (labels: training_job, rank, node) ----------------------------
 TRAINING_STEP = "training_step"
