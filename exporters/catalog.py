@@ -113,6 +113,12 @@ TRAINING_ROLLBACKS = "training_rollbacks_total"
 TRAINING_DATA_WAIT = "training_data_wait_seconds"
 TRAINING_CUDA_MEM_ALLOCATED = "training_cuda_memory_allocated_bytes"
 TRAINING_CUDA_MEM_RESERVED = "training_cuda_memory_reserved_bytes"
+# Liveness and hang location (issue 13; docs/training.md "Hangs").
+TRAINING_HEARTBEAT_TIMESTAMP = "training_heartbeat_timestamp_seconds"  # last datagram
+TRAINING_FINISHED = "training_finished"  # 1: the rank closed its monitor (clean end)
+TRAINING_IN_COLLECTIVE = "training_in_collective"  # 0/1
+TRAINING_COLLECTIVE_START = "training_collective_start_timestamp_seconds"  # while inside
+TRAINING_COLLECTIVE_SEQ = "training_collective_sequence"  # last collective entered
 TRAINING_EXPORTER_PREFIX = "trainwatch_training_exporter_"
 
 # --- log scanner metrics -----------------------------------------------------------------------

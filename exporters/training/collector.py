@@ -41,6 +41,13 @@ class TrainingCollector(Collector):
             (c.TRAINING_DATA_WAIT, "Seconds the last step waited for data."),
             (c.TRAINING_CUDA_MEM_ALLOCATED, "CUDA memory allocated by the rank."),
             (c.TRAINING_CUDA_MEM_RESERVED, "CUDA memory reserved by the rank's allocator."),
+            (c.TRAINING_HEARTBEAT_TIMESTAMP, "Unix time the rank's last datagram arrived."),
+            (c.TRAINING_FINISHED, "1 once the rank closed its monitor (a clean end)."),
+            (c.TRAINING_IN_COLLECTIVE, "1 while the rank is inside a collective."),
+            (c.TRAINING_COLLECTIVE_START,
+             "Unix time the rank entered the collective it is inside."),
+            (c.TRAINING_COLLECTIVE_SEQ,
+             "Sequence number of the last collective the rank entered on the job's group."),
         )}
         counters = {name: CounterMetricFamily(_base(name), doc, labels=labels) for name, doc in (
             (c.TRAINING_SAMPLES, "Samples processed."),
@@ -66,6 +73,12 @@ class TrainingCollector(Collector):
                     c.TRAINING_DATA_WAIT: s.data_wait,
                     c.TRAINING_CUDA_MEM_ALLOCATED: s.cuda[0] if s.cuda else None,
                     c.TRAINING_CUDA_MEM_RESERVED: s.cuda[1] if s.cuda else None,
+                    c.TRAINING_HEARTBEAT_TIMESTAMP: s.heartbeat or None,
+                    c.TRAINING_FINISHED: float(s.finished),
+                    c.TRAINING_IN_COLLECTIVE: (None if s.collective_seq is None
+                                               else float(s.collective_since is not None)),
+                    c.TRAINING_COLLECTIVE_START: s.collective_since,
+                    c.TRAINING_COLLECTIVE_SEQ: s.collective_seq,
                 }
                 for name, value in gauges.items():
                     if value is not None:  # never reported -> absent, not 0
