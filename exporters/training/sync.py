@@ -94,7 +94,7 @@ class Agreement:
         if self._dist is None:
             return [known] if known else []
         flag = self._flag
-        flag[0] = len(known)
+        flag.fill_(len(known))
         self._enter()
         try:
             self._dist.all_reduce(flag, op=self._max, group=self._group)
