@@ -206,6 +206,7 @@ ALERTS_TRAINING = (
     "TrainingGradNormExplosion",
     "TrainingThroughputDrop",
     "TrainingStalled",
+    "TrainingJobVanished",
     "TrainingStragglerRank",
     "TrainingCudaOom",
     "TrainingNcclTimeout",
