@@ -40,6 +40,8 @@ ENV_EXPORTER_URL = "TRAINWATCH_EXPORTER_URL"
 ENV_CONTROL_TOKEN = "TRAINWATCH_CONTROL_TOKEN"  # noqa: S105 - a variable name, not a secret
 ENV_CONTROL_TOKEN_FILE = "TRAINWATCH_CONTROL_TOKEN_FILE"  # noqa: S105
 ENV_SYNC_EVERY = "TRAINWATCH_SYNC_EVERY"
+# Where a stalled rank dumps PyTorch's flight recorder for the diagnostics (docs/training.md).
+ENV_DIAGNOSTICS_DIR = "TRAINWATCH_DIAGNOSTICS_DIR"
 DEFAULT_EXPORTER_SOCKET = "/run/trainwatch/training.sock"
 
 # Where the training_job label comes from when not given: the first of these that is set.

@@ -99,7 +99,8 @@ class TrainingMonitor:
         job_id, self.incarnation = self._agreement.broadcast((self.info.job, uuid.uuid4().hex))
         if job_id != self.info.job:
             self.info = dataclasses.replace(self.info, job=job_id)
-        self._collectives = CollectiveWatch(self._agreement)
+        self._collectives = CollectiveWatch(self._agreement, self.info.job, self.info.rank,
+                                            env.get(catalog.ENV_DIAGNOSTICS_DIR) or None)
         self._optimizer = optimizer
         self._scheduler = scheduler
         self._checkpoints = checkpoints
