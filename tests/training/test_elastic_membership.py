@@ -14,7 +14,7 @@ from exporters import catalog
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess, running
 from tests.training.support import JOB_BASE_ENV, Exporter, events, exporter, of
-from tests.training.test_job_identity import unnamed_env, worker_torchrun
+from tests.training.test_job_identity import kill_whole, unnamed_env, worker_torchrun
 
 
 def starts(proc: ManagedProcess, restarts: int) -> list[dict]:
@@ -32,13 +32,24 @@ def post_and_wait_applied(exp: Exporter, job: str, command_id: str) -> dict:
 @pytest.mark.slow
 def test_restarted_job_keeps_its_id_and_only_its_new_ranks(tmp_path: Path) -> None:
     with exporter(tmp_path) as exp:
+        # Up to 3 restarts: on this loaded machine gloo's connect retries sometimes run out
+        # in a restarted attempt (torchrun then restarts again); the first restart that
+        # comes up with both ranks is the one checked.
         argv = worker_torchrun("--steps", "0", "--exit-rank", "1", "--exit-at-step", "40",
-                               nproc=2, master_port=free_port(), extra=("--max-restarts", "1"))
+                               nproc=2, master_port=free_port(), extra=("--max-restarts", "3"))
         with running(argv, tmp_path / "job.log", env=unnamed_env(exp)) as job:
             first = wait_until(lambda: starts(job, 0) if len(starts(job, 0)) == 2 else None,
                                timeout=90, what="first attempt started")
-            second = wait_until(lambda: starts(job, 1) if len(starts(job, 1)) == 2 else None,
-                                timeout=120, what="restarted attempt")
+
+            def restarted() -> list[dict] | None:
+                for attempt in (1, 2, 3):
+                    found = starts(job, attempt)
+                    if len(found) == 2 and not starts(job, attempt + 1):
+                        return found
+                return None
+
+            second = wait_until(restarted, timeout=180, what="restarted attempt")
+            restart_count = second[0]["restarts"]
             ids = {e["job"] for e in first + second}
             assert len(ids) == 1, "the restart keeps the job's identity"
             (name,) = ids
@@ -49,10 +60,10 @@ def test_restarted_job_keeps_its_id_and_only_its_new_ranks(tmp_path: Path) -> No
                 listed = [j for j in exp.api("GET", "/v1/jobs").json()["jobs"]
                           if j["job"] == name]
                 return bool(listed) and listed[0]["incarnation"] == second[0]["incarnation"] \
-                    and {r["restarts"] for r in listed[0]["ranks"].values()} == {1}
+                    and {r["restarts"] for r in listed[0]["ranks"].values()} == {restart_count}
 
             wait_until(only_new_ranks, timeout=30, what="rank set replaced")
-            assert set(exp.by_rank(catalog.TRAINING_RESTARTS, name).values()) == {1.0}
+            assert set(exp.by_rank(catalog.TRAINING_RESTARTS, name).values()) == {restart_count}
             done = post_and_wait_applied(exp, name, "after-restart")
             assert set(done["ranks"]) == {"0", "1"}
             assert len(of(events(job), "applied", id="after-restart")) == 2
@@ -68,7 +79,7 @@ def test_four_to_two_ranks_replaces_the_rank_set(tmp_path: Path) -> None:
             wait_until(lambda: len(exp.by_rank(catalog.TRAINING_STEP, job_name)) == 4,
                        timeout=90, what="4 ranks reporting")
             post_and_wait_applied(exp, job_name, "with-four")
-            job4.kill9()  # the elastic agent gives up the node: 4 ranks gone at once
+            kill_whole(job4)  # the elastic agent gives up the node: 4 ranks gone at once
         with running(worker_torchrun("--steps", "0", nproc=2, master_port=free_port()),
                      tmp_path / "job2.log", env=env) as job2:
             wait_until(lambda: set(exp.by_rank(catalog.TRAINING_WORLD_SIZE, job_name).items())

@@ -6,6 +6,9 @@ run id is its placeholder `none`), report to one real exporter.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -29,6 +32,15 @@ def unnamed_env(exp: Exporter) -> dict[str, str]:
     env = exp.job_env("unused")
     del env[catalog.ENV_JOB]
     return {**JOB_BASE_ENV, **env, catalog.ENV_JOB: ""}
+
+
+def kill_whole(proc: ManagedProcess) -> None:
+    """SIGKILL every rank and the agent: a job killed whole. torchrun starts each worker in a
+    session of its own, so killing the agent's process group alone would orphan them."""
+    for event in of(events(proc), "start"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(event["pid"], signal.SIGKILL)
+    proc.kill9()
 
 
 def start_ids(proc: ManagedProcess, count: int) -> set[str]:

@@ -45,7 +45,7 @@ def main() -> int:
                               poll_interval=0.1)
     monitor.register_command("mark", lambda cmd_args, step: {"rank": rank})
     emit("start", rank=rank, job=monitor.info.job, world_size=monitor.info.world_size,
-         restarts=monitor.info.restarts, incarnation=monitor.incarnation)
+         restarts=monitor.info.restarts, incarnation=monitor.incarnation, pid=os.getpid())
     tensor = torch.ones(1)
     step = 0
     while args.steps == 0 or step < args.steps:
