@@ -54,3 +54,39 @@ def test_quiet_sync_steps_are_one_all_reduce_and_news_adds_one_exchange(tmp_path
         assert result["since"] is None, "outside a collective afterwards"
         seq, since = result["summary"]
         assert seq == len(result["recorder"]) and since is None
+
+
+class _FakeNcclDist:
+    """Stands in for torch.distributed on an NCCL job (no GPUs here): records the groups
+    the Agreement creates and the collectives it runs on which group. A fake, named so."""
+
+    class ReduceOp:
+        MAX = "max"
+
+    def __init__(self) -> None:
+        self.new_groups: list[dict[str, Any]] = []
+        self.calls: list[tuple[str, Any]] = []
+
+    def get_world_size(self, group: Any = None) -> int:
+        return 4
+
+    def get_backend(self, group: Any = None) -> str:
+        return "nccl"
+
+    def new_group(self, ranks: Any = None, backend: str | None = None) -> str:
+        self.new_groups.append({"ranks": ranks, "backend": backend})
+        return "side-gloo"
+
+    def all_reduce(self, tensor: Any, op: Any = None, group: Any = None) -> None:
+        self.calls.append(("all_reduce", group))
+
+
+def test_on_nccl_the_agreement_runs_on_a_side_gloo_group(monkeypatch: Any) -> None:
+    from exporters.training import sync
+
+    fake = _FakeNcclDist()
+    monkeypatch.setattr(sync, "_distributed", lambda: fake)
+    agreement = sync.Agreement()
+    assert agreement.side_group and fake.new_groups == [{"ranks": None, "backend": "gloo"}]
+    assert agreement.exchange([]) == []
+    assert fake.calls == [("all_reduce", "side-gloo")], "the CPU flag never touches NCCL"
