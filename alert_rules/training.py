@@ -11,7 +11,7 @@ from typing import Any
 
 from alert_rules import recording
 from alert_rules.config import Profile
-from alert_rules.model import Alert, Group
+from alert_rules.model import Alert, Group, Record
 from alert_rules.promql import new_events, sel
 from exporters import catalog
 
@@ -110,18 +110,92 @@ def _throughput(p: Profile) -> Alert:
     )
 
 
+# Recording rules of stall detection (one place; the alerts and dashboards read them).
+STEP_TIME_MEDIAN = "training_job:training_step_duration_seconds:median"
+STALL_THRESHOLD = "training_job:training_progress:stall_threshold_seconds"
+PROGRESS_AGE = "training_job:training_progress:age_seconds"
+HEARTBEAT_AGE_JOB = "training_job:training_heartbeat:age_seconds"
+HEARTBEAT_AGE_RANK = "training_job_rank:training_heartbeat:age_seconds"
+STALL_SUSPECT = "training_job_rank:training_progress:stall_suspect"
+
+
+def _stall_records(p: Profile) -> list[Record]:
+    """A job is stalled when no rank has finished a step for max(N x its own recent median
+    step time, a floor) while its ranks are still alive (heartbeating); the suspects are the
+    ranks that stopped first: those that did not enter the collective their peers are waiting
+    in, or whose heartbeat stopped; failing both, those at the lowest step."""
+    cfg = p.alert("TrainingStalled")
+    training = p.selector("training")
+    last = sel(catalog.TRAINING_LAST_STEP_TIMESTAMP, training)
+    beat = sel(catalog.TRAINING_HEARTBEAT_TIMESTAMP, training)
+    seq = sel(catalog.TRAINING_COLLECTIVE_SEQ, training)
+    step = sel(catalog.TRAINING_STEP, training)
+    bucket = sel(catalog.TRAINING_STEP_DURATION + "_bucket", training)
+    floor = cfg["floor_seconds"]
+    stalled = (f"{PROGRESS_AGE} > on (training_job) {STALL_THRESHOLD}\n"
+               f"and on (training_job) {HEARTBEAT_AGE_JOB} < {cfg['heartbeat_stale_seconds']}")
+    behind = (f"{seq} < on (training_job) group_left () "
+              f"max by (training_job) ({seq})")
+    silent = f"{HEARTBEAT_AGE_RANK} > {cfg['heartbeat_stale_seconds']}"
+    lowest = f"{step} == on (training_job) group_left () min by (training_job) ({step})"
+    first = f"(({behind}) or ({silent}))"
+    return [
+        # NaN (no step in the window) is dropped by `> 0`, so the threshold falls to the floor
+        Record(STEP_TIME_MEDIAN,
+               f"histogram_quantile(0.5, sum by (training_job, le) "
+               f"(rate({bucket}[{cfg['step_time_window']}]))) > 0"),
+        Record(STALL_THRESHOLD,
+               f"clamp_min({cfg['step_time_factor']} * {STEP_TIME_MEDIAN}, {floor})\n"
+               f"or on (training_job)\n0 * max by (training_job) ({last}) + {floor}"),
+        Record(PROGRESS_AGE, f"time() - max by (training_job) ({last})"),
+        Record(HEARTBEAT_AGE_JOB, f"time() - max by (training_job) ({beat})"),
+        Record(HEARTBEAT_AGE_RANK, f"time() - {beat}"),
+        # `and`/`unless` bind tighter than `or`: the lowest-step ranks only when no rank is
+        # behind in collectives or silent
+        Record(STALL_SUSPECT,
+               f"(\n  {first} * 0 + 1\n  or\n  ({lowest}) * 0 + 1\n"
+               f"  unless on (training_job) {first}\n)\nand on (training_job)\n({stalled})"),
+    ]
+
+
 def _stalled(p: Profile) -> Alert:
     cfg = p.alert("TrainingStalled")
-    last = sel(catalog.TRAINING_LAST_STEP_TIMESTAMP, p.selector("training"))
-    expr = f"time() - max by (training_job) ({last}) > {cfg['max_step_age_seconds']}"
     return Alert(
-        "TrainingStalled", expr, "critical", "training",
-        "Job {{ $labels.training_job }} has stopped stepping",
-        "No rank of job {{ $labels.training_job }} has finished a step for "
-        "{{ $value | humanizeDuration }}. The job is hung (often a collective waiting on a dead "
-        "or stuck rank, a deadlocked data loader). Trainwatch collects stack dumps "
-        "automatically (stalled_job_diagnostics playbook); read them, then restart the job "
-        "from its last checkpoint.",
+        "TrainingStalled", STALL_SUSPECT, "critical", "training",
+        "Job {{ $labels.training_job }} stalled; rank {{ $labels.rank }} stopped first",
+        "No rank of job {{ $labels.training_job }} has finished a step for longer than "
+        f"{cfg['step_time_factor']}x its recent median step time (at least {cfg['floor_seconds']}"
+        " s), while its processes are alive. Rank {{ $labels.rank }} on {{ $labels.node }} is "
+        "where it stopped first: it did not enter the collective its peers wait in, or its "
+        "heartbeat stopped, or (when nothing tells the ranks apart) it is at the job's lowest "
+        "step. Trainwatch collects per-rank stacks and flight-recorder traces automatically "
+        "(stalled_job_diagnostics playbook; the audit record names the rank that did not "
+        "enter the collective); read them, then restart the job from its last checkpoint.",
+        for_=cfg["for"],
+    )
+
+
+def _vanished(p: Profile) -> Alert:
+    cfg = p.alert("TrainingJobVanished")
+    training = p.selector("training")
+    window = cfg["remember_for"]
+    beat = sel(catalog.TRAINING_HEARTBEAT_TIMESTAMP, training)
+    finished = sel(catalog.TRAINING_FINISHED, training)
+    up = sel("up", training)
+    # max_over_time keeps the job in view after the exporter drops its series; an exporter
+    # that is down is TargetDown's, not a vanished job.
+    expr = (f"time() - max by (training_job) (\n  max_over_time({beat}[{window}])\n"
+            f"  and on (instance) {up} == 1\n) > {cfg['after_seconds']}\n"
+            f"unless on (training_job)\n"
+            f"min by (training_job) (last_over_time({finished}[{window}])) == 1")
+    return Alert(
+        "TrainingJobVanished", expr, "critical", "training",
+        "Job {{ $labels.training_job }} vanished without finishing",
+        "No rank of job {{ $labels.training_job }} has sent a heartbeat for "
+        "{{ $value | humanizeDuration }}, and not every rank reported a clean finish: the job "
+        "was killed (OOM killer, preemption, node loss, a crashed launcher). Check the "
+        "scheduler's record and the last log lines of each rank, then restart it from its "
+        "last checkpoint.",
         for_=cfg["for"],
     )
 
@@ -166,6 +240,7 @@ def groups(p: Profile) -> list[Group]:
         _grad_norm(p),
         _throughput(p),
         _stalled(p),
+        _vanished(p),
         _straggler(p),
         _log_event(p, "TrainingCudaOom", "cuda_oom", "warning",
                    "CUDA out-of-memory error", "a CUDA out-of-memory error",
@@ -180,4 +255,5 @@ def groups(p: Profile) -> list[Group]:
                    "A collective failed (network, InfiniBand or a peer crashed); the job will "
                    "abort. Check the node's network links and the peer ranks' logs."),
     ]
-    return [Group("trainwatch-training.alerts", alerts)]
+    return [Group("trainwatch-training-stall.rules", _stall_records(p)),
+            Group("trainwatch-training.alerts", alerts)]

@@ -12,6 +12,10 @@ for all three alike):
 Then a loop of ~10 ms steps (torch matmuls, single thread, like a small training step), with
 report + step_end on and off in interleaved short chunks plus an off/off control for the
 noise floor, and the library's CPU accounted directly (see bench_loop for why).
+Then the cost of a sync step with no new commands (the in-band agreement's common path,
+exporters.training.sync.Agreement.exchange) at 2 and 4 gloo ranks, next to a 1-float
+all-reduce and the former unconditional all_gather_object, interleaved in the same run
+(`--only sync` runs just that part).
 The last line printed is a JSON object with every figure and ratio.
 """
 
@@ -28,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -204,12 +209,105 @@ def bench_loop(sock: Path, chunk: int, rounds: int) -> dict[str, float]:
     return result
 
 
+def _sync_rank(rank: int, world: int, port: int, iters: int, rounds: int, out: Any) -> None:
+    """One rank of the sync benchmark: per round, `iters` of each variant back to back."""
+    import torch
+    import torch.distributed as dist
+
+    from exporters.training import sync
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    agreement = sync.Agreement()
+    one = torch.zeros(1)
+    variants: dict[str, Callable[[], object]] = {
+        "all_reduce_1_float": lambda: dist.all_reduce(one),
+        "sync_step": lambda: agreement.exchange([]),
+        "all_gather_object": lambda: sync.gather([]),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    clock = time.perf_counter
+    names = list(variants)
+    # Calls alternate, in an order that rotates every iteration, so each variant sees the
+    # same machine (this one is shared and oversubscribed at 4 ranks) and follows each
+    # other variant equally often; each call is timed on its own and the median kept.
+    dist.barrier()
+    for i in range(iters * rounds + iters):  # the first `iters` warm up
+        shift = i % 3
+        for name in names[shift:] + names[:shift]:
+            start = clock()
+            variants[name]()
+            if i >= iters:
+                samples[name].append(clock() - start)
+    if rank == 0:
+        out.put({name: statistics.median(v) * 1e6 for name, v in samples.items()})
+    dist.destroy_process_group()
+
+
+def bench_sync(worlds: tuple[int, ...], iters: int, rounds: int) -> dict[str, Any]:
+    """Median per-call microseconds of each variant at each world size (rank 0's view)."""
+    import socket as _socket
+
+    import torch.multiprocessing as mp
+
+    results: dict[str, Any] = {}
+    ctx = mp.get_context("spawn")
+    for world in worlds:
+        with _socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        out = ctx.SimpleQueue()
+        mp.start_processes(_sync_rank, args=(world, port, iters, rounds, out), nprocs=world,
+                           start_method="spawn")
+        figures = {k: round(v, 2) for k, v in out.get().items()}
+        figures["sync_over_all_reduce"] = round(figures["sync_step"]
+                                                / figures["all_reduce_1_float"], 2)
+        figures["gather_over_all_reduce"] = round(figures["all_gather_object"]
+                                                  / figures["all_reduce_1_float"], 2)
+        results[f"world_{world}"] = figures
+    if len(worlds) >= 2:
+        small, large = (results[f"world_{w}"] for w in (worlds[0], worlds[-1]))
+        results["growth_sync"] = round(large["sync_step"] / small["sync_step"], 2)
+        results["growth_all_reduce"] = round(large["all_reduce_1_float"]
+                                             / small["all_reduce_1_float"], 2)
+    return results
+
+
+def print_sync(result: dict[str, Any]) -> None:
+    for key, fig in result.items():
+        if key.startswith("world_"):
+            print(f"sync step, {key[6:]} ranks: all-reduce(1 float) {fig['all_reduce_1_float']} us,"
+                  f" sync step (no news) {fig['sync_step']} us ({fig['sync_over_all_reduce']}x),"
+                  f" old all_gather_object {fig['all_gather_object']} us "
+                  f"({fig['gather_over_all_reduce']}x)")
+    if "growth_sync" in result:
+        print(f"growth 2->4 ranks: sync step {result['growth_sync']}x, "
+              f"all-reduce {result['growth_all_reduce']}x")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--loop-chunk", type=int, default=10, help="steps per chunk")
     parser.add_argument("--loop-rounds", type=int, default=60, help="off/on/control rounds")
+    parser.add_argument("--sync-iters", type=int, default=300, help="warm-up calls per variant")
+    parser.add_argument("--sync-rounds", type=int, default=10, help="x sync-iters timed calls")
+    parser.add_argument("--only", choices=("sync",), default=None)
     args = parser.parse_args()
+    sync_result = bench_sync((2, 4), args.sync_iters, args.sync_rounds)
+    sync_goals = {
+        "sync_le_1_5x_all_reduce": all(v["sync_over_all_reduce"] <= 1.5
+                                       for k, v in sync_result.items() if k.startswith("world_")),
+        "sync_growth_le_all_reduce_growth": sync_result["growth_sync"]
+        <= sync_result["growth_all_reduce"],
+    }
+    if args.only == "sync":
+        print_sync(sync_result)
+        print(json.dumps({"benchmark": "training_client.sync", "machine": f"{platform.machine()} "
+                          f"{os.cpu_count()} cpu, Python {platform.python_version()}",
+                          "sync": sync_result, "goals_met": sync_goals}))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         proc, sock = start_exporter(workdir)
@@ -231,11 +329,13 @@ def main() -> int:
                                               / calls["report"]["p99_us"], 1),
         "gauge_set_over_report_median": round(calls["gauge_set"]["median_us"] / report_median, 2),
         "loop_10ms": loop,
+        "sync": sync_result,
     }
     result["goals_met"] = {
         "median_le_5us": report_median <= 5,
         "ge_50x_cheaper_than_file_rewrite": result["file_rewrite_over_report_median"] >= 50,
         "loop_wall_overhead_le_1pct": loop["wall_overhead_pct"] <= 1,
+        **sync_goals,
     }
     print(f"report        median {report_median:8.2f} us  p99 {calls['report']['p99_us']:8.2f} us")
     for name in ("file_rewrite", "gauge_set"):
@@ -250,6 +350,7 @@ def main() -> int:
           f"{loop['cpu_overhead_pct_median']} % (median-based) / "
           f"{loop['cpu_overhead_pct_mean']} % (mean) of the loop; "
           f"{loop['training_thread_us_per_step_median']} us/step median on the training thread")
+    print_sync(sync_result)
     print(json.dumps(result))
     return 0
 

@@ -8,6 +8,8 @@ See docs/contracts.md for the prose version.
 
 from __future__ import annotations
 
+import hashlib
+import socket
 from collections.abc import Mapping
 
 # --- default ports (production). The local inventory and the tests override them. ---------
@@ -38,21 +40,62 @@ ENV_EXPORTER_URL = "TRAINWATCH_EXPORTER_URL"
 ENV_CONTROL_TOKEN = "TRAINWATCH_CONTROL_TOKEN"  # noqa: S105 - a variable name, not a secret
 ENV_CONTROL_TOKEN_FILE = "TRAINWATCH_CONTROL_TOKEN_FILE"  # noqa: S105
 ENV_SYNC_EVERY = "TRAINWATCH_SYNC_EVERY"
+# Where a stalled rank dumps PyTorch's flight recorder for the diagnostics (docs/training.md).
+ENV_DIAGNOSTICS_DIR = "TRAINWATCH_DIAGNOSTICS_DIR"
 DEFAULT_EXPORTER_SOCKET = "/run/trainwatch/training.sock"
 
 # Where the training_job label comes from when not given: the first of these that is set.
-JOB_ENV_VARIABLES = (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+# Launcher job ids: torchrun's rendezvous id, Slurm, Open MPI (4.x orte, 5.x PRRTE/PMIx).
+JOB_ENV_VARIABLES = (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_orte_ess_jobid",
+                     "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE")
 # torchrun sets TORCHELASTIC_RUN_ID to "none" when no --rdzv-id is given: not a job name.
 PLACEHOLDER_JOB_NAMES = frozenset({"none"})
+# Prefix of a job id derived from the rendezvous endpoint (no launcher job id).
+DERIVED_JOB_PREFIX = "tw-"
+_JOB_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
+
+
+def _label_safe(value: str) -> str:
+    """A launcher's id as a label-safe job name (e.g. PMIx's `prterun-host-1@1`)."""
+    safe = "".join(ch if ch in _JOB_CHARS else "-" for ch in value)[:128]
+    return safe if safe[:1].isalnum() else "j" + safe[:127]
+
+
+def _derived_job(env: Mapping[str, str]) -> str | None:
+    """A job id every rank of one launch derives alike, and no concurrent launch shares.
+
+    Without a launcher job id, torchrun's static rendezvous still gives every worker the
+    rendezvous endpoint (MASTER_ADDR:MASTER_PORT, a port only one live job can hold on its
+    host) and TORCHELASTIC_ERROR_FILE, a path inside the agent's private temporary directory
+    (`mkdtemp`, kept across restarts, so a restarted job keeps its id):
+    `/tmp/torchelastic_XXXX/<run_id>_YYYY/attempt_<n>/<local_rank>/error.json`. The endpoint
+    plus that directory names one launch; a loopback endpoint also takes the host name, since
+    every node has its own 127.0.0.1. On several nodes the agents' directories differ, so
+    the training client makes rank 0's id the job's (exporters.training.sync.Agreement);
+    parts that only see the environment (log files, GPU process attribution) name a
+    multi-node unnamed job per node: give such jobs a name (--rdzv-id, TRAINWATCH_JOB).
+    """
+    addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+    if not (addr and port):
+        return None
+    error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
+    agent_dir = error_file.split("/attempt_", 1)[0] if "/attempt_" in error_file else ""
+    host = ""
+    if addr in ("localhost", "::1") or addr.startswith("127."):
+        host = socket.gethostname()
+    digest = hashlib.sha256(f"{addr}:{port}|{agent_dir}|{host}".encode()).hexdigest()
+    return DERIVED_JOB_PREFIX + digest[:12]
 
 
 def job_from_env(env: Mapping[str, str]) -> str | None:
-    """The launcher's job name, skipping unset variables and placeholders; None if none."""
+    """The job's id from the launcher: an explicit name, the launcher's job id (placeholders
+    skipped, made label-safe), else one derived from the rendezvous; None outside a launcher.
+    """
     for name in JOB_ENV_VARIABLES:
         value = env.get(name, "")
         if value and value not in PLACEHOLDER_JOB_NAMES:
-            return value
-    return None
+            return value if name == ENV_JOB else _label_safe(value)
+    return _derived_job(env)
 
 # --- training exporter metrics (labels: training_job, rank, node) ----------------------------
 TRAINING_STEP = "training_step"
@@ -76,6 +119,12 @@ TRAINING_ROLLBACKS = "training_rollbacks_total"
 TRAINING_DATA_WAIT = "training_data_wait_seconds"
 TRAINING_CUDA_MEM_ALLOCATED = "training_cuda_memory_allocated_bytes"
 TRAINING_CUDA_MEM_RESERVED = "training_cuda_memory_reserved_bytes"
+# Liveness and hang location (issue 13; docs/training.md "Hangs").
+TRAINING_HEARTBEAT_TIMESTAMP = "training_heartbeat_timestamp_seconds"  # last datagram
+TRAINING_FINISHED = "training_finished"  # 1: the rank closed its monitor (clean end)
+TRAINING_IN_COLLECTIVE = "training_in_collective"  # 0/1
+TRAINING_COLLECTIVE_START = "training_collective_start_timestamp_seconds"  # while inside
+TRAINING_COLLECTIVE_SEQ = "training_collective_sequence"  # last collective entered
 TRAINING_EXPORTER_PREFIX = "trainwatch_training_exporter_"
 
 # --- log scanner metrics -----------------------------------------------------------------------
@@ -182,6 +231,7 @@ ALERTS_TRAINING = (
     "TrainingGradNormExplosion",
     "TrainingThroughputDrop",
     "TrainingStalled",
+    "TrainingJobVanished",
     "TrainingStragglerRank",
     "TrainingCudaOom",
     "TrainingNcclTimeout",

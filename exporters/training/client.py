@@ -20,9 +20,11 @@ broken (hiding it would leave ranks out of step).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +35,7 @@ from exporters import catalog
 from exporters.training import commands as cmd
 from exporters.training import flops as flops_table
 from exporters.training import sync
+from exporters.training.collectives import CollectiveWatch
 from exporters.training.flops import ModelFlops
 from exporters.training.forwarders import (
     Forwarder,
@@ -89,6 +92,17 @@ class TrainingMonitor:
                  rank_info: RankInfo | None = None, control: bool = True) -> None:
         env = os.environ
         self.info = rank_info or detect(job=job)
+        # Collective when distributed: every rank constructs the monitor at the same point.
+        self._agreement = sync.Agreement(process_group)
+        # One identity and one incarnation for the whole launch, both rank 0's: a job id
+        # derived per node (exporters.catalog.job_from_env) becomes the job's, and the
+        # exporter tells this launch's ranks from a previous launch's (a restart, another
+        # world size) by the incarnation.
+        job_id, self.incarnation = self._agreement.broadcast((self.info.job, uuid.uuid4().hex))
+        if job_id != self.info.job:
+            self.info = dataclasses.replace(self.info, job=job_id)
+        self._collectives = CollectiveWatch(self._agreement, self.info.job, self.info.rank,
+                                            env.get(catalog.ENV_DIAGNOSTICS_DIR) or None)
         self._optimizer = optimizer
         self._scheduler = scheduler
         self._checkpoints = checkpoints
@@ -125,6 +139,7 @@ class TrainingMonitor:
         self._wall_offset = time.time() - time.perf_counter()
         self._cuda_device = cuda_device
         self._closed = False
+        self.finished = False
 
         socket_path = socket_path or env.get(catalog.ENV_EXPORTER_SOCKET,
                                              catalog.DEFAULT_EXPORTER_SOCKET)
@@ -219,7 +234,7 @@ class TrainingMonitor:
                 # Offered again (an exporter that restarted and got it re-posted): never
                 # re-apply, but report the outcome again so its status is not stuck pending.
                 self._applied_events.append((time.monotonic(), self._applied_log[command["id"]]))
-        agreed = sync.union(sync.gather(list(self._known.values()), self._group),
+        agreed = sync.union(self._agreement.exchange(list(self._known.values())),
                             self._applied_ids)
         control = Control(next_step=step + 1)
         for command in agreed:
@@ -324,6 +339,7 @@ class TrainingMonitor:
         if self._closed:
             return
         self._closed = True
+        self.finished = True  # the last datagram says so: a clean end, not a vanished job
         self._shipper.stop(timeout)
         if self._forwarders is not None:
             self._forwarders.close(timeout)

@@ -43,6 +43,13 @@ class TrainingCollector(Collector):
             (c.TRAINING_CUDA_MEM_RESERVED, "CUDA memory reserved by the rank's allocator."),
             (c.TRAINING_PEAK_FLOPS, "Peak FLOP/s of the rank's GPU for its dtype (MFU's "
                                     "denominator)."),
+            (c.TRAINING_HEARTBEAT_TIMESTAMP, "Unix time the rank's last datagram arrived."),
+            (c.TRAINING_FINISHED, "1 once the rank closed its monitor (a clean end)."),
+            (c.TRAINING_IN_COLLECTIVE, "1 while the rank is inside a collective."),
+            (c.TRAINING_COLLECTIVE_START,
+             "Unix time the rank entered the collective it is inside."),
+            (c.TRAINING_COLLECTIVE_SEQ,
+             "Sequence number of the last collective the rank entered on the job's group."),
         )}
         counters = {name: CounterMetricFamily(_base(name), doc, labels=labels) for name, doc in (
             (c.TRAINING_SAMPLES, "Samples processed."),
@@ -71,6 +78,12 @@ class TrainingCollector(Collector):
                     c.TRAINING_CUDA_MEM_ALLOCATED: s.cuda[0] if s.cuda else None,
                     c.TRAINING_CUDA_MEM_RESERVED: s.cuda[1] if s.cuda else None,
                     c.TRAINING_PEAK_FLOPS: s.peak_flops or None,
+                    c.TRAINING_HEARTBEAT_TIMESTAMP: s.heartbeat or None,
+                    c.TRAINING_FINISHED: float(s.finished),
+                    c.TRAINING_IN_COLLECTIVE: (None if s.collective_seq is None
+                                               else float(s.collective_since is not None)),
+                    c.TRAINING_COLLECTIVE_START: s.collective_since,
+                    c.TRAINING_COLLECTIVE_SEQ: s.collective_seq,
                 }
                 for name, value in gauges.items():
                     if value is not None:  # never reported -> absent, not 0

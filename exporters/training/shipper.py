@@ -150,6 +150,8 @@ class Shipper(threading.Thread):
             "rollbacks": m._rollbacks, "applied_counts": dict(m._applied_counts),
             "command_types": {name: schema for name, (_, schema) in m._custom.items()},
             "cuda": m._cuda_memory(), "applied": applied[-50:],
+            "incarnation": m.incarnation, "finished": m.finished,
+            "collective": m._collectives.current(m._last_report),
         }
 
     def _flush(self, force: bool = False) -> None:

@@ -13,7 +13,7 @@ import math
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ STEP_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0
                          60.0, 120.0)
 MAX_COMMANDS_PER_JOB = 1000
 MAX_JOBS = 1000
+MAX_RETIRED = 16
 
 
 @dataclass
@@ -53,6 +54,10 @@ class RankState:
     duration_sum: float = 0.0
     duration_count: int = 0
     last_seen: float = 0.0
+    heartbeat: float = 0.0  # wall time of the rank's last datagram (any datagram is one)
+    finished: bool = False
+    collective_seq: int | None = None
+    collective_since: float | None = None
 
 
 @dataclass
@@ -68,6 +73,10 @@ class JobState:
     ranks: dict[int, RankState] = field(default_factory=dict)
     commands: OrderedDict[str, CommandRecord] = field(default_factory=OrderedDict)
     last_seen: float = 0.0
+    # The launch whose ranks `ranks` holds; earlier launches' ids, whose late datagrams are
+    # ignored (a restart's or a smaller world's ranks must not be joined by departed ones).
+    incarnation: str = ""
+    retired: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_RETIRED))
 
 
 class ApiError(Exception):
@@ -82,7 +91,9 @@ class ApiError(Exception):
 class Store:
     """Thread-safe state of every job that reports to this node."""
 
-    def __init__(self, job_expiry_seconds: float, clock: Any = time.monotonic) -> None:
+    def __init__(self, job_expiry_seconds: float, clock: Any = time.monotonic,
+                 wall: Any = time.time) -> None:
+        self._wall = wall
         self._lock = threading.Lock()
         self._jobs: dict[str, JobState] = {}
         self._expiry = job_expiry_seconds
@@ -100,9 +111,15 @@ class Store:
                 if len(self._jobs) >= MAX_JOBS:
                     return
                 job = self._jobs[report.job] = JobState()
+            if not self._member(job, report):
+                return
             job.last_seen = now
             state = job.ranks.setdefault(report.rank, RankState())
             state.last_seen = now
+            state.heartbeat = self._wall()
+            state.finished = report.finished
+            state.collective_seq = report.collective_seq
+            state.collective_since = report.collective_since
             state.local_rank = report.local_rank
             state.world_size = report.world_size
             state.restarts = report.restarts
@@ -133,6 +150,20 @@ class Store:
                             state.bucket_counts[i] += 1
             for event in report.applied:
                 self._record_applied(job, report.rank, event, now)
+
+    @staticmethod
+    def _member(job: JobState, report: RankReport) -> bool:
+        """Whether the report belongs to the job's current launch; a new launch (restart,
+        other world size) replaces the rank set at its first datagram."""
+        if not report.incarnation or report.incarnation == job.incarnation:
+            return True
+        if report.incarnation in job.retired:
+            return False  # a departed rank's last datagrams
+        if job.incarnation:
+            job.retired.append(job.incarnation)
+        job.incarnation = report.incarnation
+        job.ranks = {}
+        return True
 
     def _record_applied(self, job: JobState, rank: int, event: dict[str, Any],
                         now: float) -> None:
@@ -199,8 +230,11 @@ class Store:
 
     @staticmethod
     def _describe(job: JobState, record: CommandRecord) -> dict[str, Any]:
+        # Judged against the current members: ranks of a previous launch (restart, larger
+        # world) no longer count, and none of this launch is left out.
         ranks = {str(r): {"status": "pending"} for r in sorted(job.ranks)}
-        ranks.update({str(r): dict(s) for r, s in sorted(record.ranks.items())})
+        ranks.update({str(r): dict(s) for r, s in sorted(record.ranks.items())
+                      if r in job.ranks})
         statuses = {s["status"] for s in ranks.values()}
         overall = ("applied" if statuses == {"applied"} else
                    "failed" if "failed" in statuses else
@@ -228,6 +262,7 @@ class Store:
         with self._lock:
             return [{
                 "job": name,
+                "incarnation": job.incarnation,
                 "world_size": max((s.world_size for s in job.ranks.values()), default=0),
                 "ranks": {str(r): {"step": s.step, "local_rank": s.local_rank,
                                    "restarts": s.restarts,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,8 @@ MAX_STEPS_PER_DATAGRAM = 200
 MAX_APPLIED_PER_DATAGRAM = 50
 MAX_COMMAND_TYPES = 32
 # Index of each field inside one entry of "steps".
+INCARNATION_PATTERN = re.compile(r"^[0-9a-f]{0,32}$")
+COLLECTIVE_SOURCES = ("agreement", "flight_recorder")
 STEP_FIELDS = ("step", "time", "duration", "loss", "lr", "grad_norm", "data_wait")
 
 
@@ -46,6 +49,16 @@ class RankReport:
     applied_counts: dict[str, int]
     command_types: dict[str, dict[str, Any]]
     cuda: tuple[float, float] | None
+    # Which launch of the job this rank belongs to (rank 0's random id, shared by all ranks
+    # of one launch; a restart or another world size brings a new one). "" from old clients.
+    incarnation: str = ""
+    finished: bool = False  # the rank closed its monitor: a clean end of the job
+    # The collective the rank last entered: its sequence number on the job's group and, while
+    # the rank is inside it, the wall time it entered (None outside); source "agreement"
+    # (the client's own) or "flight_recorder" (PyTorch's, every collective).
+    collective_seq: int | None = None
+    collective_since: float | None = None
+    collective_source: str = ""
     steps: list[tuple[Any, ...]] = field(default_factory=list)
     applied: list[dict[str, Any]] = field(default_factory=list)
     flops_total: float = 0.0  # model FLOPs done (MFU); 0: the job does not report them
@@ -130,6 +143,24 @@ def decode(data: bytes) -> RankReport:
         if not isinstance(cuda, list) or len(cuda) != 2:
             raise WireError("cuda must be [allocated, reserved]")
         cuda = (_finite_nonneg({"a": cuda[0]}, "a"), _finite_nonneg({"r": cuda[1]}, "r"))
+    incarnation = obj.get("incarnation", "")
+    if not isinstance(incarnation, str) or not INCARNATION_PATTERN.match(incarnation):
+        raise WireError("bad incarnation")
+    finished = obj.get("finished", False)
+    if not isinstance(finished, bool):
+        raise WireError("finished must be a boolean")
+    collective = obj.get("collective")
+    seq = since = None
+    source = ""
+    if collective is not None:
+        if (not isinstance(collective, list) or len(collective) != 3
+                or collective[2] not in COLLECTIVE_SOURCES):
+            raise WireError("collective must be [seq, since, source]")
+        seq = _int({"seq": collective[0]}, "seq")
+        since = _num(collective[1], "since")
+        if since is not None and (not math.isfinite(since) or since < 0):
+            raise WireError("collective since must be a finite time")
+        source = collective[2]
     return RankReport(
         job=job, rank=rank, local_rank=_int(obj, "local_rank", 0, 1 << 20),
         world_size=world_size, restarts=_int(obj, "restarts"), dropped=_int(obj, "dropped"),
@@ -137,4 +168,6 @@ def decode(data: bytes) -> RankReport:
         tokens_total=_finite_nonneg(obj, "tokens_total"), rollbacks=_int(obj, "rollbacks"),
         applied_counts=applied_counts, command_types=command_types, cuda=cuda,
         steps=parsed_steps, applied=applied, flops_total=_finite_nonneg(obj, "flops_total"),
-        peak_flops=_finite_nonneg(obj, "peak_flops"))
+        peak_flops=_finite_nonneg(obj, "peak_flops"), incarnation=incarnation,
+        finished=finished, collective_seq=seq, collective_since=since,
+        collective_source=source)

@@ -1,0 +1,118 @@
+"""Is this rank inside a collective, and since when? Read on the shipper thread.
+
+Two sources, best first:
+
+- PyTorch's flight recorder (`torch._C._distributed_c10d._dump_fr_trace_json`), which logs
+  every collective of every process group, NCCL and (since 2.7) gloo alike: per entry the
+  group, its `collective_seq_id`, `time_created_ns` and `retired` (finished). It is on by
+  default in torch 2.13 (`TORCH_FR_BUFFER_SIZE`, older name `TORCH_NCCL_TRACE_BUFFER_SIZE`,
+  default 2000 entries; 0 turns it off). A dump of a full buffer costs about 1 ms plus JSON
+  parsing, so it is read only while the rank has not reported a step for `idle_seconds`: a
+  healthy job never pays for it, a stuck one is described within a heartbeat or two.
+- The client's own agreement collective (exporters.training.sync.Agreement), always: its
+  sequence number and entry time.
+
+What this covers (docs/training.md "Hangs"): with the flight recorder, every c10d collective
+(DDP's gradient all-reduce, FSDP's all-gathers, the client's agreement); without it, only the
+agreement - a rank stuck before DDP's all-reduce then looks like its peers.
+
+Dump on stall: with TRAINWATCH_DIAGNOSTICS_DIR set, a rank idle for `dump_after` seconds
+writes its flight recorder trace to `<dir>/<job>/rank<N>.json` (atomically, at most every
+`dump_after` seconds while idle), where the stalled-job diagnostics
+(remediation.tools.stack_dump) read it. The dump happens in-process, on this thread, because
+nothing outside the process can read the recorder, and the main thread is blocked in C++ when
+it matters (a Python signal handler would never run).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from exporters.atomic_file import atomic_write
+
+log = logging.getLogger(__name__)
+DEFAULT_GROUP = "0"  # the flight recorder's name of the default process group
+
+
+def _flight_recorder() -> Any:
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+    except (ImportError, AttributeError):
+        return None
+    return _dump_fr_trace_json
+
+
+def summarise(entries: list[dict[str, Any]]) -> tuple[int | None, float | None]:
+    """(newest collective_seq_id on the default group, entry time of the oldest unfinished
+    collective in seconds or None) from flight recorder entries."""
+    seq = None
+    since = None
+    for entry in entries:
+        group = entry.get("process_group") or ["", ""]
+        if str(group[0]) == DEFAULT_GROUP and not entry.get("is_p2p"):
+            value = entry.get("collective_seq_id")
+            if isinstance(value, int) and (seq is None or value > seq):
+                seq = value
+        if not entry.get("retired", True):
+            created = entry.get("time_created_ns")
+            if isinstance(created, int) and created > 0:
+                since = created / 1e9 if since is None else min(since, created / 1e9)
+    return seq, since
+
+
+class CollectiveWatch:
+    """What the shipper puts in a datagram's `collective` field (and the stall dump)."""
+
+    def __init__(self, agreement: Any, job: str = "", rank: int = 0,
+                 dump_dir: str | None = None, idle_seconds: float = 1.0,
+                 dump_after: float = 5.0) -> None:
+        self._agreement = agreement
+        self._idle = idle_seconds
+        self._dump = _flight_recorder() if agreement.world > 1 else None
+        self._dump_path = Path(dump_dir, job, f"rank{rank}.json") if dump_dir else None
+        self._dump_after = dump_after
+        self._read_at = 0.0
+        self._written_at = 0.0
+        self._cached: list[Any] | None = None
+
+    def current(self, last_report: float | None) -> list[Any]:
+        """[seq, since, source]; `last_report` is the rank's last report (perf_counter)."""
+        now = time.perf_counter()
+        idle = now - last_report if last_report is not None else now
+        if idle >= self._idle and self._dump is not None:
+            if self._cached is not None and now - self._read_at < self._idle:
+                return self._cached
+            try:
+                raw = self._dump(includeCollectives=True, onlyActive=False)
+                seq, since = summarise(json.loads(raw).get("entries") or [])
+            except Exception as exc:  # a recorder that is off or broken: use our own
+                log.debug("flight recorder unreadable: %s", exc)
+                self._dump = None
+            else:
+                self._read_at = now
+                if idle >= self._dump_after and now - self._written_at >= self._dump_after:
+                    self._write(raw)
+                    self._written_at = now
+                if seq is not None:
+                    self._cached = [seq, since, "flight_recorder"]
+                    return self._cached
+        self._cached = None
+        return [self._agreement.seq, self._agreement.since, "agreement"]
+
+    def _write(self, raw: bytes | str) -> None:
+        if self._dump_path is None:
+            return
+        data = raw.encode() if isinstance(raw, str) else raw
+        try:
+            self._dump_path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+            atomic_write(self._dump_path, lambda handle: handle.write(data))
+            os.chmod(self._dump_path, 0o640)
+        except OSError as exc:
+            log.warning("cannot write the flight recorder dump %s: %s", self._dump_path,
+                        exc.strerror)
+            self._dump_path = None

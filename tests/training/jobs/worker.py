@@ -1,0 +1,74 @@
+"""A minimal real multi-rank job for the hang, restart and identity tests (gloo on CPU).
+
+Each step is one all-reduce (the stand-in for DDP's gradient sync), then `report` and
+`step_end`. Faults are injected by rank and step; every rank prints JSON event lines:
+start, applied (a command it applied), finished.
+
+    python -m torch.distributed.run --nproc-per-node 4 ... worker.py --steps 0 \
+        --hang-rank 2 --hang-at-step 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from exporters.training.client import TrainingMonitor
+
+
+def emit(event: str, **fields: Any) -> None:
+    sys.stdout.write(json.dumps({"event": event, **fields, "time": time.time()}) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=0, help="0: until killed")
+    parser.add_argument("--step-time", type=float, default=0.02)
+    parser.add_argument("--sync-every", type=int, default=2)
+    parser.add_argument("--hang-rank", type=int, default=None)
+    parser.add_argument("--hang-at-step", type=int, default=None)
+    parser.add_argument("--exit-rank", type=int, default=None, help="dies (first attempt only)")
+    parser.add_argument("--exit-at-step", type=int, default=None)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    monitor = TrainingMonitor(sync_every=args.sync_every, flush_interval=0.05,
+                              poll_interval=0.1)
+    monitor.register_command("mark", lambda cmd_args, step: {"rank": rank})
+    emit("start", rank=rank, job=monitor.info.job, world_size=monitor.info.world_size,
+         restarts=monitor.info.restarts, incarnation=monitor.incarnation, pid=os.getpid())
+    tensor = torch.ones(1)
+    step = 0
+    while args.steps == 0 or step < args.steps:
+        if rank == args.hang_rank and step == args.hang_at_step:
+            emit("hanging", rank=rank, step=step, pid=os.getpid())
+            threading.Event().wait()  # blocks forever before the collective below
+        if (rank == args.exit_rank and step == args.exit_at_step
+                and monitor.info.restarts == 0):
+            emit("exiting", rank=rank, step=step)
+            os._exit(1)
+        dist.all_reduce(tensor)
+        monitor.report(step, loss=1.0 / (step + 1), samples=8)
+        control = monitor.step_end(step)
+        for event in control.applied:
+            emit("applied", rank=rank, id=event["id"], step=event["step"],
+                 status=event["status"])
+        step = control.next_step
+        time.sleep(args.step_time)
+    monitor.close()
+    emit("finished", rank=rank, step=step)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

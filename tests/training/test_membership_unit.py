@@ -1,0 +1,65 @@
+"""The exporter's membership and liveness bookkeeping, with a fake clock (no processes)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from exporters.training.store import Store
+from exporters.training.wire import RankReport, WireError, decode
+
+BASE: dict[str, Any] = {"v": 1, "job": "j", "rank": 0, "world_size": 4}
+
+
+def report(rank: int, world: int, incarnation: str, restarts: int = 0,
+           applied: list[dict] | None = None) -> RankReport:
+    return decode(json.dumps({**BASE, "rank": rank, "world_size": world, "restarts": restarts,
+                              "incarnation": incarnation, "applied": applied or [],
+                              "collective": [7, None, "agreement"]}).encode())
+
+
+@pytest.mark.parametrize("field,value", [
+    ("incarnation", "NOT-HEX"), ("incarnation", 5), ("incarnation", "a" * 33),
+    ("finished", "yes"), ("collective", [1, None]), ("collective", [1, None, "other"]),
+    ("collective", [-1, None, "agreement"]), ("collective", [1, -5.0, "agreement"]),
+    ("collective", [1, float("inf"), "agreement"]),
+])
+def test_bad_liveness_fields_are_refused(field: str, value: Any) -> None:
+    with pytest.raises(WireError):
+        decode(json.dumps({**BASE, field: value}).encode())
+
+
+def test_good_liveness_fields_are_read() -> None:
+    parsed = decode(json.dumps({**BASE, "incarnation": "ab12", "finished": True,
+                                "collective": [3, 1700000000.5, "flight_recorder"]}).encode())
+    assert (parsed.incarnation, parsed.finished) == ("ab12", True)
+    assert (parsed.collective_seq, parsed.collective_since, parsed.collective_source) == (
+        3, 1700000000.5, "flight_recorder")
+
+
+def test_a_new_launch_replaces_the_rank_set_and_old_datagrams_are_ignored() -> None:
+    store = Store(600, clock=lambda: 100.0, wall=lambda: 1000.0)
+    for rank in range(4):
+        store.ingest(report(rank, 4, "aaaa"))
+    code, posted = store.post_command("j", {"id": "c1", "type": "checkpoint"})
+    assert code == 202 and set(posted["ranks"]) == {"0", "1", "2", "3"}
+    done = {"id": "c1", "type": "checkpoint", "args": {}, "status": "applied", "step": 5}
+    store.ingest(report(0, 2, "bbbb", applied=[done]))
+    assert set(store.snapshot()["j"]) == {0}, "departed ranks gone at the first datagram"
+    store.ingest(report(3, 4, "aaaa"))  # a departed rank's late datagram
+    store.ingest(report(1, 2, "bbbb", applied=[done]))
+    assert set(store.snapshot()["j"]) == {0, 1}
+    described = store.get_command("j", "c1")
+    assert described["status"] == "applied" and set(described["ranks"]) == {"0", "1"}
+    assert store.list_jobs()[0]["incarnation"] == "bbbb"
+    state = store.snapshot()["j"][0]
+    assert (state.heartbeat, state.collective_seq, state.collective_since) == (1000.0, 7, None)
+
+
+def test_reports_without_incarnation_keep_the_old_behaviour() -> None:
+    store = Store(600, clock=lambda: 1.0)
+    store.ingest(decode(json.dumps({**BASE, "rank": 3}).encode()))
+    store.ingest(decode(json.dumps({**BASE, "rank": 0}).encode()))
+    assert set(store.snapshot()["j"]) == {0, 3}
