@@ -1,0 +1,141 @@
+"""Issue 11 items 1 and 9c: a host action runs only on the one inventory host its `node` label
+names exactly, and Ansible's children never inherit the service's secrets.
+
+Real parts: remediation-server (gunicorn) over HTTP, ansible-runner running ansible-playbook
+against a local inventory of four hosts (ansible_connection=local, a marker file per host
+shows where a play ran), Ansible's own InventoryManager. On the code before the fix,
+`node="all"` ran the play on every host (and `gpu`, `node-a:node-b` on several), and the
+play's environment held the tokens the service was started with.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import requests
+
+from remediation.inventory import TargetError, resolve_hosts
+from tests.remediation.helpers import (
+    CONTROL_TOKEN,
+    REPO,
+    TOKEN,
+    VENV_BIN,
+    alert,
+    auth,
+    payload,
+    write_config,
+    write_playbook,
+)
+from tests.remediation.host_inventory import (
+    HOSTS,
+    REMEDIATION_PLAYBOOK,
+    marked,
+    write_inventory,
+    write_mark_playbook,
+)
+from tests.support.net import free_port, wait_until
+from tests.support.procs import running
+
+# Every host-pattern form Ansible knows, plus names that are not (only) one inventory host.
+PATTERNS = [
+    "all", "*", "gpu", "ungrouped", "gpu-x", "node-a:node-b", "node-a,node-b", "node-a;node-b",
+    "gpu:&node-a", "node-a:!node-b", "!node-c", "~node-.*", "node-[a:b]", "node-*", "node-?",
+    "@/etc/hostname", "localhost", "127.0.0.1", "node-d", "NODE-A", " node-a", "node-a ", "",
+]
+TERMINAL = ("refused", "acted", "failed", "cooled_down")
+
+
+@pytest.fixture()
+def inventory(tmp_path: Path) -> Path:
+    return write_inventory(tmp_path / "inventory.yml", tmp_path / "markers")
+
+
+@pytest.mark.parametrize("value", PATTERNS)
+def test_resolve_refuses_patterns_and_non_hosts(inventory: Path, value: str) -> None:
+    with pytest.raises(TargetError):
+        resolve_hosts(inventory, [value])
+
+
+def test_resolve_accepts_exact_hosts_only(inventory: Path) -> None:
+    assert resolve_hosts(inventory, ["node-b"]) == ["node-b"]
+    assert resolve_hosts(inventory, ["node-c", "node-a"]) == ["node-c", "node-a"]
+    with pytest.raises(TargetError, match="no ansible_inventory"):
+        resolve_hosts(None, ["node-a"])
+
+
+@pytest.fixture()
+def service(tmp_path: Path, inventory: Path) -> Iterator[tuple[str, Path]]:
+    """remediation-server with the mark playbook, started the way compose did: with the tokens
+    in its environment too."""
+    ansible_dir = tmp_path / "ansible"
+    write_mark_playbook(ansible_dir)
+    write_playbook(tmp_path / "playbooks", REMEDIATION_PLAYBOOK)
+    port = free_port()
+    config = write_config(tmp_path, port=port, playbooks_dir=str(tmp_path / "playbooks"),
+                          ansible_playbooks_dir=str(ansible_dir),
+                          ansible_inventory=str(inventory), max_attempts=3)
+    url = f"http://127.0.0.1:{port}"
+    argv = [str(VENV_BIN / "remediation-server"), "--config", str(config)]
+    env = {"PYTHONUNBUFFERED": "1", "REMEDIATION_WEBHOOK_TOKEN": TOKEN,
+           "TRAINING_CONTROL_TOKEN": CONTROL_TOKEN}
+    with running(argv, tmp_path / "service.log", ready_url=f"{url}/readyz", env=env, cwd=REPO):
+        yield url, tmp_path / "markers"
+
+
+def _audit(url: str) -> list[dict]:
+    resp = requests.get(f"{url}/v1/actions", params={"limit": 5000}, headers=auth(), timeout=10)
+    resp.raise_for_status()
+    return resp.json()["audit"]
+
+
+def _decisions(url: str, fingerprint: str) -> list[str]:
+    return [r["decision"] for r in _audit(url) if r["fingerprint"] == fingerprint]
+
+
+def test_only_the_named_host_is_acted_on(service: tuple[str, Path]) -> None:
+    url, markers = service
+    bad = [alert("HostMark", {"node": value}, fingerprint=f"{i:016x}")
+           for i, value in enumerate(PATTERNS)]
+    for one in bad:  # one notification each: no alert's fate depends on a neighbour's
+        resp = requests.post(f"{url}/v1/alerts", json=payload(one), headers=auth(), timeout=10)
+        assert resp.status_code < 300, (one["labels"]["node"], resp.status_code, resp.text)
+
+    def all_decided() -> bool:
+        done = {r["fingerprint"] for r in _audit(url) if r["decision"] in TERMINAL}
+        return all(a["fingerprint"] in done for a in bad) or None
+
+    wait_until(all_decided, timeout=180, what="every pattern target decided")
+    assert marked(markers) == set()
+    rows = _audit(url)
+    for a in bad:
+        mine = [r for r in rows if r["fingerprint"] == a["fingerprint"]]
+        # refused once, with the reason; never granted, never retried, never failed
+        assert [r["decision"] for r in mine] == ["refused"], (a["labels"]["node"], mine)
+        assert mine[0]["reason"], mine
+
+    good = alert("HostMark", {"node": "node-b"})
+    resp = requests.post(f"{url}/v1/alerts", json=payload(good), headers=auth(), timeout=10)
+    assert resp.status_code < 300, resp.text
+    wait_until(lambda: "acted" in _decisions(url, good["fingerprint"])
+               or "failed" in _decisions(url, good["fingerprint"]) or None,
+               timeout=120, what="the node-b action to finish")
+    assert _decisions(url, good["fingerprint"]) == ["acted"], _audit(url)[-3:]
+    assert marked(markers) == {"node-b"}
+
+    # cooldown is keyed on the resolved host: a second alert for node-b does not act again
+    again = alert("HostMark", {"node": "node-b"})
+    requests.post(f"{url}/v1/alerts", json=payload(again), headers=auth(), timeout=10)
+    wait_until(lambda: _decisions(url, again["fingerprint"]) or None, timeout=60,
+               what="the second node-b alert to be decided")
+    assert _decisions(url, again["fingerprint"]) == ["cooled_down"]
+    assert marked(markers) == {"node-b"}
+
+    # item 9c: the tokens the service holds never reach Ansible's children
+    env = json.loads((markers / "node-b").read_text())
+    dumped = json.dumps(env)
+    assert TOKEN not in dumped and CONTROL_TOKEN not in dumped
+    assert not any("TOKEN" in key for key in env)
+    assert set(HOSTS) >= marked(markers)
