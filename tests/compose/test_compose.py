@@ -191,3 +191,17 @@ def test_a_failed_render_keeps_the_previous_one_and_foreign_folders_are_refused(
                               str(foreign)], capture_output=True, text=True, check=False)
     assert refused.returncode == 2 and "not an earlier render" in refused.stderr
     assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_no_long_running_process_keeps_a_secret_in_its_environment(
+        compose: dict, secret_names: set[str]) -> None:
+    """Issue 11 item 9c: a secret handed over in the environment is written to a file by the
+    entrypoint, then dropped (`exec env -u NAME ...`) before the service starts, so its
+    children (ansible-playbook and its modules for the remediation service) never see it."""
+    for name in ("alertmanager", "remediation"):  # our entrypoints (the others are vendors')
+        service = compose["services"][name]
+        secrets_here = sorted(set(service.get("environment") or {}) & secret_names)
+        exec_part = " ".join(service["command"]).split("exec ", 1)[1]
+        assert exec_part.startswith("env "), f"{name}: the service is not exec'd through env -u"
+        for secret in secrets_here:
+            assert f"-u {secret} " in exec_part, f"{name}: {secret} stays in the environment"
