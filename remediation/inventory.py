@@ -12,6 +12,7 @@ audit reason for the refusal.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Iterable
@@ -32,21 +33,35 @@ class TargetError(LabelError):
     """A target label does not name exactly one inventory host; the message says why."""
 
 
-def _load(path: Path):  # type: ignore[no-untyped-def]  # ansible ships no type hints
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
+def _prepare_ansible(state: Path) -> None:
+    """Ansible reads its settings and creates its local temp dir when first imported: point
+    them at the service's writable state dir first (its home is read-only in its unit)."""
+    for key, sub in (("ANSIBLE_HOME", "home"), ("ANSIBLE_LOCAL_TEMP", "tmp")):
+        (state / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ.setdefault(key, str(state / sub))
 
+
+def _load(path: Path, state: Path):  # type: ignore[no-untyped-def]  # ansible has no hints
     if not path.exists():
         raise TargetError(f"inventory {path} does not exist")
     with _LOAD_LOCK:
-        return InventoryManager(loader=DataLoader(), sources=[str(path)])
+        _prepare_ansible(state)
+        from ansible.errors import AnsibleError
+        from ansible.inventory.manager import InventoryManager
+        from ansible.parsing.dataloader import DataLoader
+
+        try:
+            return InventoryManager(loader=DataLoader(), sources=[str(path)])
+        except AnsibleError as exc:
+            raise TargetError(f"inventory {path} cannot be read: {exc}") from exc
 
 
-def resolve_hosts(inventory: Path | None, names: Iterable[str]) -> list[str]:
+def resolve_hosts(inventory: Path | None, names: Iterable[str], state: Path) -> list[str]:
     """The inventory hosts that `names` name exactly, in order; TargetError for anything else.
 
-    The returned names are safe to join with ':' into a --limit: each is verified to select
-    only itself, and the joined limit is verified to select exactly this set.
+    `state` is a writable directory for Ansible's own files. The returned names are safe to
+    join with ':' into a --limit: each is verified to select only itself, and the joined
+    limit is verified to select exactly this set.
     """
     wanted = list(dict.fromkeys(names))
     if inventory is None:
@@ -56,7 +71,7 @@ def resolve_hosts(inventory: Path | None, names: Iterable[str]) -> list[str]:
     for name in wanted:
         if not name or PATTERN_SYNTAX.search(name) or name.startswith("-"):
             raise TargetError(f"target {name!r} contains Ansible host-pattern syntax")
-    manager = _load(inventory)
+    manager = _load(inventory, state)
     for name in wanted:
         if name not in manager.hosts:
             raise TargetError(f"target {name!r} is not a host of the inventory {inventory}")

@@ -34,9 +34,10 @@ from remediation.templating import TemplateError, render
 
 OUTPUT_LIMIT = 20000
 # What an ansible-playbook child may inherit from the service's environment: locale, time zone,
-# identity, an ssh agent, and Ansible's own settings. Everything else (tokens included) stays out.
+# identity, an ssh agent, the service's Python path (tools run with its interpreter must import
+# the same code) and Ansible's own settings. Everything else (tokens included) stays out.
 INHERITED_ENV = frozenset({"HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "USER",
-                           "LOGNAME", "SSH_AUTH_SOCK"})
+                           "LOGNAME", "SSH_AUTH_SOCK", "PYTHONPATH"})
 INHERITED_PREFIXES = ("ANSIBLE_",)
 
 
@@ -64,7 +65,7 @@ def check(step: dict[str, Any], labels: Mapping[str, str], config: Config) -> No
     node = labels.get(LABEL_NODE)
     if not node:
         raise TargetError(f"ansible: alert has no {LABEL_NODE} label to target")
-    resolve_hosts(config.ansible_inventory, [node])
+    resolve_hosts(config.ansible_inventory, [node], state_dir(config))
 
 
 def _targets(step: dict[str, Any], ctx: ActionContext) -> list[str]:
@@ -84,7 +85,7 @@ def _targets(step: dict[str, Any], ctx: ActionContext) -> list[str]:
             raise ActionError(f"ansible: alert has no {LABEL_NODE} label to target")
         names = [node]
     try:
-        return resolve_hosts(ctx.config.ansible_inventory, names)
+        return resolve_hosts(ctx.config.ansible_inventory, names, state_dir(ctx.config))
     except TargetError as exc:
         raise ActionError(f"ansible: {exc}") from exc
 
@@ -129,7 +130,7 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
             inventory=str(ctx.config.ansible_inventory), extravars=extravars, quiet=True,
             timeout=int(timeout_of(step, ctx.config.action_timeout_seconds)))
         # ansible-runner seeds the child's environment with the whole of os.environ: replace
-        # it, keeping only what runner itself set (its callback plugin, PYTHONPATH for it).
+        # it, keeping only what runner itself set (its callback plugin and event settings).
         runner.config.env = {**child_env(state), **{
             k: v for k, v in runner.config.env.items()
             if k not in os.environ or os.environ[k] != v}}

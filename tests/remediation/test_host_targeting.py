@@ -56,14 +56,15 @@ def inventory(tmp_path: Path) -> Path:
 @pytest.mark.parametrize("value", PATTERNS)
 def test_resolve_refuses_patterns_and_non_hosts(inventory: Path, value: str) -> None:
     with pytest.raises(TargetError):
-        resolve_hosts(inventory, [value])
+        resolve_hosts(inventory, [value], inventory.parent / "state")
 
 
 def test_resolve_accepts_exact_hosts_only(inventory: Path) -> None:
-    assert resolve_hosts(inventory, ["node-b"]) == ["node-b"]
-    assert resolve_hosts(inventory, ["node-c", "node-a"]) == ["node-c", "node-a"]
+    state = inventory.parent / "state"
+    assert resolve_hosts(inventory, ["node-b"], state) == ["node-b"]
+    assert resolve_hosts(inventory, ["node-c", "node-a"], state) == ["node-c", "node-a"]
     with pytest.raises(TargetError, match="no ansible_inventory"):
-        resolve_hosts(None, ["node-a"])
+        resolve_hosts(None, ["node-a"], state)
 
 
 @pytest.fixture()
