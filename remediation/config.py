@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -47,6 +47,8 @@ class Config:
     action_timeout_seconds: float = 300.0
     breaker_max_actions: int = 20
     breaker_window_seconds: float = 600.0
+    # basic auth for an Alertmanager API that is open to the network (docs/deploy.md)
+    alertmanager_auth: tuple[str, str] | None = field(default=None, repr=False)
 
 
 def _read_secret(path: Path, key: str, source: Path) -> str:
@@ -98,6 +100,11 @@ def config_from_dict(raw: object, source: Path) -> Config:
     for key in ("playbooks_dir", "ansible_playbooks_dir"):
         if key in optional and not Path(str(optional[key])).is_dir():
             raise ConfigError(f"{source}: {key}: {optional[key]} is not a directory")
+    if "alertmanager_password_file" in raw:
+        optional["alertmanager_auth"] = (
+            raw.get("alertmanager_username", "trainwatch"),
+            _read_secret(_resolve(base, raw["alertmanager_password_file"]),
+                         "alertmanager_password_file", source))
     if breaker:
         optional["breaker_max_actions"] = breaker["max_actions"]
         optional["breaker_window_seconds"] = seconds(breaker["window"])
