@@ -22,7 +22,11 @@ import pytest
 import requests
 import yaml
 
+from remediation.actions import silence
+from remediation.actions.base import ActionContext, ActionError
+from remediation.config import load_config
 from tests.ansible.runner import run_playbook
+from tests.remediation.helpers import write_config
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
 
@@ -124,6 +128,19 @@ def test_network_bind_requires_basic_auth_and_prometheus_and_amtool_still_reach_
         query = amtool("alert", "query", "-o", "json")
         assert query.returncode == 0, query.stderr
         assert "PostedFromTheNetwork" not in query.stdout  # nothing unauthenticated got in
+        # the remediation service's silences carry the credential (and fail without it)
+        for with_auth in (False, True):
+            extra = {"alertmanager_password_file":
+                     str(prefix / "etc/alertmanager/client.password")} if with_auth else {}
+            config = load_config(write_config(tmp_path / f"svc-{with_auth}",
+                                              alertmanager_url=am_url, **extra))
+            ctx = ActionContext(config=config, labels={"alertname": "X", "node": "n1"},
+                                idempotency_key="k", session=requests.Session())
+            if with_auth:
+                assert silence.run({"action": "silence", "duration": "5m"}, ctx)["silence_id"]
+            else:
+                with pytest.raises(ActionError, match="401"):
+                    silence.run({"action": "silence", "duration": "5m"}, ctx)
         # Prometheus, with the rendered alerting config, delivers its alerts
         with running(argvs["prometheus"], tmp_path / "prom.log",
                      ready_url=f"http://127.0.0.1:{prom_port}/-/ready"):
