@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from alert_rules.alertmanager import render as render_alertmanager
 from remediation.inventory import TargetError, resolve_hosts
 from tests.remediation.helpers import (
     CONTROL_TOKEN,
@@ -37,7 +38,7 @@ from tests.remediation.host_inventory import (
     write_mark_playbook,
 )
 from tests.support.net import free_port, wait_until
-from tests.support.procs import running
+from tests.support.procs import alertmanager, running
 
 # Every host-pattern form Ansible knows, plus names that are not (only) one inventory host.
 PATTERNS = [
@@ -71,19 +72,24 @@ def test_resolve_accepts_exact_hosts_only(inventory: Path) -> None:
 def service(tmp_path: Path, inventory: Path) -> Iterator[tuple[str, Path]]:
     """remediation-server with the mark playbook, started the way compose did: with the tokens
     in its environment too."""
+    port = free_port()
+    env = {"REMEDIATION_WEBHOOK_TOKEN": TOKEN, "TRAINING_CONTROL_TOKEN": CONTROL_TOKEN}
+    with _start_service(tmp_path, inventory, REMEDIATION_PLAYBOOK, port, env):
+        yield f"http://127.0.0.1:{port}", tmp_path / "markers"
+
+
+def _start_service(tmp_path: Path, inventory: Path, book: dict, port: int,
+                   env: dict[str, str]):  # -> running() context manager
     ansible_dir = tmp_path / "ansible"
     write_mark_playbook(ansible_dir)
-    write_playbook(tmp_path / "playbooks", REMEDIATION_PLAYBOOK)
-    port = free_port()
+    write_playbook(tmp_path / "playbooks", book)
     config = write_config(tmp_path, port=port, playbooks_dir=str(tmp_path / "playbooks"),
                           ansible_playbooks_dir=str(ansible_dir),
                           ansible_inventory=str(inventory), max_attempts=3)
-    url = f"http://127.0.0.1:{port}"
     argv = [str(VENV_BIN / "remediation-server"), "--config", str(config)]
-    env = {"PYTHONUNBUFFERED": "1", "REMEDIATION_WEBHOOK_TOKEN": TOKEN,
-           "TRAINING_CONTROL_TOKEN": CONTROL_TOKEN}
-    with running(argv, tmp_path / "service.log", ready_url=f"{url}/readyz", env=env, cwd=REPO):
-        yield url, tmp_path / "markers"
+    return running(argv, tmp_path / "service.log",
+                   ready_url=f"http://127.0.0.1:{port}/readyz",
+                   env={"PYTHONUNBUFFERED": "1", **env}, cwd=REPO)
 
 
 def _audit(url: str) -> list[dict]:
@@ -140,3 +146,36 @@ def test_only_the_named_host_is_acted_on(service: tuple[str, Path]) -> None:
     assert TOKEN not in dumped and CONTROL_TOKEN not in dumped
     assert not any("TOKEN" in key for key in env)
     assert set(HOSTS) >= marked(markers)
+
+
+def test_node_all_posted_to_a_real_alertmanager_acts_nowhere(tmp_path: Path,
+                                                             inventory: Path) -> None:
+    """The reported attack, end to end: `node="all"` posted to Alertmanager 0.25's API (routed
+    to the webhook like any disk alert) is refused, audited once, and runs on no host."""
+    port = free_port()
+    book = {**REMEDIATION_PLAYBOOK, "match": {"alertname": ["NodeDiskFilling"]}}
+    token_file = tmp_path / "am-webhook.token"
+    token_file.write_text(TOKEN)
+    am_config = tmp_path / "alertmanager.yml"
+    am_config.write_text(render_alertmanager({
+        "alertmanager_remediation_url": f"http://127.0.0.1:{port}/v1/alerts",
+        "alertmanager_remediation_token_file": str(token_file),
+        "alertmanager_group_wait": "1s", "alertmanager_group_interval": "1s",
+        "alertmanager_repeat_interval": "1h"}))
+    url = f"http://127.0.0.1:{port}"
+    with _start_service(tmp_path, inventory, book, port, {}), \
+            alertmanager(tmp_path, am_config) as am_url:
+        for node in ("all", "gpu", "node-a:node-b"):
+            resp = requests.post(f"{am_url}/api/v2/alerts", timeout=5, json=[{
+                "labels": {"alertname": "NodeDiskFilling", "node": node, "severity": "warning",
+                           "component": "node"}, "annotations": {"summary": "attack"}}])
+            assert resp.status_code == 200, resp.text
+
+        def refused() -> list[dict] | None:
+            rows = [r for r in _audit(url) if r["playbook"] == "host_mark"]
+            return rows if len(rows) >= 3 else None
+
+        rows = wait_until(refused, timeout=90, what="Alertmanager's deliveries to be decided")
+        assert {r["decision"] for r in rows} == {"refused"}, rows
+        assert marked(tmp_path / "markers") == set()
+
