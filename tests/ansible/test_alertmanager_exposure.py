@@ -92,6 +92,7 @@ def test_network_bind_without_a_credential_is_refused(tmp_path: Path) -> None:
     assert not (prefix / "argv.json").exists()
 
 
+@pytest.mark.slow
 def test_network_bind_requires_basic_auth_and_prometheus_and_amtool_still_reach_it(
         tmp_path: Path) -> None:
     run, prefix, ports = _render(tmp_path, alertmanager_bind_address="0.0.0.0",
