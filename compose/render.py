@@ -139,6 +139,13 @@ def _render_into(out_dir: Path, gpu_nodes: list[str], rules_profile: str) -> lis
     remediation.parent.mkdir(parents=True, exist_ok=True)
     remediation.write_text(yaml.safe_dump(variables["remediation_config"], sort_keys=True))
     written.append(remediation)
+    # The only hosts host actions may target, named as alerts name them (their short name).
+    nodes = {hostvars[h]["inventory_hostname_short"]: {"ansible_host": h} for h in gpu_nodes}
+    if len(nodes) != len(gpu_nodes):
+        raise RenderError("GPU nodes must have distinct short names (the alerts' node label)")
+    host_inventory = out_dir / "remediation" / "inventory.yml"
+    host_inventory.write_text(yaml.safe_dump({"all": {"hosts": nodes}}, sort_keys=True))
+    written.append(host_inventory)
     rules_src = REPO / "alert_rules" / "generated" / rules_profile
     rule_files = sorted(rules_src.glob("*.yml"))
     if not rule_files:

@@ -56,6 +56,8 @@ class Config:
     max_connections: int = 1000
     breaker_max_actions: int = 20
     breaker_window_seconds: float = 600.0
+    # basic auth for an Alertmanager API that is open to the network (docs/deploy.md)
+    alertmanager_auth: tuple[str, str] | None = field(default=None, repr=False)
     # per-priority limits (low / normal / high); a priority not named uses breaker_max_actions
     breaker_max_by_priority: tuple[tuple[str, int], ...] = ()
 
@@ -125,6 +127,11 @@ def config_from_dict(raw: object, source: Path) -> Config:
         if optional["audit_retention_seconds"] < 86400:  # type: ignore[operator]
             # grants older than this go too: keep them past every cooldown/rate-limit window
             raise ConfigError(f"{source}: audit_retention: must be at least 1d")
+    if "alertmanager_password_file" in raw:
+        optional["alertmanager_auth"] = (
+            raw.get("alertmanager_username", "trainwatch"),
+            _read_secret(_resolve(base, raw["alertmanager_password_file"]),
+                         "alertmanager_password_file", source))
     if breaker:
         optional["breaker_max_actions"] = breaker["max_actions"]
         optional["breaker_window_seconds"] = seconds(breaker["window"])

@@ -23,7 +23,7 @@ from typing import Any
 
 import requests
 
-from remediation.actions import ACTIONS, ActionContext, ActionError
+from remediation.actions import ACTIONS, ActionContext, ActionError, check_targets
 from remediation.actions import silence as silence_action
 from remediation.config import Config
 from remediation.ingest import ESCALATION_PLAYBOOK
@@ -172,6 +172,8 @@ class Engine:
             return
         try:
             labels = safe_labels(intent.labels, sorted(book.used_labels))
+            if intent.decision not in ("act", "resolve_act"):  # not yet decided
+                check_targets([*book.steps, *book.on_resolve], labels, self.config)
             labels_ok, reason = True, ""
         except LabelError as exc:
             labels, labels_ok, reason = {}, False, str(exc)

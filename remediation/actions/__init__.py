@@ -7,11 +7,12 @@ and recording it makes the worker run the step again, so each passes an idempote
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from remediation.actions import ansible, http, silence, training_command
 from remediation.actions.base import ActionContext, ActionError
+from remediation.config import Config
 
 Runner = Callable[[dict[str, Any], ActionContext], dict[str, Any]]
 
@@ -22,4 +23,20 @@ ACTIONS: dict[str, Runner] = {
     "http": http.run,
 }
 
-__all__ = ["ACTIONS", "ActionContext", "ActionError", "Runner"]
+# Checks an action makes before anything is granted (e.g. that a host target names exactly one
+# inventory host). Each raises remediation.labels.LabelError: the engine refuses, audited, and
+# never retries, because the same alert can never pass.
+Check = Callable[[dict[str, Any], Mapping[str, str], Config], None]
+CHECKS: dict[str, Check] = {"ansible": ansible.check}
+
+
+def check_targets(steps: Iterable[dict[str, Any]], labels: Mapping[str, str],
+                  config: Config) -> None:
+    """Run every step's target check; the first refusal raises LabelError."""
+    for step in steps:
+        check = CHECKS.get(step["action"])
+        if check is not None:
+            check(step, labels, config)
+
+
+__all__ = ["ACTIONS", "CHECKS", "ActionContext", "ActionError", "Runner", "check_targets"]

@@ -1,8 +1,17 @@
-"""`ansible`: run a playbook from ansible/remediation/ through ansible-runner, --limit the node.
+"""`ansible`: run a playbook from ansible/remediation/ through ansible-runner, on exactly the
+inventory hosts the alert names.
 
 No shell anywhere: ansible-runner execs ansible-playbook with an argv; the alert's labels
-arrive as extra vars (already allowlisted) and the limit is the validated `node` label. Only
+arrive as extra vars (already allowlisted). The target is never a host pattern: the `node`
+label (or each node of the job) must name exactly one host of the configured inventory
+(remediation.inventory), so `all`, a group or `a:b` is refused before anything runs. Only
 files directly inside the configured ansible_playbooks_dir can be run.
+
+Under the hardened unit the service's home is read-only, so every file ansible-runner and
+Ansible write (the run's private data dir, ANSIBLE_HOME, local temp) lives under the state
+directory next to the store (ReadWritePaths). The child gets a minimal environment built here,
+never the service's own: secrets a container or unit puts in the environment stay out of
+Ansible and every module it runs.
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +28,17 @@ import ansible_runner
 from exporters.catalog import LABEL_JOB, LABEL_NODE
 from remediation.actions.base import ActionContext, ActionError, timeout_of
 from remediation.actions.training_command import job_instances
+from remediation.config import Config
+from remediation.inventory import TargetError, resolve_hosts
 from remediation.templating import TemplateError, render
 
 OUTPUT_LIMIT = 20000
+# What an ansible-playbook child may inherit from the service's environment: locale, time zone,
+# identity, an ssh agent, the service's Python path (tools run with its interpreter must import
+# the same code) and Ansible's own settings. Everything else (tokens included) stays out.
+INHERITED_ENV = frozenset({"HOME", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ", "USER",
+                           "LOGNAME", "SSH_AUTH_SOCK", "PYTHONPATH"})
+INHERITED_PREFIXES = ("ANSIBLE_",)
 
 
 def playbook_path(ctx: ActionContext, name: str) -> Path:
@@ -31,26 +49,68 @@ def playbook_path(ctx: ActionContext, name: str) -> Path:
     return path
 
 
-def _limit(step: dict[str, Any], ctx: ActionContext) -> str:
-    """The --limit pattern: the alert's node, or every node of the job (from Prometheus)."""
+def state_dir(config: Config) -> Path:
+    """Where ansible-runner and Ansible write: beside the store, the service's writable state."""
+    return config.store_path.parent / "ansible"
+
+
+def check(step: dict[str, Any], labels: Mapping[str, str], config: Config) -> None:
+    """Before anything is granted: the alert's node must be exactly one inventory host.
+
+    Raises TargetError (a LabelError: the engine refuses and audits it, no retry). Steps whose
+    hosts come from Prometheus (hosts_from: job_nodes) are checked when they run.
+    """
+    if step.get("hosts_from") == "job_nodes":
+        return
+    node = labels.get(LABEL_NODE)
+    if not node:
+        raise TargetError(f"ansible: alert has no {LABEL_NODE} label to target")
+    resolve_hosts(config.ansible_inventory, [node], state_dir(config))
+
+
+def _targets(step: dict[str, Any], ctx: ActionContext) -> list[str]:
+    """The hosts to run on: the alert's node, or every node of the job (from Prometheus),
+    each resolved to exactly one inventory host."""
     if step.get("hosts_from") == "job_nodes":
         job = ctx.labels.get(LABEL_JOB)
         if not job:
             raise ActionError(f"ansible: alert has no {LABEL_JOB} label to find the job's nodes")
-        nodes = sorted({instance.rsplit(":", 1)[0].strip("[]")
+        names = sorted({instance.rsplit(":", 1)[0].strip("[]")
                         for instance in job_instances(ctx, job)})
-        if not nodes:
+        if not names:
             raise ActionError(f"ansible: no node reports job {job!r}")
-        return ":".join(nodes)
-    node = ctx.labels.get(LABEL_NODE)
-    if not node:
-        raise ActionError(f"ansible: alert has no {LABEL_NODE} label to --limit the run to")
-    return node
+    else:
+        node = ctx.labels.get(LABEL_NODE)
+        if not node:
+            raise ActionError(f"ansible: alert has no {LABEL_NODE} label to target")
+        names = [node]
+    try:
+        return resolve_hosts(ctx.config.ansible_inventory, names, state_dir(ctx.config))
+    except TargetError as exc:
+        raise ActionError(f"ansible: {exc}") from exc
+
+
+def child_env(state: Path, parent: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whole environment of ansible-playbook: an allowlist of the parent's, plus writable
+    Ansible directories under `state` and the service's own virtualenv on PATH."""
+    parent = os.environ if parent is None else parent
+    env = {k: v for k, v in parent.items()
+           if k in INHERITED_ENV or k.startswith(INHERITED_PREFIXES)}
+    env.update({
+        # ansible-playbook comes with the service's own environment (a dependency)
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{parent.get('PATH', os.defpath)}",
+        "ANSIBLE_HOME": str(state / "home"),
+        "ANSIBLE_LOCAL_TEMP": str(state / "tmp"),
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_RETRY_FILES_ENABLED": "0",
+    })
+    return env
 
 
 def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     path = playbook_path(ctx, step["playbook"])
-    node = _limit(step, ctx)
+    hosts = _targets(step, ctx)
+    limit = ":".join(hosts)  # verified names only: each selects itself, the union exactly them
     try:
         step_vars = render(step.get("vars", {}), ctx.labels, ctx.template_config)
     except TemplateError as exc:
@@ -61,35 +121,32 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
         "trainwatch_dry_run": ctx.dry_run,
         "trainwatch_command_id": ctx.command_id(),
     }
-    inventory = ctx.config.ansible_inventory
-    with tempfile.TemporaryDirectory(prefix="trainwatch-ansible-") as tmp:
-        kwargs: dict[str, Any] = {
-            "private_data_dir": tmp,
-            "playbook": str(path),
-            "limit": node,
-            "extravars": extravars,
-            "quiet": True,
-            "timeout": int(timeout_of(step, ctx.config.action_timeout_seconds)),
-            # ansible-playbook comes with the service's own environment (a dependency)
-            "envvars": {"PATH": f"{Path(sys.executable).parent}{os.pathsep}"
-                                f"{os.environ.get('PATH', os.defpath)}",
-                        "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0"},
-        }
-        if inventory is not None:
-            kwargs["inventory"] = str(inventory)
-        runner = ansible_runner.run(**kwargs)
+    state = state_dir(ctx.config)
+    for sub in ("runs", "home", "tmp"):
+        (state / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="run-", dir=state / "runs") as tmp:
+        runner = ansible_runner.interface.init_runner(
+            private_data_dir=tmp, playbook=str(path), limit=limit,
+            inventory=str(ctx.config.ansible_inventory), extravars=extravars, quiet=True,
+            timeout=int(timeout_of(step, ctx.config.action_timeout_seconds)))
+        # ansible-runner seeds the child's environment with the whole of os.environ: replace
+        # it, keeping only what runner itself set (its callback plugin and event settings).
+        runner.config.env = {**child_env(state), **{
+            k: v for k, v in runner.config.env.items()
+            if k not in os.environ or os.environ[k] != v}}
+        runner.run()
         # events and stats live in the private data dir: read them before it is removed
         output = runner.stdout.read() if runner.stdout else ""
         captured = _registered_output(runner)
         processed = set((runner.stats or {}).get("processed") or {})
-    result = {"playbook": path.name, "limit": node, "status": runner.status, "rc": runner.rc,
+    result = {"playbook": path.name, "limit": limit, "status": runner.status, "rc": runner.rc,
               "output_tail": output[-OUTPUT_LIMIT:], "captured": captured}
     if runner.status != "successful" or runner.rc != 0:
-        raise ActionError(f"ansible: {path.name} on {node} ended {runner.status} rc={runner.rc}: "
-                          f"{output[-1500:]}")
-    missing = [host for host in node.split(":") if host not in processed]
+        raise ActionError(f"ansible: {path.name} on {limit} ended {runner.status} "
+                          f"rc={runner.rc}: {output[-1500:]}")
+    missing = [host for host in hosts if host not in processed]
     if missing:
-        raise ActionError(f"ansible: {path.name}: no inventory host named {missing!r}")
+        raise ActionError(f"ansible: {path.name}: did not run on {missing!r}")
     return result
 
 

@@ -34,6 +34,7 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
         return {"would_silence": matchers}
     try:
         resp = ctx.session.post(f"{ctx.config.alertmanager_url}/api/v2/silences", json=body,
+                                auth=ctx.config.alertmanager_auth,
                                 timeout=10)
     except requests.RequestException as exc:
         raise ActionError(f"silence: Alertmanager unreachable: {type(exc).__name__}") from exc
@@ -47,7 +48,8 @@ def expire(silence_id: str, ctx: ActionContext) -> bool:
     """Best effort: a silence that cannot be expired still ends at its endsAt."""
     try:
         resp = ctx.session.delete(
-            f"{ctx.config.alertmanager_url}/api/v2/silence/{silence_id}", timeout=10)
+            f"{ctx.config.alertmanager_url}/api/v2/silence/{silence_id}",
+            auth=ctx.config.alertmanager_auth, timeout=10)
     except requests.RequestException:
         return False
     return resp.status_code == 200

@@ -32,6 +32,7 @@ GPU_NODES = [f"gpu-node-0{i}.example.internal" for i in (1, 2, 3)]
 MONITORING = ["mon-01.example.internal", "mon-02.example.internal"]
 LOGGING = ["log-01.example.internal"]
 VAULT_NAMES = ("vault_trainwatch_webhook_token", "vault_trainwatch_control_token",
+               "vault_trainwatch_alertmanager_password",
                "vault_pagerduty_routing_key", "vault_grafana_admin_password",
                "vault_grafana_secret_key", "vault_elasticsearch_elastic_password",
                "vault_elasticsearch_logstash_writer_password", "vault_kibana_encryption_key",

@@ -191,3 +191,34 @@ def test_a_failed_render_keeps_the_previous_one_and_foreign_folders_are_refused(
                               str(foreign)], capture_output=True, text=True, check=False)
     assert refused.returncode == 2 and "not an earlier render" in refused.stderr
     assert (foreign / "notes.txt").read_text() == "mine"
+
+
+def test_no_long_running_process_keeps_a_secret_in_its_environment(
+        compose: dict, secret_names: set[str]) -> None:
+    """Issue 11 item 9c: a secret handed over in the environment is written to a file by the
+    entrypoint, then dropped (`exec env -u NAME ...`) before the service starts, so its
+    children (ansible-playbook and its modules for the remediation service) never see it."""
+    for name in ("alertmanager", "remediation"):  # our entrypoints (the others are vendors')
+        service = compose["services"][name]
+        secrets_here = sorted(set(service.get("environment") or {}) & secret_names)
+        exec_part = " ".join(service["command"]).split("exec ", 1)[1]
+        assert exec_part.startswith("env "), f"{name}: the service is not exec'd through env -u"
+        for secret in secrets_here:
+            assert f"-u {secret} " in exec_part, f"{name}: {secret} stays in the environment"
+
+
+def test_rendered_remediation_inventory_names_the_gpu_nodes_as_alerts_do(
+        rendered: Path, tmp_path: Path) -> None:
+    """Host actions need an inventory (issue 11 item 1): the GPU nodes under their short names,
+    which is what the alerts' `node` label carries; only those resolve."""
+    from remediation.inventory import TargetError, resolve_hosts
+
+    config = yaml.safe_load((rendered / "remediation/remediation.yml").read_text())
+    assert config["ansible_inventory"] == "/etc/trainwatch/inventory.yml"  # the mounted dir
+    inventory = rendered / "remediation/inventory.yml"
+    hosts = yaml.safe_load(inventory.read_text())["all"]["hosts"]
+    assert hosts == {"gpu-01": {"ansible_host": "gpu-01.example.internal"},
+                     "gpu-02": {"ansible_host": "gpu-02.example.internal"}}
+    assert resolve_hosts(inventory, ["gpu-02"], tmp_path) == ["gpu-02"]
+    with pytest.raises(TargetError):
+        resolve_hosts(inventory, ["all"], tmp_path)
