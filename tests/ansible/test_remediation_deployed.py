@@ -27,6 +27,8 @@ import pytest
 import requests
 import yaml
 
+from remediation.approvers import digest as approver_digest
+from remediation.approvers import load_approvers
 from tests.ansible.runner import REPO, VENV_BIN, run_playbook
 from tests.remediation.helpers import alert, payload
 from tests.support.net import free_port, wait_until
@@ -35,6 +37,7 @@ from tests.support.procs import running
 RENDER = Path(__file__).with_name("render_remediation.yml")
 NODES = {"node-a": "node-a.cluster.test", "node-b": "node-b.cluster.test"}
 DAY = 86400
+APPROVER_TOKEN = "approver-token-for-alice-0123456789abcdef"
 
 # ProtectSystem=strict + ReadWritePaths for the service's own tree: $1 is made read-only, every
 # path before `--` writable again, then the service is exec'd in that mount namespace.
@@ -110,6 +113,7 @@ def test_deployed_service_runs_a_host_playbook_with_a_read_only_home(tmp_path: P
         "_trainwatch_supervisorctl": ["true"],  # handlers have no supervisord to talk to
         "remediation_port": port,
         "remediation_bind_address": "127.0.0.1",
+        "remediation_approvers": {"alice": f"sha256:{approver_digest(APPROVER_TOKEN)}"},
     }, tmp_path, inventory=_deploy_inventory(tmp_path))
     assert run.rc == 0 and run.total("failed") == 0, run.describe()
 
@@ -117,6 +121,11 @@ def test_deployed_service_runs_a_host_playbook_with_a_read_only_home(tmp_path: P
     inventory = yaml.safe_load(Path(config["ansible_inventory"]).read_text())
     assert set(inventory["all"]["hosts"]) == set(NODES)  # named as alerts name them
     assert inventory["all"]["hosts"]["node-b"]["ansible_host"] == NODES["node-b"]
+    # approvers from the role: digests only, not world-readable, and the service loads them
+    approvers_file = Path(config["approvers_file"])
+    assert approvers_file.stat().st_mode & 0o777 == 0o640
+    assert APPROVER_TOKEN not in approvers_file.read_text()
+    assert load_approvers(approvers_file).identify(APPROVER_TOKEN) == "alice"
 
     unit = _unit(prefix / "trainwatch-remediation.service")
     assert unit["ProtectSystem"] == ["strict"] and unit["ProtectHome"] == ["true"]
