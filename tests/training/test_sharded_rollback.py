@@ -5,8 +5,8 @@ the non-finite loss, the test cuts the LR (a `scale_lr` command, applied on ever
 then posts a `rollback` skipping 3 batches. The job restores the newest healthy checkpoint
 (step 30) on every rank, each rank's shards bit-identical to what it saved, and then crashes
 (`--crash-after-rollback`) before its next checkpoint; the job is launched again with torchrun
-and every rank resumes from step 30 again. The LR cut is still in force after the rollback and after the
-restart, the cut is not applied a second time, and batches 33-35 are never read again.
+and every rank resumes from step 30 again. The LR cut is still in force after the rollback and
+after the restart, the cut is not applied a second time, and batches 33-35 are never read again.
 """
 
 from __future__ import annotations
