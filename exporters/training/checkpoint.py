@@ -8,7 +8,7 @@ Layout of the checkpoint directory (one directory shared by every rank: see docs
     manifest.json                   {"version": 2, "checkpoints": [{"step", "dir", "loss",
                                      "healthy", "world_size", "time"}, ...]}   (oldest first)
     effects.json                    command effects journalled as they are agreed (train_state)
-    step-0000000120-r0s3/           one checkpoint (r: launcher restart, s: save number)
+    step-0000000120-9f2c41d07a3be512-3/   one checkpoint (run id agreed at start, save number)
         .metadata, __<rank>_0.distcp   DCP: every rank writes its own shards
         rng-rank<r>.json            every rank's RNG state, written by that rank
         job.json                    step, scheduler, GradScaler, TrainState (rank 0)
@@ -41,7 +41,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import random
 import secrets
 import shutil
@@ -221,7 +220,6 @@ class CheckpointManager:
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(process_group) if self._distributed else 0
         self.world_size = dist.get_world_size(process_group) if self._distributed else 1
-        self._restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         self._saves = 0
         self._lock = threading.Lock()  # manifest updates (committer thread vs training thread)
         self._inflight: threading.Thread | None = None
@@ -231,7 +229,9 @@ class CheckpointManager:
                        and self.world_size > 1 else None)
         if self.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
-        self._check_layout()
+        # A run id agreed at start names this run's checkpoints, so a relaunched job never
+        # writes into a directory an earlier run committed (and the manifest still names).
+        self._run_id = self._check_layout()
         if self.rank == 0:
             self._remove_uncommitted()
         self._barrier()
@@ -261,8 +261,9 @@ class CheckpointManager:
                                    group=self._group)
         return box[0]
 
-    def _check_layout(self) -> None:
-        """Refuse a directory that is not the same for every rank (node-local, per-rank)."""
+    def _check_layout(self) -> str:
+        """Refuse a directory that is not the same for every rank (node-local, per-rank);
+        returns the token rank 0 chose (the run id)."""
         token = self._from_rank0(secrets.token_hex(8) if self.rank == 0 else None)
         probe = self.directory / f"{PROBE_PREFIX}{token}"
         if self.rank == 0:
@@ -282,6 +283,7 @@ class CheckpointManager:
                 f"{'sees' if ok else 'does not see'} rank 0's files). Use one directory on a "
                 "filesystem every node mounts (NFS, Lustre, GPFS...); node-local checkpoint "
                 "directories are not supported (docs/training.md)")
+        return token
 
     def _remove_uncommitted(self) -> None:
         """Checkpoint directories the manifest does not name are leftovers of killed saves."""
@@ -349,7 +351,7 @@ class CheckpointManager:
         mine_healthy = _finite(loss) if healthy is None else bool(healthy)
         if healthy is None and self.health is not None:
             mine_healthy = self.health() and mine_healthy
-        name = f"step-{step:010d}-r{self._restart}s{self._saves}"
+        name = f"step-{step:010d}-{self._run_id}-{self._saves}"
         self._saves += 1
         target = self.directory / name
         job = self._job_document(step)

@@ -64,9 +64,9 @@ def test_layout_and_commit_marker(tmp_path: Path) -> None:
     assert manager.manifest()[0] | {"time": 0} == {
         "step": 7, "dir": name, "loss": 0.5, "world_size": 1, "healthy": True, "time": 0}
     # Leftovers of a save killed before its commit are removed at the next start.
-    (tmp_path / "step-0000000009-r0s9").mkdir()
+    (tmp_path / "step-0000000009-0123456789abcdef-9").mkdir()
     CheckpointManager(tmp_path, model)
-    assert not (tmp_path / "step-0000000009-r0s9").exists() and (tmp_path / name).exists()
+    assert not (tmp_path / "step-0000000009-0123456789abcdef-9").exists() and (tmp_path / name).exists()
 
 
 def test_async_save_is_staged_before_the_loop_changes_the_weights(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_a_failed_background_write_is_not_eligible_and_is_reported(tmp_path: Pat
     manager = CheckpointManager(tmp_path, model)
     manager.save(1, loss=0.1)
     manager.wait()
-    (tmp_path / "step-0000000002-r0s1").write_text("a file where the save wants a directory")
+    (tmp_path / f"step-0000000002-{manager._run_id}-1").write_text("a file, not a directory")
     manager.save(2, loss=0.1)
     manager.wait()
     assert manager.failed_saves == 1 and manager.last_failure
