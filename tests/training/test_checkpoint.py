@@ -64,9 +64,10 @@ def test_layout_and_commit_marker(tmp_path: Path) -> None:
     assert manager.manifest()[0] | {"time": 0} == {
         "step": 7, "dir": name, "loss": 0.5, "world_size": 1, "healthy": True, "time": 0}
     # Leftovers of a save killed before its commit are removed at the next start.
-    (tmp_path / "step-0000000009-0123456789abcdef-9").mkdir()
+    leftover = tmp_path / "step-0000000009-0123456789abcdef-9"
+    leftover.mkdir()
     CheckpointManager(tmp_path, model)
-    assert not (tmp_path / "step-0000000009-0123456789abcdef-9").exists() and (tmp_path / name).exists()
+    assert not leftover.exists() and (tmp_path / name).exists()
 
 
 def test_async_save_is_staged_before_the_loop_changes_the_weights(tmp_path: Path) -> None:
