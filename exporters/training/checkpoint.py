@@ -25,7 +25,8 @@ anywhere before that leaves the previous manifest in force; leftovers are remove
 Asynchronous saves (the default) copy the state to CPU memory on the training thread (the
 only part the loop waits for) and write it on a background thread over a process group of
 their own, so the write never interleaves with the training job's collectives. At most one
-save is in flight: the next save, a rollback or `close()` waits for it. A failed background
+save is in flight: the next save, a rollback or `close()` waits for it. The CPU copy is kept
+between saves (one extra copy of this rank's state in host memory, as torchtitan keeps). A failed background
 write leaves that checkpoint out of the manifest and is logged and counted (`failed_saves`).
 
 Rollback is one decision: rank 0 picks the checkpoint and broadcasts it; every rank loads it
@@ -56,6 +57,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -223,6 +225,11 @@ class CheckpointManager:
         self._saves = 0
         self._lock = threading.Lock()  # manifest updates (committer thread vs training thread)
         self._inflight: threading.Thread | None = None
+        # One stager for the manager's life: it keeps the CPU copy's storage and copies into
+        # it again at the next save (a fresh one per save pays allocation and page faults on
+        # every save). Reuse is safe because a save waits for the one before it.
+        self._stager = (DefaultStager(StagingOptions(False, False, False, False))
+                        if asynchronous else None)
         # DCP's collectives (and the commit all-reduce) run on a group of their own, so a
         # background write never interleaves with the training job's collectives.
         self._group = (dist.new_group(backend="gloo") if self._distributed
@@ -360,7 +367,8 @@ class CheckpointManager:
         entry = {"step": step, "dir": name, "loss": loss_value, "world_size": self.world_size}
         state = self._state_dict()
         if self.asynchronous:
-            future = dcp.async_save(state, checkpoint_id=str(target), process_group=self._group)
+            future = dcp.async_save(state, checkpoint_id=str(target), process_group=self._group,
+                                    async_stager=self._stager)
             thread = threading.Thread(
                 target=self._finish, name="trainwatch-checkpoint-commit", daemon=True,
                 args=(future.result, target, job, rng, entry, mine_healthy))
@@ -420,6 +428,9 @@ class CheckpointManager:
 
     def close(self) -> None:
         self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
 
     # --- restore ----------------------------------------------------------------------------
     def _read(self, entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any],
