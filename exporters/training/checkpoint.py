@@ -26,8 +26,9 @@ Asynchronous saves (the default) copy the state to CPU memory on the training th
 only part the loop waits for) and write it on a background thread over a process group of
 their own, so the write never interleaves with the training job's collectives. At most one
 save is in flight: the next save, a rollback or `close()` waits for it. The CPU copy is kept
-between saves (one extra copy of this rank's state in host memory, as torchtitan keeps). A failed background
-write leaves that checkpoint out of the manifest and is logged and counted (`failed_saves`).
+between saves (one extra copy of this rank's state in host memory, as torchtitan keeps). A
+failed background write leaves that checkpoint out of the manifest and is logged and counted
+(`failed_saves`).
 
 Rollback is one decision: rank 0 picks the checkpoint and broadcasts it; every rank loads it
 into a scratch copy; an all-reduce of success decides; only if every rank read its part does
