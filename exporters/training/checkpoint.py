@@ -339,21 +339,27 @@ class CheckpointManager:
             return {"model": model_sd, "optim": optim_sd}
         return {"model": get_model_state_dict(self.model)}
 
-    def _job_document(self, step: int) -> dict[str, Any]:
+    def _job_document(self, step: int, next_batch: int | None) -> dict[str, Any]:
         if self.data is not None:
             self.state.loader = self.data.state_dict()
+        train_state = self.state.to_json()
+        if next_batch is not None:
+            train_state["next_batch"] = next_batch
         return {"step": step,
                 "scheduler": self.scheduler.state_dict() if self.scheduler else None,
                 "scaler": self.scaler.state_dict() if self.scaler else None,
-                "train_state": self.state.to_json()}
+                "train_state": train_state}
 
-    def save(self, step: int, loss: Any = None, healthy: bool | None = None) -> str:
+    def save(self, step: int, loss: Any = None, healthy: bool | None = None,
+             next_batch: int | None = None) -> str:
         """Checkpoint the state after `step` completed. Collective: call on every rank.
 
         Healthy (a rollback target) unless told otherwise, or any rank's `loss` (float,
         tensor or numpy scalar) is non-finite, or the attached monitor saw a non-finite loss
-        since the previous save. Returns the checkpoint's directory name; with asynchronous
-        saves it is committed later (see `wait`).
+        since the previous save. `next_batch` overrides the saved data position when the
+        loader fetched ahead of training (the oldest batch fetched but not yet trained on).
+        Returns the checkpoint's directory name; with asynchronous saves it is committed
+        later (see `wait`).
         """
         self.wait()
         mine_healthy = _finite(loss) if healthy is None else bool(healthy)
@@ -362,7 +368,7 @@ class CheckpointManager:
         name = f"step-{step:010d}-{self._run_id}-{self._saves}"
         self._saves += 1
         target = self.directory / name
-        job = self._job_document(step)
+        job = self._job_document(step, next_batch)
         rng = _rng_state()
         loss_value = float(loss) if loss is not None and _finite(loss) else None
         entry = {"step": step, "dir": name, "loss": loss_value, "world_size": self.world_size}

@@ -159,12 +159,15 @@ class TrainingMonitor:
     # --- hot path (training thread) -------------------------------------------------------
     def report(self, step: int, loss: Any = None, lr: Any = None, grad_norm: Any = None,
                samples: float | None = None, tokens: float | None = None,
-               data_wait: float | None = None, step_time: float | None = None) -> None:
+               data_wait: float | None = None, step_time: float | None = None,
+               batch: int | None = None) -> None:
         """Record one step. Never blocks, never raises for bad values, never does I/O.
 
         Pass Python floats where you have them (`loss.item()` is usually computed anyway);
         tensors are accepted and converted on the background thread. `lr` defaults to the
         optimizer's first param group; `step_time` to the time since the previous report.
+        `batch` is the data position this step trained on, when the loop knows it better than
+        the last `next_batch()` (a framework that fetches ahead).
         """
         now = time.perf_counter()
         if step_time is None and self._last_report is not None:
@@ -182,6 +185,8 @@ class TrainingMonitor:
                 self._nonfinite += 1
                 self._shipper.wake.set()
         self._seq += 1
+        if batch is not None:
+            self._batch = batch
         if self._batch is not None:
             self._batch_by_seq.append((self._seq, self._batch))
             self._batch = None
