@@ -229,8 +229,16 @@ class CheckpointManager:
         # One stager for the manager's life: it keeps the CPU copy's storage and copies into
         # it again at the next save (a fresh one per save pays allocation and page faults on
         # every save). Reuse is safe because a save waits for the one before it.
-        self._stager = (DefaultStager(StagingOptions(False, False, False, False))
+        # With an optimizer, the copy itself runs in the background too (DCP's async
+        # staging): the weights only change in optimizer.step(), and a step pre-hook waits for
+        # the copy there, so the loop's forward and backward overlap it (torchtitan's pinned
+        # memory path does the same with the device-to-host copy).
+        self._async_staging = asynchronous and optimizer is not None
+        self._stager = (DefaultStager(StagingOptions(False, False, self._async_staging, False))
                         if asynchronous else None)
+        self._staging: Any = None
+        if self._async_staging:
+            optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
         # DCP's collectives (and the commit all-reduce) run on a group of their own, so a
         # background write never interleaves with the training job's collectives.
         self._group = (dist.new_group(backend="gloo") if self._distributed
@@ -374,11 +382,15 @@ class CheckpointManager:
         entry = {"step": step, "dir": name, "loss": loss_value, "world_size": self.world_size}
         state = self._state_dict()
         if self.asynchronous:
-            future = dcp.async_save(state, checkpoint_id=str(target), process_group=self._group,
-                                    async_stager=self._stager)
+            response = dcp.async_save(state, checkpoint_id=str(target),
+                                      process_group=self._group, async_stager=self._stager)
+            if hasattr(response, "staging_completion"):
+                self._staging, upload = response.staging_completion, response.upload_completion
+            else:
+                upload = response
             thread = threading.Thread(
                 target=self._finish, name="trainwatch-checkpoint-commit", daemon=True,
-                args=(future.result, target, job, rng, entry, mine_healthy))
+                args=(upload.result, target, job, rng, entry, mine_healthy))
             self._inflight = thread
             thread.start()
         else:
@@ -427,8 +439,19 @@ class CheckpointManager:
             if "/" not in old["dir"] and not old["dir"].startswith("."):
                 shutil.rmtree(self.directory / old["dir"], ignore_errors=True)
 
+    def wait_staged(self) -> None:
+        """Block until the save in flight has its copy of the state (the optimizer does this
+        before every step; call it before changing weights any other way)."""
+        staging, self._staging = self._staging, None
+        if staging is not None:
+            try:
+                staging.result()
+            except Exception:  # the upload fails too and reports it
+                log.debug("checkpoint staging failed", exc_info=True)
+
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed or has failed."""
+        self.wait_staged()
         thread, self._inflight = self._inflight, None
         if thread is not None:
             thread.join()

@@ -83,6 +83,22 @@ def test_async_save_is_staged_before_the_loop_changes_the_weights(tmp_path: Path
     assert weights_digest(model) == digest
 
 
+def test_async_staging_overlaps_the_step_and_the_optimizer_waits_for_it(tmp_path: Path) -> None:
+    model = torch.nn.Linear(512, 512)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    manager = CheckpointManager(tmp_path, model, optimizer, asynchronous=True)
+    for step in (1, 2):  # the second save reuses the first one's staging copy
+        digest = weights_digest(model)
+        manager.save(step, loss=0.1)
+        loss = model(torch.randn(4, 512)).pow(2).mean()  # overlaps the copy
+        loss.backward()
+        optimizer.step()  # the step pre-hook waits for the copy before changing weights
+        manager.wait()
+        assert manager.failed_saves == 0
+        manager.rollback()
+        assert weights_digest(model) == digest
+
+
 def test_a_failed_background_write_is_not_eligible_and_is_reported(tmp_path: Path,
                                                                    caplog) -> None:
     model = torch.nn.Linear(4, 2)
