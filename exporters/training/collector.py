@@ -48,6 +48,8 @@ class TrainingCollector(Collector):
             (c.TRAINING_NONFINITE_LOSS, "Steps whose loss was NaN or infinite."),
             (c.TRAINING_DROPPED_SAMPLES, "Step reports the rank could not deliver."),
             (c.TRAINING_ROLLBACKS, "Checkpoint rollbacks the rank applied."),
+            (c.TRAINING_CHECKPOINT_FAILURES,
+             "Checkpoint saves that failed on this rank (not eligible for rollback)."),
         )}
         applied = CounterMetricFamily(_base(c.TRAINING_COMMANDS_APPLIED),
                                       "Control commands the rank applied, by type.",
@@ -74,7 +76,8 @@ class TrainingCollector(Collector):
                                     (c.TRAINING_TOKENS, s.tokens_total),
                                     (c.TRAINING_NONFINITE_LOSS, s.nonfinite),
                                     (c.TRAINING_DROPPED_SAMPLES, s.dropped),
-                                    (c.TRAINING_ROLLBACKS, s.rollbacks)):
+                                    (c.TRAINING_ROLLBACKS, s.rollbacks),
+                                    (c.TRAINING_CHECKPOINT_FAILURES, s.checkpoint_failures)):
                     counters[name].add_metric(values, float(value))
                 for command, count in sorted(s.applied_counts.items()):
                     applied.add_metric([*values, command], float(count))

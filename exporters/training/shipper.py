@@ -156,6 +156,7 @@ class Shipper(threading.Thread):
             "rollbacks": m._rollbacks, "applied_counts": dict(m._applied_counts),
             "command_types": {name: schema for name, (_, schema) in m._custom.items()},
             "cuda": m._cuda_memory(), "applied": applied[-50:],
+            "checkpoint_failures": int(getattr(m._checkpoints, "failed_saves", 0)),
         }
 
     def _flush(self, force: bool = False) -> None:

@@ -41,6 +41,7 @@ class RankState:
     samples_total: float = 0.0
     tokens_total: float = 0.0
     rollbacks: int = 0
+    checkpoint_failures: int = 0
     applied_counts: dict[str, int] = field(default_factory=dict)
     command_types: dict[str, dict[str, Any]] = field(default_factory=dict)
     cuda: tuple[float, float] | None = None
@@ -131,6 +132,7 @@ class Store:
             state.samples_total = report.samples_total
             state.tokens_total = report.tokens_total
             state.rollbacks = report.rollbacks
+            state.checkpoint_failures = report.checkpoint_failures
             state.applied_counts = dict(report.applied_counts)
             state.command_types = dict(report.command_types)
             if report.cuda is not None:

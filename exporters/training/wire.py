@@ -48,6 +48,7 @@ class RankReport:
     cuda: tuple[float, float] | None
     steps: list[tuple[Any, ...]] = field(default_factory=list)
     applied: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint_failures: int = 0  # optional in the datagram (older clients omit it)
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -134,4 +135,5 @@ def decode(data: bytes) -> RankReport:
         nonfinite=_int(obj, "nonfinite"), samples_total=_finite_nonneg(obj, "samples_total"),
         tokens_total=_finite_nonneg(obj, "tokens_total"), rollbacks=_int(obj, "rollbacks"),
         applied_counts=applied_counts, command_types=command_types, cuda=cuda,
-        steps=parsed_steps, applied=applied)
+        steps=parsed_steps, applied=applied,
+        checkpoint_failures=_int(obj, "checkpoint_failures"))

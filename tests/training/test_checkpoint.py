@@ -12,6 +12,8 @@ import numpy
 import pytest
 import torch
 
+from exporters import catalog
+from exporters.training import wire
 from exporters.training.checkpoint import (
     COMMITTED,
     CheckpointManager,
@@ -19,7 +21,9 @@ from exporters.training.checkpoint import (
     weights_digest,
 )
 from exporters.training.client import TrainingMonitor
+from exporters.training.collector import TrainingCollector
 from exporters.training.launcher import RankInfo
+from exporters.training.store import Store
 
 INFO = RankInfo("ckpt-unit", rank=0, local_rank=0, world_size=1, restarts=0)
 
@@ -111,6 +115,17 @@ def test_a_failed_background_write_is_not_eligible_and_is_reported(tmp_path: Pat
     assert manager.failed_saves == 1 and manager.last_failure
     assert [e["step"] for e in manager.manifest()] == [1]
     assert "not eligible for rollback" in caplog.text
+    # ...and as a metric: the rank's datagram carries it, the exporter exports it.
+    tw = monitor(manager)
+    try:
+        report = wire.decode(wire.encode({**tw._shipper._header(), "steps": []}))
+    finally:
+        tw.close()
+    store = Store(600)
+    store.ingest(report)
+    exported = {s.name: s.value for family in TrainingCollector(store, "n").collect()
+                for s in family.samples}
+    assert exported[catalog.TRAINING_CHECKPOINT_FAILURES] == 1
 
 
 def test_retention_keeps_newest_n_plus_newest_healthy(tmp_path: Path) -> None:
