@@ -3,11 +3,11 @@
     tw = TrainingMonitor(job="llm-7b", optimizer=opt, scheduler=sched, checkpoints=ckpt)
     step = start
     while step < total:
+        batch = data[tw.next_batch()]   # the data position, never a batch a rollback skipped
         ...forward, backward, optimizer.step()...
         tw.report(step, loss=loss_value, grad_norm=gn, samples=batch_size)
         control = tw.step_end(step)
         step = control.next_step        # step + 1, or the step after a restored checkpoint
-        skip += control.skip_batches     # batches to skip after a rollback
     tw.close()
 
 `report` runs on the training thread and only appends a tuple to a bounded deque (about a
