@@ -1,4 +1,4 @@
-"""Acceptance 1 on a real 4-rank FSDP2 job (CPU, gloo, torchrun), across a torchrun restart.
+"""Acceptance 1 on real jobs (CPU, gloo, torchrun): 4-rank FSDP2 and 2-rank DDP, across a restart.
 
 Batch 33 is poisoned (its loss is NaN, which poisons the weights). When the exporter shows
 the non-finite loss, the test cuts the LR (a `scale_lr` command, applied on every rank) and
@@ -23,14 +23,14 @@ from tests.training.support import JOB_BASE_ENV, events, exporter, of, torchrun
 
 pytestmark = pytest.mark.slow
 JOB = "sharded-job"
-RANKS = 4
 POISON = 33
 
 
-def test_fsdp_rollback_restores_shards_skips_poison_and_keeps_lr_cut_across_restart(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize(("model", "RANKS"), [("fsdp", 4), ("ddp", 2)])
+def test_rollback_restores_shards_skips_poison_and_keeps_lr_cut_across_restart(
+        tmp_path: Path, model: str, RANKS: int) -> None:
     checkpoints = tmp_path / "ckpt"
-    args = ["--model", "fsdp", "--steps", "80", "--step-time", "0.02",
+    args = ["--model", model, "--steps", "300", "--step-time", "0.02",
             "--poison-batches", str(POISON), "--checkpoint-dir", str(checkpoints),
             "--checkpoint-every", "10", "--keep-checkpoints", "100", "--print-every", "1",
             "--crash-after-rollback"]
@@ -88,5 +88,5 @@ def test_fsdp_rollback_restores_shards_skips_poison_and_keeps_lr_cut_across_rest
     assert len(summaries) == RANKS
     assert len({s["weights_sha256"] for s in summaries}) == 1
     for summary in summaries:
-        assert summary["final_step"] == 79 and math.isfinite(summary["final_loss"])
+        assert summary["final_step"] == 299 and math.isfinite(summary["final_loss"])
         assert summary["lr"] == 0.025 and summary["failed_saves"] == 0
