@@ -304,7 +304,11 @@ class TrainingMonitor:
             self._applied_log.pop(next(iter(self._applied_log)))
         self.train_state.record_applied(command_id, event)
         if self._checkpoints is not None:
-            self._checkpoints.journal_effects()
+            try:
+                self._checkpoints.journal_effects()
+            except OSError as exc:  # the effect holds in memory and rides in the next save
+                log.error("cannot journal command effects in %s: %s",
+                          self._checkpoints.directory, exc)
         self._shipper.wake.set()
 
     def _run(self, command: cmd.Command, step: int, control: Control) -> Any:
@@ -341,7 +345,6 @@ class TrainingMonitor:
             window = self.train_state.add_skip(start, skip)
         elif skip:  # the loop does not use next_batch(): it skips by itself (legacy)
             control.skip_batches += skip
-        self._checkpoints.journal_effects()
         return {"restored_step": restored.step, "skipped": window,
                 "next_batch": self.train_state.next_batch}
 
