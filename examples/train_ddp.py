@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from exporters.training.checkpoint import CheckpointManager, weights_digest
+from exporters.training.checkpoint import CheckpointManager, shard_digest, weights_digest
 from exporters.training.client import TrainingMonitor
 from exporters.training.flops import ModelFlops, count_parameters
 
@@ -78,6 +78,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--keep-checkpoints", type=int, default=3)
+    parser.add_argument("--sync-checkpoints", action="store_true",
+                        help="save synchronously (default: asynchronous, staged to CPU)")
+    parser.add_argument("--model", choices=("ddp", "fsdp"), default="ddp",
+                        help="replicated (DDP) or sharded (FSDP2 fully_shard) model")
+    parser.add_argument("--crash-after-rollback", action="store_true",
+                        help="exit 1 right after a rollback on the first launch (tests a "
+                        "torchrun restart that must keep the rollback's effects)")
+    parser.add_argument("--poison-batches", default="",
+                        help="comma-separated batch indices whose loss is NaN (bad data)")
     parser.add_argument("--tensorboard-dir", default=None)
     parser.add_argument("--print-every", type=int, default=10)
     parser.add_argument("--log-dir", default=os.environ.get("TRAINWATCH_LOG_DIR"),
@@ -137,14 +146,24 @@ def main(argv: list[str] | None = None) -> int:
     structured_logging(args.log_dir)
     torch.manual_seed(args.seed)  # identical initial weights on every rank
     net = nn.Sequential(nn.Linear(FEATURES, 64), nn.LeakyReLU(0.1), nn.Linear(64, 1)).to(device)
-    device_ids = [device.index] if device.type == "cuda" else None
-    model: nn.Module = (DistributedDataParallel(net, device_ids=device_ids) if distributed
-                        else net)
+    model: nn.Module = net
+    if distributed and args.model == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        model = fully_shard(net)
+    elif distributed:
+        device_ids = [device.index] if device.type == "cuda" else None
+        model = DistributedDataParallel(net, device_ids=device_ids)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     data = Data(args.seed, rank, args.batch_size)
+    poison = {int(b) for b in args.poison_batches.split(",") if b.strip()}
 
     checkpoints = (CheckpointManager(args.checkpoint_dir, model, optimizer,
-                                     keep=args.keep_checkpoints)
+                                     keep=args.keep_checkpoints,
+                                     asynchronous=not args.sync_checkpoints)
                    if args.checkpoint_dir else None)
     monitor = TrainingMonitor(job=args.job, optimizer=optimizer, checkpoints=checkpoints,
                               tensorboard_dir=args.tensorboard_dir,
@@ -163,10 +182,13 @@ def main(argv: list[str] | None = None) -> int:
                                                          "maximum": 65536}},
         "required": ["batch_size"], "additionalProperties": False})
 
-    step, batch_offset = 0, 0
-    if checkpoints is not None and checkpoints.newest_healthy() is not None:
-        step = checkpoints.rollback() + 1  # an elastic restart resumes where it left off
-        emit("resumed", rank=rank, step=step)
+    step = 0
+    restored = checkpoints.resume() if checkpoints is not None else None
+    if restored is not None:  # an elastic restart resumes where it left off
+        step = restored.step + 1
+        emit("resumed", rank=rank, step=step, next_batch=checkpoints.state.next_batch,
+             skip=checkpoints.state.skip, lr=optimizer.param_groups[0]["lr"],
+             weights_sha256=weights_digest(model), shard_sha256=shard_digest(model))
     emit("start", rank=rank, world_size=world, job=monitor.info.job, step=step,
          restarts=monitor.info.restarts)
     spiked = nan_done = False
@@ -174,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     steps_run = 0
     while step < args.steps:
         started = time.perf_counter()
-        x, y = data.batch(step + batch_offset)  # generated on the CPU: the same on any device
+        batch = monitor.next_batch()  # the data position, past skipped ranges
+        x, y = data.batch(batch)  # generated on the CPU: the same on any device
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         data_wait = time.perf_counter() - started
         if step == args.spike_at_step and not spiked:
@@ -189,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
             nan_done = True
             loss = loss * float("nan")
             emit("nan_injected", rank=rank, step=step)
+        if batch in poison:
+            loss = loss * float("nan")
+            emit("poison_read", rank=rank, step=step, batch=batch)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
@@ -197,26 +223,33 @@ def main(argv: list[str] | None = None) -> int:
         loss_value = loss.item()
         if was_finite and not math.isfinite(loss_value):  # once per streak, not every step
             log.error("loss is %s at step %d", loss_value, step)
-        monitor.report(step, loss=loss_value, grad_norm=grad_norm.item(),
+        if hasattr(grad_norm, "full_tensor"):  # sharded (FSDP2): a DTensor
+            grad_norm = grad_norm.full_tensor()
+        monitor.report(step, loss=loss.detach(), grad_norm=grad_norm.detach(),  # off-thread
                        samples=data.batch_size, data_wait=data_wait)
         if step % args.print_every == 0:
-            emit("step", rank=rank, step=step, loss=loss_value,
+            emit("step", rank=rank, step=step, loss=loss_value, batch=batch,
                  lr=optimizer.param_groups[0]["lr"])
         if checkpoints is not None and step > 0 and step % args.checkpoint_every == 0:
-            checkpoints.save(step, loss=loss_value)
+            name = checkpoints.save(step, loss=loss_value)
             emit("checkpoint_saved", rank=rank, step=step, finite=math.isfinite(loss_value),
-                 weights_sha256=weights_digest(model))
+                 dir=name, weights_sha256=weights_digest(model),
+                 shard_sha256=shard_digest(model))
         control = monitor.step_end(step)
         for event in control.applied:
             extra: dict[str, Any] = {}
-            if event["type"] == "rollback" and event["status"] == "applied":
+            if event["type"] == "rollback":  # every rank, applied or failed: a collective
                 extra["weights_sha256"] = weights_digest(model)
+                extra["shard_sha256"] = shard_digest(model)
             log.info("command %s (%s) %s at step %d: %s", event["id"], event["type"],
                      event["status"], step, event.get("result") or event.get("error"))
             emit("command_applied", rank=rank, step=step, id=event["id"], type=event["type"],
                  status=event["status"], result=event.get("result"), error=event.get("error"),
                  lr=optimizer.param_groups[0]["lr"], **extra)
-        batch_offset += control.skip_batches
+            if (event["type"] == "rollback" and event["status"] == "applied"
+                    and args.crash_after_rollback and monitor.info.restarts == 0):
+                monitor.close()
+                os._exit(1)  # a crash: torchrun restarts every rank
         step = control.next_step
         steps_run += 1
         remaining = args.step_time - (time.perf_counter() - started)
@@ -224,10 +257,13 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(remaining)
 
     monitor.close()
+    if checkpoints is not None:
+        checkpoints.close()
     log.info("finished at step %d", step - 1)
     emit("summary", rank=rank, steps_run=steps_run, final_step=step - 1, final_loss=loss_value,
-         lr=optimizer.param_groups[0]["lr"], batch_offset=batch_offset,
-         weights_sha256=weights_digest(model), **monitor.stats())
+         lr=optimizer.param_groups[0]["lr"], next_batch=monitor.train_state.next_batch,
+         skip=monitor.train_state.skip, weights_sha256=weights_digest(model),
+         failed_saves=checkpoints.failed_saves if checkpoints else 0, **monitor.stats())
     if distributed:
         dist.barrier()
         dist.destroy_process_group()

@@ -3,11 +3,11 @@
     tw = TrainingMonitor(job="llm-7b", optimizer=opt, scheduler=sched, checkpoints=ckpt)
     step = start
     while step < total:
+        batch = data[tw.next_batch()]   # the data position, never a batch a rollback skipped
         ...forward, backward, optimizer.step()...
         tw.report(step, loss=loss_value, grad_norm=gn, samples=batch_size)
         control = tw.step_end(step)
         step = control.next_step        # step + 1, or the step after a restored checkpoint
-        skip += control.skip_batches     # batches to skip after a rollback
     tw.close()
 
 `report` runs on the training thread and only appends a tuple to a bounded deque (about a
@@ -45,6 +45,7 @@ from exporters.training.forwarders import (
 )
 from exporters.training.launcher import RankInfo, detect
 from exporters.training.shipper import ControlPoller, Shipper
+from exporters.training.train_state import TrainState
 
 log = logging.getLogger(__name__)
 DEFAULT_EXPORTER_URL = f"http://127.0.0.1:{catalog.PORTS['training_exporter']}"
@@ -132,6 +133,16 @@ class TrainingMonitor:
         self._applied_ids: set[str] = set()
         self._applied_log: dict[str, dict[str, Any]] = {}  # id -> outcome, newest last
         self._known: dict[str, dict[str, Any]] = {}
+        # Data position and non-finite losses by report sequence number (the shipper fills
+        # _nonfinite_seqs for floats and tensors alike), so a rollback knows the batch the
+        # failure was first seen at; _health_mark is the count seen at the last checkpoint.
+        self._own_state = TrainState()
+        self._batch: int | None = None
+        self._batch_by_seq: deque[tuple[int, int]] = deque(maxlen=4096)
+        self._nonfinite_seqs: deque[int] = deque(maxlen=1024)
+        self._nonfinite_seen = 0
+        self._health_mark = 0
+        self._rollback_seq = 0
         self._incoming: deque[dict[str, Any]] = deque(maxlen=1000)
         self._custom: dict[str, tuple[CommandHandler, dict[str, Any]]] = {}
         self._last_report: float | None = None
@@ -162,16 +173,21 @@ class TrainingMonitor:
         self._shipper = Shipper(self, self.info, socket_path, poller, self._forwarders,
                                 flush_interval, poll_interval, self._incoming.append)
         self._shipper.start()
+        if checkpoints is not None:
+            checkpoints.health = self._healthy_since_last_save
 
     # --- hot path (training thread) -------------------------------------------------------
     def report(self, step: int, loss: Any = None, lr: Any = None, grad_norm: Any = None,
                samples: float | None = None, tokens: float | None = None,
-               data_wait: float | None = None, step_time: float | None = None) -> None:
+               data_wait: float | None = None, step_time: float | None = None,
+               batch: int | None = None) -> None:
         """Record one step. Never blocks, never raises for bad values, never does I/O.
 
         Pass Python floats where you have them (`loss.item()` is usually computed anyway);
         tensors are accepted and converted on the background thread. `lr` defaults to the
         optimizer's first param group; `step_time` to the time since the previous report.
+        `batch` is the data position this step trained on, when the loop knows it better than
+        the last `next_batch()` (a framework that fetches ahead).
         """
         now = time.perf_counter()
         if step_time is None and self._last_report is not None:
@@ -191,6 +207,11 @@ class TrainingMonitor:
                 self._nonfinite += 1
                 self._shipper.wake.set()
         self._seq += 1
+        if batch is not None:
+            self._batch = batch
+        if self._batch is not None:
+            self._batch_by_seq.append((self._seq, self._batch))
+            self._batch = None
         self._buffer.append((self._seq, step, now, step_time, loss, lr, grad_norm, data_wait))
 
     def set_model_flops(self, flops: ModelFlops, *, peak_flops: float | None = None,
@@ -218,6 +239,54 @@ class TrainingMonitor:
         device = self._cuda_device if self._cuda_device is not None else self.info.local_rank
         return str(torch.cuda.get_device_name(device))
 
+    # --- data position ----------------------------------------------------------------------
+    @property
+    def train_state(self) -> TrainState:
+        """The job-wide state (data position, skip list, command effects); the checkpoint
+        manager's when there is one, so it rides in every checkpoint."""
+        return self._checkpoints.state if self._checkpoints is not None else self._own_state
+
+    def next_batch(self) -> int:
+        """Which batch to read for this step: the data position, past any skipped range.
+
+        Call once per step before `report`; the index is global (the same on every rank) and
+        each rank maps it to its own shard. Restored by rollback and restart; batches a
+        rollback skipped are never returned again.
+        """
+        self._batch = self.train_state.take_batch()
+        return self._batch
+
+    def _drained(self, timeout: float = 10.0) -> bool:
+        """Wait until the shipper has looked at every report made so far (losses given as
+        tensors are only recognised as non-finite there)."""
+        deadline = time.monotonic() + timeout
+        while self._shipper.is_alive() and self._shipper.seen_seq < self._seq:
+            if time.monotonic() > deadline:
+                return False
+            self._shipper.wake.set()
+            time.sleep(0.001)
+        return True
+
+    def _healthy_since_last_save(self) -> bool:
+        """The checkpoint health flag: no non-finite loss (float, tensor or numpy) reported
+        since the previous checkpoint. Unconfirmable (shipper stuck) counts as unhealthy."""
+        drained = self._drained()
+        seen = self._nonfinite_seen
+        healthy = drained and seen == self._health_mark
+        self._health_mark = seen
+        return healthy
+
+    def _failure_batch(self) -> int | None:
+        """The batch of the first non-finite loss since the last rollback, else the batch of
+        the newest report (the failure was seen now)."""
+        self._drained()
+        bad = [q for q in list(self._nonfinite_seqs) if q > self._rollback_seq]
+        batches = dict(self._batch_by_seq)
+        for seq in sorted(bad):
+            if seq in batches:
+                return batches[seq]
+        return self._batch_by_seq[-1][1] if self._batch_by_seq else None
+
     def step_end(self, step: int) -> Control:
         """Call once per step on every rank, after `report`. Applies agreed commands.
 
@@ -226,16 +295,19 @@ class TrainingMonitor:
         """
         if step % self.sync_every != 0 or self._closed:
             return Control(next_step=step + 1)
+        durable = self.train_state.applied  # applied ids that survive restarts
         while self._incoming:
             command = self._incoming.popleft()
-            if command["id"] not in self._applied_ids:
+            if command["id"] not in self._applied_ids and command["id"] not in durable:
                 self._known.setdefault(command["id"], command)
-            elif command["id"] in self._applied_log:
-                # Offered again (an exporter that restarted and got it re-posted): never
-                # re-apply, but report the outcome again so its status is not stuck pending.
-                self._applied_events.append((time.monotonic(), self._applied_log[command["id"]]))
+            elif command["id"] in self._applied_log or command["id"] in durable:
+                # Offered again (an exporter that restarted and got it re-posted, or a job
+                # that restarted): never re-apply, but report the outcome again so its status
+                # is not stuck pending.
+                outcome = self._applied_log.get(command["id"]) or durable[command["id"]]
+                self._applied_events.append((time.monotonic(), outcome))
         agreed = sync.union(self._agreement.exchange(list(self._known.values())),
-                            self._applied_ids)
+                            self._applied_ids | set(durable))
         control = Control(next_step=step + 1)
         for command in agreed:
             self._apply(command, step, control)
@@ -277,6 +349,13 @@ class TrainingMonitor:
         self._applied_log[command_id] = event
         while len(self._applied_log) > 1000:
             self._applied_log.pop(next(iter(self._applied_log)))
+        self.train_state.record_applied(command_id, event)
+        if self._checkpoints is not None:
+            try:
+                self._checkpoints.journal_effects()
+            except OSError as exc:  # the effect holds in memory and rides in the next save
+                log.error("cannot journal command effects in %s: %s",
+                          self._checkpoints.directory, exc)
         self._shipper.wake.set()
 
     def _run(self, command: cmd.Command, step: int, control: Control) -> Any:
@@ -286,12 +365,8 @@ class TrainingMonitor:
         if command.type == cmd.ROLLBACK:
             if self._checkpoints is None:
                 raise RuntimeError("no CheckpointManager given to TrainingMonitor")
-            restored = self._checkpoints.rollback()
-            self._rollbacks += 1
-            control.rolled_back = True
-            control.next_step = restored + 1
-            control.skip_batches += int(args.get("skip_batches", 0))
-            return {"restored_step": restored}
+            return self._rollback(int(args.get("skip_batches", 0)),
+                                  args.get("skip_from_batch"), control)
         if command.type == cmd.CHECKPOINT:
             if self._checkpoints is None:
                 raise RuntimeError("no CheckpointManager given to TrainingMonitor")
@@ -299,9 +374,33 @@ class TrainingMonitor:
         handler, _ = self._custom[command.type]
         return handler(args, step)
 
+    def _rollback(self, skip: int, skip_from: int | None, control: Control) -> dict[str, Any]:
+        """One decision for all ranks (CheckpointManager.rollback), then skip the bad data:
+        `skip` batches from the first one the failure was seen at (agreed across ranks: the
+        earliest any rank saw), or from `skip_from` when the playbook names the window."""
+        start = skip_from if skip_from is not None else self._failure_batch()
+        if skip:
+            start = sync.min_over_ranks(start, self._group)
+        restored = self._checkpoints.rollback()  # raises on every rank alike
+        self._rollbacks += 1
+        self._rollback_seq = self._seq
+        self._health_mark = self._nonfinite_seen
+        control.rolled_back = True
+        control.next_step = restored.step + 1
+        window = None
+        if skip and start is not None:
+            window = self.train_state.add_skip(start, skip)
+        elif skip:  # the loop does not use next_batch(): it skips by itself (legacy)
+            control.skip_batches += skip
+        return {"restored_step": restored.step, "skipped": window,
+                "next_batch": self.train_state.next_batch}
+
     def _scale_lr(self, factor: float, floor: float) -> dict[str, Any]:
         if self._optimizer is None:
             raise RuntimeError("no optimizer given to TrainingMonitor")
+        state = self.train_state
+        state.lr_multiplier *= factor
+        state.lr_floor = max(state.lr_floor, floor)
         for group in self._optimizer.param_groups:
             group["lr"] = max(group["lr"] * factor, floor)
         if self._scheduler is not None and hasattr(self._scheduler, "base_lrs"):

@@ -59,6 +59,8 @@ class TrainingCollector(Collector):
             (c.TRAINING_ROLLBACKS, "Checkpoint rollbacks the rank applied."),
             (c.TRAINING_MODEL_FLOPS, "Model FLOPs (forward + backward) of the samples or "
                                      "tokens processed; rate() = achieved FLOP/s."),
+            (c.TRAINING_CHECKPOINT_FAILURES,
+             "Checkpoint saves that failed on this rank (not eligible for rollback)."),
         )}
         applied = CounterMetricFamily(_base(c.TRAINING_COMMANDS_APPLIED),
                                       "Control commands the rank applied, by type.",
@@ -92,7 +94,8 @@ class TrainingCollector(Collector):
                                     (c.TRAINING_TOKENS, s.tokens_total),
                                     (c.TRAINING_NONFINITE_LOSS, s.nonfinite),
                                     (c.TRAINING_DROPPED_SAMPLES, s.dropped),
-                                    (c.TRAINING_ROLLBACKS, s.rollbacks)):
+                                    (c.TRAINING_ROLLBACKS, s.rollbacks),
+                                    (c.TRAINING_CHECKPOINT_FAILURES, s.checkpoint_failures)):
                     counters[name].add_metric(values, float(value))
                 if s.flops_total:  # a job that does not report FLOPs has no FLOPs series
                     counters[c.TRAINING_MODEL_FLOPS].add_metric(values, s.flops_total)

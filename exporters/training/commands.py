@@ -33,7 +33,9 @@ BUILTIN_SCHEMAS: dict[str, dict[str, Any]] = {
     },
     ROLLBACK: {
         "type": "object",
-        "properties": {"skip_batches": {"type": "integer", "minimum": 0, "maximum": 10_000_000}},
+        "properties": {"skip_batches": {"type": "integer", "minimum": 0, "maximum": 10_000_000},
+                       # the window the playbook names; default: the first bad batch seen
+                       "skip_from_batch": {"type": "integer", "minimum": 0}},
         "additionalProperties": False,
     },
     CHECKPOINT: {"type": "object", "additionalProperties": False},

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 
 from exporters.catalog import DEFAULT_EXPORTER_SOCKET, PORTS
 from exporters.training.collector import TrainingCollector
+from exporters.training.command_log import CommandLog
 from exporters.training.control_api import ControlApp
 from exporters.training.launcher import node_name
 from exporters.training.receiver import Receiver, bind_socket
@@ -58,6 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--job-expiry-seconds", type=float, default=600.0,
                         help="drop a job's series this long after its last report")
     parser.add_argument("--threads", type=int, default=4, help="HTTP handler threads")
+    parser.add_argument("--command-log", type=Path, default=None,
+                        help="SQLite file that keeps accepted commands and their outcomes "
+                        "across exporter restarts (memory only without it)")
     args = parser.parse_args(argv)
     try:
         ipaddress.ip_address(args.bind)
@@ -71,6 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--node must be a non-empty host name")
     if not 1 <= args.job_expiry_seconds <= 7 * 86400:
         parser.error("--job-expiry-seconds must be between 1 and 604800")
+    if args.command_log is not None and not args.command_log.parent.is_dir():
+        parser.error(f"--command-log directory {args.command_log.parent} does not exist")
     if not 1 <= args.threads <= 64:
         parser.error("--threads must be between 1 and 64")
     return args
@@ -104,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     def build_app() -> ControlApp:
         """Runs in the worker: the socket, receiver thread and store live there."""
         store = Store(args.job_expiry_seconds)
+        if args.command_log is not None:
+            store.attach_log(CommandLog(args.command_log))
         sock = bind_socket(args.socket)
         receiver = Receiver(sock, store)
         receiver.start()

@@ -94,6 +94,7 @@ class Shipper(threading.Thread):
         self._last_poll = 0.0
         self.dropped = 0  # steps never delivered (buffer overflow or failed send)
         self.nonfinite_late = 0  # non-finite losses only recognisable here (tensors)
+        self.seen_seq = 0  # newest report looked at (the monitor waits on it for health)
         self.datagrams_sent = 0
         self.poll_errors = 0
 
@@ -131,8 +132,14 @@ class Shipper(threading.Thread):
                 self.dropped += seq - self._expected_seq
             self._expected_seq = seq + 1
             loss_f = _float(loss)
-            if loss_f is not None and not math.isfinite(loss_f) and type(loss) is not float:
-                self.nonfinite_late += 1
+            if loss_f is not None and not math.isfinite(loss_f):
+                # Floats were counted on the training thread already; tensors and numpy
+                # scalars only here. Both feed the checkpoint health flag and rollback's skip.
+                if type(loss) is not float:
+                    self.nonfinite_late += 1
+                self._m._nonfinite_seqs.append(seq)
+                self._m._nonfinite_seen += 1
+            self.seen_seq = seq
             rows.append((int(step), t + offset, _float(duration), loss_f, _float(lr),
                          _float(grad_norm), _float(data_wait)))
         return rows
@@ -152,6 +159,7 @@ class Shipper(threading.Thread):
             "cuda": m._cuda_memory(), "applied": applied[-50:],
             "incarnation": m.incarnation, "finished": m.finished,
             "collective": m._collectives.current(m._last_report),
+            "checkpoint_failures": int(getattr(m._checkpoints, "failed_saves", 0)),
         }
 
     def _flush(self, force: bool = False) -> None:

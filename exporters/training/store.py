@@ -9,7 +9,9 @@ series and commands (the collector only yields what is here).
 from __future__ import annotations
 
 import copy
+import logging
 import math
+import sqlite3
 import threading
 import time
 import uuid
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporters.training import commands as cmd
+from exporters.training.command_log import CommandLog
 from exporters.training.wire import RankReport
 
 STEP_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -41,6 +44,7 @@ class RankState:
     flops_total: float = 0.0
     peak_flops: float = 0.0
     rollbacks: int = 0
+    checkpoint_failures: int = 0
     applied_counts: dict[str, int] = field(default_factory=dict)
     command_types: dict[str, dict[str, Any]] = field(default_factory=dict)
     cuda: tuple[float, float] | None = None
@@ -91,6 +95,23 @@ class ApiError(Exception):
 class Store:
     """Thread-safe state of every job that reports to this node."""
 
+    _log: CommandLog | None = None  # durable command log (attach_log); memory only without
+
+    def attach_log(self, log: CommandLog) -> None:
+        """Make commands durable: read back what an earlier run of the exporter accepted
+        (their jobs live for the expiry period, long enough for the ranks to report again and
+        poll them), and write every accepted command and outcome from now on."""
+        now = self._clock()
+        with self._lock:
+            for name, records in log.load().items():
+                job = self._jobs.setdefault(name, JobState())
+                job.last_seen = max(job.last_seen, now)
+                for command, origin, _created, ranks in records:
+                    if command.id not in job.commands:
+                        self._add_command(job, CommandRecord(command, now, origin,
+                                                             dict(ranks)))
+            self._log = log
+
     def __init__(self, job_expiry_seconds: float, clock: Any = time.monotonic,
                  wall: Any = time.time) -> None:
         self._wall = wall
@@ -131,6 +152,7 @@ class Store:
             state.tokens_total = report.tokens_total
             state.flops_total, state.peak_flops = report.flops_total, report.peak_flops
             state.rollbacks = report.rollbacks
+            state.checkpoint_failures = report.checkpoint_failures
             state.applied_counts = dict(report.applied_counts)
             state.command_types = dict(report.command_types)
             if report.cuda is not None:
@@ -149,7 +171,7 @@ class Store:
                         if duration <= bound:
                             state.bucket_counts[i] += 1
             for event in report.applied:
-                self._record_applied(job, report.rank, event, now)
+                self._record_applied(job, report.rank, event, now, report.job)
 
     @staticmethod
     def _member(job: JobState, report: RankReport) -> bool:
@@ -166,17 +188,30 @@ class Store:
         return True
 
     def _record_applied(self, job: JobState, rank: int, event: dict[str, Any],
-                        now: float) -> None:
+                        now: float, job_name: str = "") -> None:
         record = job.commands.get(event["id"])
         if record is None:
             # Learned by a rank through the in-band agreement, posted to another node.
             record = CommandRecord(cmd.Command(event["id"], event["type"],
                                                dict(event.get("args", {}))), now, "peer")
             self._add_command(job, record)
+            self._durably(lambda log: log.add(job_name, record.command, "peer", time.time()))
         status = {"status": event["status"], "step": event["step"]}
         if event.get("error"):
             status["error"] = str(event["error"])[:500]
+        if record.ranks.get(rank) != status:  # applied reports repeat for a while: write once
+            self._durably(lambda log: log.outcome(job_name, record.command.id, rank, status))
         record.ranks[rank] = status
+
+    def _durably(self, write: Any) -> None:
+        """Write to the command log from the receiver thread; a failure is logged, not fatal
+        (the rank re-reports its outcome, and the rank's own state is exactly-once anyway)."""
+        if self._log is None:
+            return
+        try:
+            write(self._log)
+        except sqlite3.Error as exc:
+            logging.getLogger(__name__).warning("command log write failed: %s", exc)
 
     @staticmethod
     def _add_command(job: JobState, record: CommandRecord) -> None:
@@ -225,6 +260,11 @@ class Store:
             else:
                 command = cmd.Command(uuid.uuid4().hex, command.type, command.args)
             record = CommandRecord(command, self._clock(), "api")
+            if self._log is not None:  # durable before the 202, or not accepted at all
+                try:
+                    self._log.add(job_name, command, "api", time.time())
+                except sqlite3.Error as exc:
+                    raise ApiError(503, f"command log unavailable: {exc}") from None
             self._add_command(job, record)
             return 202, self._describe(job, record)
 

@@ -134,3 +134,19 @@ def union(gathered: list[list[dict[str, Any]]], already_applied: set[str]) -> li
                 seen.add(command_id)
                 result.append(command)
     return result
+
+
+def min_over_ranks(value: int | None, process_group: Any = None) -> int | None:
+    """The smallest of every rank's value (None where a rank has none): one tiny all-reduce."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return value
+    if not (dist.is_available() and dist.is_initialized()) or \
+            dist.get_world_size(process_group) == 1:
+        return value
+    none = 2**62
+    box = torch.tensor([none if value is None else int(value)], dtype=torch.int64)
+    dist.all_reduce(box, op=dist.ReduceOp.MIN, group=process_group)
+    return None if int(box.item()) == none else int(box.item())

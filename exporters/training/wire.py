@@ -63,6 +63,7 @@ class RankReport:
     applied: list[dict[str, Any]] = field(default_factory=list)
     flops_total: float = 0.0  # model FLOPs done (MFU); 0: the job does not report them
     peak_flops: float = 0.0  # the rank's peak FLOP/s for its dtype; 0: unknown
+    checkpoint_failures: int = 0  # optional in the datagram (older clients omit it)
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -170,4 +171,4 @@ def decode(data: bytes) -> RankReport:
         steps=parsed_steps, applied=applied, flops_total=_finite_nonneg(obj, "flops_total"),
         peak_flops=_finite_nonneg(obj, "peak_flops"), incarnation=incarnation,
         finished=finished, collective_seq=seq, collective_since=since,
-        collective_source=source)
+        collective_source=source, checkpoint_failures=_int(obj, "checkpoint_failures"))

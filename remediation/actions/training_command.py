@@ -4,11 +4,17 @@ The nodes are the `instance` labels of `training_step{training_job="<job>"}` in 
 each node's training exporter takes the command on its control API. The command id is derived
 from the alert's idempotency key, so a retry or a duplicate delivery is answered 200 with the
 existing command instead of applying it twice; the ranks agree in-band on the step.
+
+A 202 only means an exporter stored the command. The step succeeds when every rank reporting
+to every node says "applied": the action polls each node until then, and fails (so the
+playbook escalates) when a rank reports "failed" or the step's `timeout` (default 120 s)
+passes with some rank still pending.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -18,6 +24,8 @@ from exporters.catalog import LABEL_JOB, TRAINING_STEP
 from remediation.actions.base import ActionContext, ActionError, timeout_of
 from remediation.templating import TemplateError, render
 
+APPLY_TIMEOUT = 120.0  # seconds for every rank to apply, unless the step names a timeout
+POLL_INTERVAL = 1.0
 INSTANCE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$")
 
 
@@ -53,7 +61,8 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     if ctx.dry_run:
         return {"would_send": command, "instances": instances}
     headers = {"Authorization": f"Bearer {ctx.config.training_exporter_token}"}
-    timeout = timeout_of(step, 10.0)
+    deadline = time.monotonic() + timeout_of(step, APPLY_TIMEOUT)
+    timeout = 10.0
     sent: dict[str, Any] = {}
     for instance in instances:
         url = f"http://{instance}/v1/jobs/{quote(job, safe='')}/commands"
@@ -66,4 +75,43 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
             raise ActionError(f"training_command: {instance} answered {resp.status_code}: "
                               f"{resp.text[:200]}")
         sent[instance] = resp.status_code
-    return {"command": command, "instances": sent}
+    ranks = wait_applied(ctx, job, command["id"], instances, headers, deadline)
+    return {"command": command, "instances": sent, "ranks": ranks}
+
+
+def wait_applied(ctx: ActionContext, job: str, command_id: str, instances: list[str],
+                 headers: dict[str, str], deadline: float) -> dict[str, dict[str, Any]]:
+    """Poll every node until all its ranks applied the command; raise on failure or deadline."""
+    pending = set(instances)
+    ranks: dict[str, dict[str, Any]] = {}
+    last: dict[str, str] = {}
+    while True:
+        for instance in sorted(pending):
+            url = (f"http://{instance}/v1/jobs/{quote(job, safe='')}/commands/"
+                   f"{quote(command_id, safe='')}")
+            try:
+                resp = ctx.session.get(url, headers=headers,
+                                       timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+                body = resp.json() if resp.status_code == 200 else None
+            except (requests.RequestException, ValueError) as exc:
+                last[instance] = f"unreachable: {type(exc).__name__}"
+                continue
+            if body is None:  # e.g. the exporter restarted and the job has not reported yet
+                last[instance] = f"answered {resp.status_code}"
+                continue
+            status = body.get("status")
+            last[instance] = str(status)
+            if status == "failed":
+                failed = {r: s for r, s in body.get("ranks", {}).items()
+                          if s.get("status") == "failed"}
+                raise ActionError(f"training_command: {command_id} failed on {instance}: "
+                                  f"{str(failed)[:300]}")
+            if status == "applied":
+                ranks[instance] = body.get("ranks", {})
+                pending.discard(instance)
+        if not pending:
+            return ranks
+        if time.monotonic() >= deadline:
+            raise ActionError(f"training_command: {command_id} not applied by every rank "
+                              f"before the deadline: {dict(sorted(last.items()))}")
+        time.sleep(POLL_INTERVAL)

@@ -83,6 +83,7 @@ def test_builtin_and_registered_commands_apply_and_report_status(tmp_path: Path)
             applied = {e["id"]: e for c in controls for e in c.applied}
             assert all(e["status"] == "applied" for e in applied.values()), applied
             saved_at = applied["ck-1"]["step"]
+            checkpoints.wait()  # the save is asynchronous: committed in the background
             assert checkpoints.newest_healthy()["step"] == saved_at
             assert optimizer.param_groups[0]["lr"] == pytest.approx(0.01)  # the floor holds
             assert scheduler.base_lrs == [pytest.approx(0.01)]

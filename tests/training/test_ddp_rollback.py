@@ -3,8 +3,9 @@
 The job starts with no exporter listening (the node exporter is down): it must train on and
 count what it could not deliver. The exporter comes up mid-run and the dropped count appears
 in its metrics. At step 60 the loss turns NaN (poisoning the weights); a `rollback` command
-restores the newest healthy checkpoint (step 50) on both ranks, bit-identical to the file,
-skips 7 batches, and the job runs to completion with finite losses.
+restores the newest healthy checkpoint (step 50) on both ranks, bit-identical to the weights it
+saved, skips the 7 batches from the one the NaN was first seen at (60..66, not 51..57: the
+rollback goes back to step 50), and the job runs to completion with finite losses.
 """
 
 from __future__ import annotations
@@ -12,10 +13,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import torch
-
 from exporters import catalog
-from exporters.training.checkpoint import weights_digest
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
 from tests.training.support import JOB_BASE_ENV, events, exporter, of, torchrun, write_token
@@ -68,20 +66,20 @@ def test_nan_then_rollback_restores_healthy_checkpoint_and_outage_only_drops(
     restored = {e["result"]["restored_step"] for e in applied}
     assert restored == {NAN_AT - 10}, "newest healthy checkpoint is the one before the NaN"
 
-    # Bit-identical: the restored weights on both ranks equal the checkpoint file's and the
-    # model's at the moment it was saved.
-    saved = torch.load(checkpoints / f"step-{NAN_AT - 10:010d}.pt", weights_only=True)
-    file_digest = weights_digest(saved["model"])
-    assert {e["weights_sha256"] for e in applied} == {file_digest}
+    # Bit-identical: the restored weights on both ranks equal the model's when it was saved.
     saved_event = of(found, "checkpoint_saved", rank=0, step=NAN_AT - 10)
-    assert saved_event[0]["weights_sha256"] == file_digest
+    assert {e["weights_sha256"] for e in applied} == {saved_event[0]["weights_sha256"]}
+    assert all(e["result"]["skipped"] == [NAN_AT, NAN_AT + 7] for e in applied)
+    # The batches read after the rollback: from the checkpoint's position, past the window.
+    after = [e["batch"] for e in of(found, "step", rank=0) if e["time"] > applied[0]["time"]]
+    assert after and not any(NAN_AT <= b < NAN_AT + 7 for b in after)
 
     summaries = of(found, "summary")
     assert len(summaries) == 2
     for summary in summaries:
         assert summary["final_step"] == STEPS - 1
         assert math.isfinite(summary["final_loss"])  # finite again after the rollback
-        assert summary["batch_offset"] == 7
+        assert summary["skip"] == [[NAN_AT, NAN_AT + 7]]
         assert summary["rollbacks"] == 1
         assert summary["dropped"] >= dropped[str(summary["rank"])] > 0
         assert summary["nonfinite"] >= 1

@@ -1,0 +1,164 @@
+"""Acceptance 7: the HF Trainer and Lightning callbacks in examples/, with the real packages.
+
+A tiny model the test builds itself (no downloads), CPU, gradient accumulation 2, logging
+every 5 steps: every optimizer step is reported exactly once under its optimizer-step number;
+checkpoints go through the CheckpointManager; a rollback command (injected at step 10 through
+the monitor's command queue, as the shipper delivers it) restores the step-8 checkpoint
+bit-identically and rewinds the step numbering, and the 3 batches from the one step 10
+trained on go into the skip list: no batch fetched after the rollback is one of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from exporters.training.checkpoint import weights_digest
+from exporters.training.launcher import RankInfo
+
+pytestmark = pytest.mark.slow
+
+
+class Rows:
+    """A real Forwarder: receives the rows the monitor's background thread ships."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple] = []
+
+    def write(self, rows: list[tuple]) -> None:
+        self.rows.extend(rows)
+
+    def close(self) -> None:
+        pass
+
+
+def monitor_options(rows: Rows, job: str) -> dict[str, Any]:
+    return {"rank_info": RankInfo(job, 0, 0, 1, 0), "socket_path": None, "control": False,
+            "sync_every": 1, "forwarders": [rows], "flush_interval": 0.01}
+
+
+ROLLBACK = {"id": "rb-1", "type": "rollback", "args": {"skip_batches": 3}}
+
+
+def check(rows: Rows, tw: Any, fetched: list[int], digests: dict[str, str]) -> None:
+    steps = [r[0] for r in rows.rows]
+    assert steps[:10] == list(range(1, 11)), steps  # every optimizer step, once each
+    # after the rollback to step 8 the numbering resumes at 9, one report per optimizer step
+    assert steps[10:] == list(range(9, 9 + len(steps) - 10)), steps
+    rolled = [c for c in tw.controls if c.rolled_back]
+    assert len(rolled) == 1
+    result = rolled[0].applied[0]["result"]
+    assert result["restored_step"] == 8
+    assert result["skipped"] == [18, 21]  # step 10 trained on batches 18 and 19
+    assert digests["restored"] == digests["saved_at_8"]
+    after = fetched[fetched.index(-1) + 1:]
+    assert after and not any(18 <= b < 21 for b in after), fetched
+    assert after[0] == 16, "the data position of step 8 (batch 16 was fetched, not trained)"
+
+
+def test_hf_trainer_callback(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from examples.hf_callback import TrainwatchCallback
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1,
+                                     n_head=2)
+    model = transformers.GPT2LMHeadModel(config)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 32, (64, 8))]
+    rows, digests, fetched = Rows(), {}, []
+    tw = TrainwatchCallback(checkpoint_dir=str(tmp_path / "ckpt"), save_every=4,
+                            asynchronous=False, **monitor_options(rows, "hf-job"))
+    dataset = tw.batches(data, batch_size=4)
+    next_batch = tw._next_batch
+
+    def recording() -> int:
+        fetched.append(next_batch())
+        return fetched[-1]
+
+    dataset._next_batch = recording
+
+    class Inject(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 8 and "saved_at_8" not in digests:
+                digests["saved_at_8"] = weights_digest(model)
+            if state.global_step == 10 and not any(c.rolled_back for c in tw.controls):
+                tw.monitor._incoming.append(ROLLBACK)
+                fetched.append(-1)  # marks the decision: later fetches see its effect
+
+    class After(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if tw.controls and tw.controls[-1].rolled_back:
+                digests["restored"] = weights_digest(model)
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4,
+        gradient_accumulation_steps=2, max_steps=16, logging_steps=5, save_strategy="no",
+        report_to=[], use_cpu=True, learning_rate=1e-3, disable_tqdm=True,
+        dataloader_num_workers=0)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=dataset,
+                                   callbacks=[Inject(), tw, After()])
+    trainer.train()
+    # One report per optimizer step, not per logging step; the rewound global_step makes the
+    # Trainer run the 2 rolled-back steps again to reach max_steps: 10 + 8.
+    assert len(rows.rows) == 18
+    check(rows, tw, fetched, digests)
+
+
+def test_lightning_callback(tmp_path: Path) -> None:
+    lightning = pytest.importorskip("lightning")
+    from torch.utils.data import DataLoader
+
+    from examples.lightning_callback import TrainwatchCallback
+
+    class Module(lightning.pytorch.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-2)
+
+    torch.manual_seed(0)
+    module = Module()
+    data = [(torch.randn(8), torch.randn(1)) for _ in range(64)]
+    rows, digests, fetched = Rows(), {}, []
+    tw = TrainwatchCallback(checkpoint_dir=str(tmp_path / "ckpt"), save_every=4,
+                            asynchronous=False, **monitor_options(rows, "pl-job"))
+    dataset = tw.batches(data, batch_size=4)
+    next_batch = tw._next_batch
+
+    def recording() -> int:
+        fetched.append(next_batch())
+        return fetched[-1]
+
+    dataset._next_batch = recording
+
+    class Inject(lightning.pytorch.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if tw.step == 8 and "saved_at_8" not in digests:
+                digests["saved_at_8"] = weights_digest(pl_module)
+            if tw.step == 9 and trainer.global_step == 10 and not any(
+                    c.rolled_back for c in tw.controls):
+                # optimizer step 10 just happened; tw reports it right after this hook
+                tw.monitor._incoming.append(ROLLBACK)
+
+    class After(lightning.pytorch.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if tw.controls and tw.controls[-1].rolled_back and "restored" not in digests:
+                digests["restored"] = weights_digest(pl_module)
+                fetched.append(-1)
+
+    trainer = lightning.pytorch.Trainer(
+        max_steps=16, accumulate_grad_batches=2, log_every_n_steps=5, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu", devices=1, callbacks=[Inject(), tw, After()])
+    trainer.fit(module, DataLoader(dataset, batch_size=4))
+    assert len(rows.rows) == 16  # Lightning's own step count is not rewound: 16 steps in all
+    check(rows, tw, fetched, digests)
