@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 
 import pytest
+
+# One pytest process imports both Ansible (remediation.inventory parses inventories in-process)
+# and PyTorch. ansible-core replaces `sys.intern` with a callable object on import, and
+# torch._dynamo, imported lazily by torch.distributed.checkpoint, refuses to register its
+# polyfill for anything but a real function. No Trainwatch process imports both (the
+# remediation service has no torch, ranks have no Ansible); the suite does, so dynamo is
+# imported first, while sys.intern is still the builtin.
+with contextlib.suppress(ImportError):
+    import torch._dynamo  # noqa: F401
 
 REQUIRED_BINARIES = ("prometheus", "promtool", "prometheus-alertmanager", "amtool")
 
