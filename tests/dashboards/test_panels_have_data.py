@@ -40,6 +40,10 @@ monitor.close()
 """
 
 
+# Exempt on the CPU demo (no peak FLOP/s there), but the ranks here report a peak: checked.
+REPORTED_HERE = {("trainwatch-training-job", "MFU")}
+
+
 def _empty_panels(prom: str) -> list[str]:
     empty = []
     for dashboard in load_all().values():
@@ -48,7 +52,8 @@ def _empty_panels(prom: str) -> list[str]:
             body = requests.post(f"{prom}/api/v1/query", data={"query": expr}, timeout=10).json()
             counts[title] = counts.get(title, 0) + len(body["data"]["result"])
         empty += [f"{dashboard['uid']} / {title}" for title, count in counts.items()
-                  if count == 0 and (dashboard["uid"], title) not in check.FAILURE_ONLY]
+                  if count == 0 and ((dashboard["uid"], title) not in check.FAILURE_ONLY
+                                     or (dashboard["uid"], title) in REPORTED_HERE)]
     return empty
 
 
