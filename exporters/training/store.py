@@ -271,10 +271,13 @@ class Store:
     @staticmethod
     def _describe(job: JobState, record: CommandRecord) -> dict[str, Any]:
         # Judged against the current members: ranks of a previous launch (restart, larger
-        # world) no longer count, and none of this launch is left out.
-        ranks = {str(r): {"status": "pending"} for r in sorted(job.ranks)}
+        # world) no longer count, and none of this launch is left out. Before any rank of
+        # the job reported to this exporter process (it restarted and read the command log),
+        # the ranks that reported the command are the best members known.
+        members = job.ranks or record.ranks
+        ranks = {str(r): {"status": "pending"} for r in sorted(members)}
         ranks.update({str(r): dict(s) for r, s in sorted(record.ranks.items())
-                      if r in job.ranks})
+                      if r in members})
         statuses = {s["status"] for s in ranks.values()}
         overall = ("applied" if statuses == {"applied"} else
                    "failed" if "failed" in statuses else
