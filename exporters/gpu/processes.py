@@ -7,8 +7,9 @@ only the variables we know, and drop values that do not look like a job name or 
 label value must stay short and bounded). The job is named by exporters.catalog.job_from_env,
 the one identity function the training client and the log handler use too (explicit
 TRAINWATCH_JOB, else the launcher's job id, else an id derived from the rendezvous), so a GPU
-process is attributed to the job its training metrics carry. Unreadable environments (another user's process
-while not root, a pid namespace we cannot see) count as unattributed, never as errors.
+process is attributed to the job its training metrics carry. Unreadable environments
+(another user's process while not root, a pid namespace we cannot see) count as
+unattributed, never as errors.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from exporters.catalog import JOB_ENV_VARIABLES, job_from_env
 
 MAX_ENVIRON_BYTES = 256 * 1024
 # What job_from_env reads: the job variables, then the rendezvous a job id is derived from.
-JOB_VARIABLES = JOB_ENV_VARIABLES + ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE")
+JOB_VARIABLES = (*JOB_ENV_VARIABLES, "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE")
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _WANTED = frozenset(JOB_VARIABLES + RANK_VARIABLES)
 _VALID_JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}")
