@@ -113,19 +113,22 @@ def test_http_server_answers_metrics_and_refuses_everything_else() -> None:
         server.server_close()
 
 
-def test_serving_process_imports_neither_prometheus_client_nor_ssl() -> None:
+@pytest.mark.parametrize("simulate", [2, 0])
+def test_serving_process_imports_neither_prometheus_client_nor_ssl(simulate: int) -> None:
     """What keeps the exporter's own RSS small (docs/performance.md): the serving path loads
-    no prometheus_client, ssl, http.client/email or OpenSSL hashes."""
-    script = """
-import json, sys
+    no prometheus_client, ssl, http.client/email or OpenSSL hashes, and on a real host (no
+    --simulate; pynvml, whose init fails here without a driver) not the fake NVML either."""
+    script = f"""
+import json, os, sys
+os.environ.pop("TRAINWATCH_FAKE_NVML", None)
 from exporters.gpu.cli import build
 from exporters.gpu.config import build_parser, resolve
-from exporters.gpu.fake_nvml import load_nvml
-settings = resolve(build_parser().parse_args(["--simulate", "2"]))
+from exporters.gpu.nvml_source import load_nvml
+settings = resolve(build_parser().parse_args(["--simulate", "{simulate}"] if {simulate} else []))
 nvml, simulated = load_nvml(settings.simulate)
 loop, app = build(settings, nvml, simulated)
 loop.run_once()
-assert b"trainwatch_gpu_up" in app.render()
+assert b"trainwatch_gpu_exporter_nvml_up" in app.render()
 print(json.dumps(sorted(sys.modules)))
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -134,3 +137,4 @@ print(json.dumps(sorted(sys.modules)))
     heavy = {"prometheus_client", "ssl", "_ssl", "http.client", "email", "hashlib", "_hashlib",
              "wsgiref", "yaml", "jsonschema"}
     assert not heavy & loaded
+    assert ("exporters.gpu.fake_nvml" in loaded) == bool(simulate)
