@@ -100,20 +100,20 @@ def snapshot_families(snapshot: Snapshot) -> list[Family]:
                 base + [v for _, v in sample.labels], sample.value)
     out = sorted(families.values(), key=lambda f: order.get(_full_name(f), len(order)))
     out.append(gauge(m.NVML_UP, HELP[m.NVML_UP],
-                                 value=1.0 if snapshot.nvml_up else 0.0))
+                     value=1.0 if snapshot.nvml_up else 0.0))
     if snapshot.driver_version or snapshot.cuda_version:
         info = gauge(m.DRIVER_INFO, HELP[m.DRIVER_INFO],
-                                 labels=["driver_version", "cuda_version"])
+                     labels=["driver_version", "cuda_version"])
         info.add_metric([snapshot.driver_version or "", snapshot.cuda_version or ""], 1.0)
         out.append(info)
     out.append(gauge(m.COLLECTION_DURATION, HELP[m.COLLECTION_DURATION],
-                                 value=snapshot.duration))
+                     value=snapshot.duration))
     if snapshot.gpm_duration is not None:
         out.append(gauge(m.GPM_DURATION, HELP[m.GPM_DURATION],
-                                     value=snapshot.gpm_duration))
+                         value=snapshot.gpm_duration))
     if snapshot.last_success is not None:
         out.append(gauge(m.LAST_SUCCESS, HELP[m.LAST_SUCCESS],
-                                     value=snapshot.last_success))
+                         value=snapshot.last_success))
     return out
 
 
@@ -157,29 +157,29 @@ class GpuCollector:
 
     def _xid_families(self) -> Iterator[Family]:
         family = counter(m.XID_ERRORS.removesuffix("_total"), HELP[m.XID_ERRORS],
-                                     labels=[*GPU_LABELS, "xid"])
+                         labels=[*GPU_LABELS, "xid"])
         for (identity, xid), count in self.loop.xid_counts.items():
             family.add_metric([*identity.labels(), xid], float(count))
         yield family
 
     def _dynamic_families(self, snapshot: Snapshot | None) -> Iterator[Family]:
         yield gauge(m.SIMULATED, HELP[m.SIMULATED],
-                                value=1.0 if self.simulated else 0.0)
+                    value=1.0 if self.simulated else 0.0)
         now = time.monotonic()
         if snapshot is not None:
             yield gauge(m.DATA_AGE, HELP[m.DATA_AGE],
-                                    value=max(now - snapshot.taken_monotonic, 0.0))
+                        value=max(now - snapshot.taken_monotonic, 0.0))
         yield gauge(m.STALE, HELP[m.STALE],
-                                value=1.0 if self.loop.is_stale(now) else 0.0)
+                    value=1.0 if self.loop.is_stale(now) else 0.0)
         yield gauge(m.XID_WATCH_UP, HELP[m.XID_WATCH_UP],
-                                value=1.0 if self.loop.xid_watch_up() else 0.0)
+                    value=1.0 if self.loop.xid_watch_up() else 0.0)
         collections = counter(m.COLLECTIONS.removesuffix("_total"),
-                                          HELP[m.COLLECTIONS], labels=["result"])
+                              HELP[m.COLLECTIONS], labels=["result"])
         for result, count in self.loop.collections.items():
             collections.add_metric([str(result)], float(count))
         yield collections
         errors = counter(m.ERRORS.removesuffix("_total"), HELP[m.ERRORS],
-                                     labels=["call", "error"])
+                         labels=["call", "error"])
         for (call, error), count in self.loop.errors.items():
             errors.add_metric([call, error], float(count))
         yield errors
