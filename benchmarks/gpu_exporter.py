@@ -4,7 +4,7 @@
 
 Both exporters run as real processes on loopback and read the same fake NVML (no GPU here):
 - trainwatch: the shipped `gpu-exporter --simulate 8 --interval 1` (background snapshot,
-  only its own collectors + process metrics);
+  its own exposition text and process metrics, no prometheus_client);
 - baseline: the naive shape the issue calls out: NVML is read inside each scrape, served from
   prometheus_client's default registry (process, gc and platform collectors included).
 
@@ -241,8 +241,7 @@ def main() -> int:
           f"{cycles['gpm_h100_latency_ms'] / cycles['no_gpm_h100_latency_ms']:.2f}x the cycle "
           f"(1 GPU without GPM modelled {one_gpu_modelled:.2f} ms, measured there 4.5 ms)")
     print(f"RSS: exporter {ours['rss_mib']:.1f} MiB, floor (python + pynvml) {floor:.1f} MiB, "
-          f"own share {own_rss:.1f} MiB (of which shared libraries prometheus_client pulls in, "
-          f"e.g. libssl; private memory: exporter {ours['uss_mib']:.1f}, floor "
+          f"own share {own_rss:.1f} MiB (private memory: exporter {ours['uss_mib']:.1f}, floor "
           f"{floor_uss:.1f}, own share {own_uss:.1f} MiB)")
     print("goals met: " + "  ".join(f"{k}: {v}" for k, v in goals.items()))
     print(json.dumps({

@@ -8,7 +8,6 @@ See docs/contracts.md for the prose version.
 
 from __future__ import annotations
 
-import hashlib
 import socket
 from collections.abc import Mapping
 
@@ -83,6 +82,8 @@ def _derived_job(env: Mapping[str, str]) -> str | None:
     host = ""
     if addr in ("localhost", "::1") or addr.startswith("127."):
         host = socket.gethostname()
+    import hashlib  # lazy: it loads OpenSSL's libcrypto (~3.6 MiB RSS), rarely needed here
+
     digest = hashlib.sha256(f"{addr}:{port}|{agent_dir}|{host}".encode()).hexdigest()
     return DERIVED_JOB_PREFIX + digest[:12]
 

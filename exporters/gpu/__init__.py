@@ -3,8 +3,10 @@
 Modules, one job each: `metrics` (names), `snapshot` (immutable data a scrape serves),
 `reader` (one NVML collection cycle), `collector_loop` (background thread, init backoff,
 staleness), `xid` (NVML event thread), `processes` (job/rank attribution from /proc),
-`exposition` (prometheus_client Collector), `http_server` (/metrics, text cached per
-snapshot), `fake_nvml` (tests and `--simulate`), `config`/`cli` (the `gpu-exporter`
-command), `power_limit` (remediation tool), `compare_nvidia_smi` (check on a GPU host).
+`exposition` (metric families per snapshot), `text_format` (exposition text without
+prometheus_client: RSS), `process_metrics` (process_* series), `http_server` (/metrics over
+socketserver, text cached per snapshot), `nvml_source` (real or fake NVML), `fake_nvml`
+(tests and `--simulate`), `config`/`cli` (the `gpu-exporter` command), `power_limit`
+(remediation tool), `compare_nvidia_smi` (check on a GPU host).
 See docs/gpu_exporter.md.
 """

@@ -12,8 +12,8 @@ from typing import Any
 from exporters.gpu.collector_loop import CollectionLoop
 from exporters.gpu.config import ConfigError, Settings, build_parser, resolve
 from exporters.gpu.exposition import GpuCollector
-from exporters.gpu.fake_nvml import FakeNvml, ScenarioError, load_nvml
 from exporters.gpu.http_server import ExpositionApp, serve
+from exporters.gpu.nvml_source import ScenarioError, load_nvml
 from exporters.gpu.processes import ProcessAttributor, read_proc_environ
 
 log = logging.getLogger("gpu-exporter")
@@ -25,7 +25,7 @@ def build(settings: Settings, nvml: Any, simulated: bool) -> tuple[CollectionLoo
     attributor = None
     if settings.process_attribution:
         source = read_proc_environ
-        if isinstance(nvml, FakeNvml):
+        if simulated:  # the fake NVML
             fake = nvml
 
             def source(pid: int) -> Any:  # simulated processes carry their environment

@@ -1,8 +1,9 @@
-"""prometheus_client Collector that serves the loop's last snapshot; never calls NVML.
+"""The collector that serves the loop's last snapshot as metric families; never calls NVML.
 
 Families for one snapshot are built once and reused by every scrape until the next snapshot
 (the snapshot is immutable), so a scrape costs little more than text rendering. Only the
-age/staleness, counters and XID families are built per scrape.
+age/staleness, counters and XID families are built per scrape. The families are
+exporters.gpu.text_format's (prometheus_client's shape, without importing it: RSS).
 """
 
 from __future__ import annotations
@@ -11,14 +12,12 @@ import threading
 import time
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from exporters.catalog import GPU_LABELS
 from exporters.gpu import metrics as m
 from exporters.gpu.collector_loop import CollectionLoop
 from exporters.gpu.gpm import GPM_METRICS
 from exporters.gpu.snapshot import Snapshot
+from exporters.gpu.text_format import Family, counter, gauge
 
 HELP: dict[str, str] = {
     m.UP: "1 if the GPU answered NVML in the last cycle, 0 if it is lost or unreachable.",
@@ -76,18 +75,18 @@ COUNTERS = frozenset({m.XID_ERRORS, m.ENERGY, m.ECC_ERRORS, m.PCIE_REPLAYS, m.NV
                       m.COLLECTIONS, m.ERRORS})
 
 
-def _family(name: str, labels: list[str]) -> Metric:
+def _family(name: str, labels: list[str]) -> Family:
     if name in COUNTERS:
-        return CounterMetricFamily(name.removesuffix("_total"), HELP[name], labels=labels)
-    return GaugeMetricFamily(name, HELP[name], labels=labels)
+        return counter(name.removesuffix("_total"), HELP[name], labels=labels)
+    return gauge(name, HELP[name], labels=labels)
 
 
-def snapshot_families(snapshot: Snapshot) -> list[Metric]:
+def snapshot_families(snapshot: Snapshot) -> list[Family]:
     """Every family a snapshot alone determines, in a stable order (golden-file friendly)."""
-    families: dict[str, Metric] = {}
+    families: dict[str, Family] = {}
     order = {name: i for i, name in enumerate(m.ALL_METRICS)}
 
-    def family(name: str, extra: tuple[str, ...]) -> Metric:
+    def family(name: str, extra: tuple[str, ...]) -> Family:
         if name not in families:
             families[name] = _family(name, [*GPU_LABELS, *extra])
         return families[name]
@@ -100,38 +99,39 @@ def snapshot_families(snapshot: Snapshot) -> list[Metric]:
             family(sample.metric, extra).add_metric(
                 base + [v for _, v in sample.labels], sample.value)
     out = sorted(families.values(), key=lambda f: order.get(_full_name(f), len(order)))
-    out.append(GaugeMetricFamily(m.NVML_UP, HELP[m.NVML_UP],
-                                 value=1.0 if snapshot.nvml_up else 0.0))
+    out.append(gauge(m.NVML_UP, HELP[m.NVML_UP],
+                     value=1.0 if snapshot.nvml_up else 0.0))
     if snapshot.driver_version or snapshot.cuda_version:
-        info = GaugeMetricFamily(m.DRIVER_INFO, HELP[m.DRIVER_INFO],
-                                 labels=["driver_version", "cuda_version"])
+        info = gauge(m.DRIVER_INFO, HELP[m.DRIVER_INFO],
+                     labels=["driver_version", "cuda_version"])
         info.add_metric([snapshot.driver_version or "", snapshot.cuda_version or ""], 1.0)
         out.append(info)
-    out.append(GaugeMetricFamily(m.COLLECTION_DURATION, HELP[m.COLLECTION_DURATION],
-                                 value=snapshot.duration))
+    out.append(gauge(m.COLLECTION_DURATION, HELP[m.COLLECTION_DURATION],
+                     value=snapshot.duration))
     if snapshot.gpm_duration is not None:
-        out.append(GaugeMetricFamily(m.GPM_DURATION, HELP[m.GPM_DURATION],
-                                     value=snapshot.gpm_duration))
+        out.append(gauge(m.GPM_DURATION, HELP[m.GPM_DURATION],
+                         value=snapshot.gpm_duration))
     if snapshot.last_success is not None:
-        out.append(GaugeMetricFamily(m.LAST_SUCCESS, HELP[m.LAST_SUCCESS],
-                                     value=snapshot.last_success))
+        out.append(gauge(m.LAST_SUCCESS, HELP[m.LAST_SUCCESS],
+                         value=snapshot.last_success))
     return out
 
 
-def _full_name(family: Metric) -> str:
+def _full_name(family: Family) -> str:
     return family.name + "_total" if family.type == "counter" else family.name
 
 
-class GpuCollector(Collector):
-    """Registered on the exporter's registry; reads the loop's published state only."""
+class GpuCollector:
+    """Served by exporters.gpu.http_server; reads the loop's published state only (a
+    prometheus_client registry can also collect it: same protocol)."""
 
     def __init__(self, loop: CollectionLoop, simulated: bool) -> None:
         self.loop = loop
         self.simulated = simulated
         self._lock = threading.Lock()
-        self._cached: tuple[Snapshot | None, list[Metric]] = (None, [])
+        self._cached: tuple[Snapshot | None, list[Family]] = (None, [])
 
-    def _families_for(self, snapshot: Snapshot) -> list[Metric]:
+    def _families_for(self, snapshot: Snapshot) -> list[Family]:
         with self._lock:
             cached_snapshot, families = self._cached
             if cached_snapshot is not snapshot:
@@ -139,47 +139,47 @@ class GpuCollector(Collector):
                 self._cached = (snapshot, families)
             return families
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Family]:
         snapshot = self.loop.snapshot
         if snapshot is not None:
             yield from self._families_for(snapshot)
         yield from self.live_families(snapshot)
 
-    def snapshot_part(self) -> tuple[Snapshot | None, list[Metric]]:
+    def snapshot_part(self) -> tuple[Snapshot | None, list[Family]]:
         """The published snapshot and its (cached) families."""
         snapshot = self.loop.snapshot
         return snapshot, ([] if snapshot is None else self._families_for(snapshot))
 
-    def live_families(self, snapshot: Snapshot | None) -> Iterator[Metric]:
+    def live_families(self, snapshot: Snapshot | None) -> Iterator[Family]:
         """What changes between snapshots: XID counters, age, staleness, self counters."""
         yield from self._xid_families()
         yield from self._dynamic_families(snapshot)
 
-    def _xid_families(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(m.XID_ERRORS.removesuffix("_total"), HELP[m.XID_ERRORS],
-                                     labels=[*GPU_LABELS, "xid"])
+    def _xid_families(self) -> Iterator[Family]:
+        family = counter(m.XID_ERRORS.removesuffix("_total"), HELP[m.XID_ERRORS],
+                         labels=[*GPU_LABELS, "xid"])
         for (identity, xid), count in self.loop.xid_counts.items():
             family.add_metric([*identity.labels(), xid], float(count))
         yield family
 
-    def _dynamic_families(self, snapshot: Snapshot | None) -> Iterator[Metric]:
-        yield GaugeMetricFamily(m.SIMULATED, HELP[m.SIMULATED],
-                                value=1.0 if self.simulated else 0.0)
+    def _dynamic_families(self, snapshot: Snapshot | None) -> Iterator[Family]:
+        yield gauge(m.SIMULATED, HELP[m.SIMULATED],
+                    value=1.0 if self.simulated else 0.0)
         now = time.monotonic()
         if snapshot is not None:
-            yield GaugeMetricFamily(m.DATA_AGE, HELP[m.DATA_AGE],
-                                    value=max(now - snapshot.taken_monotonic, 0.0))
-        yield GaugeMetricFamily(m.STALE, HELP[m.STALE],
-                                value=1.0 if self.loop.is_stale(now) else 0.0)
-        yield GaugeMetricFamily(m.XID_WATCH_UP, HELP[m.XID_WATCH_UP],
-                                value=1.0 if self.loop.xid_watch_up() else 0.0)
-        collections = CounterMetricFamily(m.COLLECTIONS.removesuffix("_total"),
-                                          HELP[m.COLLECTIONS], labels=["result"])
+            yield gauge(m.DATA_AGE, HELP[m.DATA_AGE],
+                        value=max(now - snapshot.taken_monotonic, 0.0))
+        yield gauge(m.STALE, HELP[m.STALE],
+                    value=1.0 if self.loop.is_stale(now) else 0.0)
+        yield gauge(m.XID_WATCH_UP, HELP[m.XID_WATCH_UP],
+                    value=1.0 if self.loop.xid_watch_up() else 0.0)
+        collections = counter(m.COLLECTIONS.removesuffix("_total"),
+                              HELP[m.COLLECTIONS], labels=["result"])
         for result, count in self.loop.collections.items():
             collections.add_metric([str(result)], float(count))
         yield collections
-        errors = CounterMetricFamily(m.ERRORS.removesuffix("_total"), HELP[m.ERRORS],
-                                     labels=["call", "error"])
+        errors = counter(m.ERRORS.removesuffix("_total"), HELP[m.ERRORS],
+                         labels=["call", "error"])
         for (call, error), count in self.loop.errors.items():
             errors.add_metric([call, error], float(count))
         yield errors

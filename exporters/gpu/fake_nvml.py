@@ -42,7 +42,9 @@ from typing import Any
 
 import pynvml
 
-ENV_FAKE_NVML = "TRAINWATCH_FAKE_NVML"
+# Defined beside load_nvml (a real host never imports this module); re-exported here.
+from exporters.gpu.nvml_source import ENV_FAKE_NVML, ScenarioError, load_nvml  # noqa: F401
+
 GIB = 1024**3
 MIB = 1024**2
 _TOP_KEYS = frozenset({"driver_version", "cuda_version", "init_error", "init_failures", "hang",
@@ -84,10 +86,6 @@ H100_GPM_DURING_MATMUL: dict[str, float] = {
     "PCIE_TX_PER_SEC": 150.0, "PCIE_RX_PER_SEC": 900.0,
     "NVLINK_TOTAL_TX_PER_SEC": 20480.0, "NVLINK_TOTAL_RX_PER_SEC": 20480.0,
 }
-
-
-class ScenarioError(ValueError):
-    """The scenario is malformed; the message names the offending key."""
 
 
 def _error_class(name: str) -> type[pynvml.NVMLError]:
@@ -588,11 +586,3 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ScenarioError(f"{path}: not valid JSON: {exc}") from exc
 
 
-def load_nvml(simulate: int | None = None) -> tuple[Any, bool]:
-    """(nvml, simulated): the fake from $TRAINWATCH_FAKE_NVML or `--simulate N`, else pynvml."""
-    path = os.environ.get(ENV_FAKE_NVML)
-    if path:
-        return FakeNvml.from_file(path), True
-    if simulate:
-        return FakeNvml(simulated_scenario(simulate)), True
-    return pynvml, False

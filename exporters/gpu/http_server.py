@@ -2,54 +2,42 @@
 
 A snapshot is immutable, so its ~500 lines of exposition text are formatted when a scrape
 first sees it and reused until the next cycle; each scrape formats only the few live series
-(age, staleness, XID and self counters, process metrics). prometheus_client still does all
-the formatting (generate_latest); this module only decides what to cache.
+(age, staleness, XID and self counters, process metrics).
+
+The server is `socketserver` with a minimal HTTP/1.0 handler (GET/HEAD of /metrics, one
+response per connection, as wsgiref served it before). Why not wsgiref, http.server or
+prometheus_client's server: each imports http.client, which imports `ssl` and `email`;
+together with prometheus_client that was about 10 MiB of the exporter's RSS, for a server
+that answers one path (benchmarks/gpu_exporter.py, docs/performance.md). The request is
+untrusted input: the request line and headers are read with bounded lengths and counts,
+within a socket timeout, and only the method and path are looked at.
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import socketserver
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
-
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import Metric
-from prometheus_client.exposition import ThreadingWSGIServer
-from prometheus_client.process_collector import ProcessCollector
 
 from exporters.gpu.exposition import GpuCollector
+from exporters.gpu.process_metrics import ProcessMetrics
 from exporters.gpu.snapshot import Snapshot
+from exporters.gpu.text_format import CONTENT_TYPE, Family, render
 
+MAX_LINE = 8192  # bytes in the request line or one header line
+MAX_HEADERS = 100
+REQUEST_TIMEOUT = 10.0  # seconds a client may take to send its request
 
-class _Families:
-    """The minimal 'registry' generate_latest needs: something with collect()."""
-
-    def __init__(self, families: Iterable[Metric]) -> None:
-        self._families = list(families)
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self._families)
-
-
-class _Live:
-    def __init__(self, collector: GpuCollector) -> None:
-        self.collector = collector
-
-    def collect(self) -> Iterator[Metric]:
-        return self.collector.live_families(self.collector.loop.snapshot)
+Response = tuple[str, list[tuple[str, str]], bytes]
 
 
 class ExpositionApp:
-    """WSGI app serving /metrics from the GPU collector plus process metrics."""
+    """Answers /metrics from the GPU collector plus process metrics."""
 
     def __init__(self, collector: GpuCollector, process_metrics: bool = True) -> None:
         self.collector = collector
-        self.live = CollectorRegistry(auto_describe=False)
-        self.live.register(_Live(collector))
-        if process_metrics:
-            ProcessCollector(registry=self.live)
+        self.process = ProcessMetrics() if process_metrics else None
         self._lock = threading.Lock()
         self._cached: tuple[Snapshot | None, bytes] = (None, b"")
 
@@ -58,37 +46,75 @@ class ExpositionApp:
         with self._lock:
             cached_for, text = self._cached
             if cached_for is not snapshot or snapshot is None:
-                text = generate_latest(_Families(families))  # type: ignore[arg-type]
+                text = render(families)
                 self._cached = (snapshot, text)
-        return text + generate_latest(self.live)
+        live: list[Family] = list(self.collector.live_families(self.collector.loop.snapshot))
+        if self.process is not None:
+            live += self.process.collect()
+        return text + render(live)
 
-    def __call__(self, environ: dict[str, Any],
-                 start_response: Callable[..., Any]) -> list[bytes]:
-        if environ.get("PATH_INFO") not in ("/metrics", "/"):
-            start_response("404 Not Found", [("Content-Type", "text/plain")])
-            return [b"not found; metrics are at /metrics\n"]
-        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
-            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
-            return [b""]
+    def respond(self, method: str, path: str) -> Response:
+        """(status, headers, body) for one request."""
+        if path not in ("/metrics", "/"):
+            return "404 Not Found", [("Content-Type", "text/plain")], \
+                b"not found; metrics are at /metrics\n"
+        if method not in ("GET", "HEAD"):
+            return "405 Method Not Allowed", [("Allow", "GET, HEAD")], b""
         body = self.render()
-        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST),
-                                  ("Content-Length", str(len(body)))])
-        return [b""] if environ["REQUEST_METHOD"] == "HEAD" else [body]
+        headers = [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body)))]
+        return "200 OK", headers, (b"" if method == "HEAD" else body)
 
 
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        """Scrapes every few seconds would drown the log."""
+class _Handler(socketserver.StreamRequestHandler):
+    timeout = REQUEST_TIMEOUT
+    server: _Server
+
+    def handle(self) -> None:
+        try:
+            response = self._respond()
+        except OSError:  # the client went away or timed out: nothing to answer
+            return
+        status, headers, body = response
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers)
+        if not any(k == "Content-Length" for k, _ in headers):
+            head += f"Content-Length: {len(body)}\r\n"
+        with contextlib.suppress(OSError):  # the client went away mid-response
+            self.wfile.write(f"HTTP/1.0 {status}\r\n{head}Connection: close\r\n\r\n"
+                             .encode("latin-1") + body)
+
+    def _respond(self) -> Response:
+        bad: Response = ("400 Bad Request", [("Content-Type", "text/plain")], b"bad request\n")
+        line = self.rfile.readline(MAX_LINE + 1)
+        parts = line.split()
+        if len(line) > MAX_LINE or len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
+            return bad
+        for _ in range(MAX_HEADERS + 1):  # headers are read (to drain them) and ignored
+            header = self.rfile.readline(MAX_LINE + 1)
+            if len(header) > MAX_LINE:
+                return bad
+            if header in (b"\r\n", b"\n", b""):
+                break
+        else:
+            return bad
+        method = parts[0].decode("latin-1")
+        path = parts[1].split(b"?", 1)[0].decode("latin-1")
+        return self.server.app.respond(method, path)
 
 
-def serve(app: ExpositionApp, bind: str, port: int) -> tuple[ThreadingWSGIServer,
-                                                                threading.Thread]:
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True  # a slow client blocks no one, and never blocks shutdown
+    allow_reuse_address = True
+    app: ExpositionApp
+
+
+def serve(app: ExpositionApp, bind: str, port: int) -> tuple[_Server, threading.Thread]:
     """Start serving on a daemon thread (thread per request: a slow client blocks no one)."""
 
-    class Server(ThreadingWSGIServer):
+    class Server(_Server):
         address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
 
-    httpd = make_server(bind, port, app, Server, handler_class=_QuietHandler)
+    httpd = Server((bind, port), _Handler)
+    httpd.app = app
     thread = threading.Thread(target=httpd.serve_forever, name="http", daemon=True)
     thread.start()
     return httpd, thread

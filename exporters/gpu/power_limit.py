@@ -25,7 +25,7 @@ from typing import Any
 import pynvml
 
 from exporters.atomic_file import atomic_write_json
-from exporters.gpu.fake_nvml import ENV_FAKE_NVML, ScenarioError, load_nvml
+from exporters.gpu.nvml_source import ENV_FAKE_NVML, ScenarioError, load_nvml
 from exporters.gpu.reader import error_name, text
 
 ENV_STATE_FILE = "TRAINWATCH_POWER_LIMIT_STATE"

@@ -4,8 +4,12 @@ NVML reports only a pid and its memory. The launcher (torchrun, Slurm, Trainwatc
 wrapper) puts the job and rank into the process environment, which Linux exposes read-only in
 /proc/<pid>/environ. That file is untrusted input: we read at most `MAX_ENVIRON_BYTES`, keep
 only the variables we know, and drop values that do not look like a job name or a rank (a
-label value must stay short and bounded). Unreadable environments (another user's process
-while not root, a pid namespace we cannot see) count as unattributed, never as errors.
+label value must stay short and bounded). The job is named by exporters.catalog.job_from_env,
+the one identity function the training client and the log handler use too (explicit
+TRAINWATCH_JOB, else the launcher's job id, else an id derived from the rendezvous), so a GPU
+process is attributed to the job its training metrics carry. Unreadable environments
+(another user's process while not root, a pid namespace we cannot see) count as
+unattributed, never as errors.
 """
 
 from __future__ import annotations
@@ -14,11 +18,11 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from exporters.catalog import JOB_ENV_VARIABLES, PLACEHOLDER_JOB_NAMES
+from exporters.catalog import JOB_ENV_VARIABLES, job_from_env
 
 MAX_ENVIRON_BYTES = 256 * 1024
-# Order matters: the first present, valid variable wins (docs/contracts.md, label training_job).
-JOB_VARIABLES = JOB_ENV_VARIABLES
+# What job_from_env reads: the job variables, then the rendezvous a job id is derived from.
+JOB_VARIABLES = (*JOB_ENV_VARIABLES, "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE")
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 _WANTED = frozenset(JOB_VARIABLES + RANK_VARIABLES)
 _VALID_JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}")
@@ -55,12 +59,11 @@ def job_and_rank(env: Mapping[str, str] | None) -> tuple[str, str]:
     """(training_job, rank) label values; empty strings when unknown or invalid."""
     if not env:
         return UNATTRIBUTED
-    job = ""
-    for name in JOB_VARIABLES:
-        value = env.get(name, "")
-        if value not in PLACEHOLDER_JOB_NAMES and _VALID_JOB.fullmatch(value):
-            job = value
-            break
+    # An invalid explicit name is not skipped for the next variable: the training client
+    # refuses it, so any other name would be a job no training metrics carry.
+    job = job_from_env(env) or ""
+    if not _VALID_JOB.fullmatch(job):
+        job = ""
     rank = ""
     for name in RANK_VARIABLES:
         value = env.get(name, "")
