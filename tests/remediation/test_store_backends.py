@@ -160,3 +160,24 @@ def test_postgresql_restart_during_intake_loses_no_answered_alert(
         assert requests.get(f"{svc.url}/readyz", timeout=10).status_code == 200
         log = svc.proc.log_text()
     assert pg_cluster.password not in log  # connection errors never show the password
+
+
+def test_store_config_errors_are_clear_and_the_password_stays_out_of_sight(
+        tmp_path: Path) -> None:
+    from remediation.config import ConfigError
+    with pytest.raises(ConfigError, match="backend postgresql needs dbname, password_file"):
+        configured(tmp_path, {"store": {"backend": "postgresql", "host": "db", "user": "u"}})
+    with pytest.raises(ConfigError, match=r"store\.password_file: cannot read"):
+        configured(tmp_path, {"store": {"backend": "postgresql", "host": "db", "user": "u",
+                                        "dbname": "d", "password_file": "missing.pw"}})
+    with pytest.raises(ConfigError, match="store"):
+        configured(tmp_path, {"store": {"backend": "mysql"}})
+    pw = tmp_path / "pg.pw"
+    pw.write_text("s3cret-password-value\n")
+    pw.chmod(0o600)
+    config = configured(tmp_path, {"store": {"backend": "postgresql", "host": "db",
+                                             "user": "u", "dbname": "d",
+                                             "password_file": str(pw)}})
+    assert config.postgresql is not None and config.postgresql.password == "s3cret-password-value"
+    assert "s3cret" not in repr(config) and "s3cret" not in config.store_location
+    assert config.store_location == "postgresql://u@db:5432/d"
