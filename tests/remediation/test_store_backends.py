@@ -181,3 +181,37 @@ def test_store_config_errors_are_clear_and_the_password_stays_out_of_sight(
     assert config.postgresql is not None and config.postgresql.password == "s3cret-password-value"
     assert "s3cret" not in repr(config) and "s3cret" not in config.store_location
     assert config.store_location == "postgresql://u@db:5432/d"
+
+
+def test_health_and_metrics_read_either_store(service_factory: Any,
+                                              store_section: dict[str, Any]) -> None:
+    book = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
+            "target": ["training_job"], "steps": [{"action": "http", "url": "http://127.0.0.1:1/"}]}
+    with service_factory([book], dry_run=True, **store_section) as svc:
+        body = payload(alert("TrainingLossSpike", {"training_job": "m"}, fingerprint="abcd0001"))
+        answer = svc.client.post("/v1/alerts", json=body, headers=auth()).json
+        assert answer["accepted"] == 1, str(answer)
+        svc.wait_idle()
+        assert svc.client.get("/readyz").status_code == 200
+        metrics = svc.client.get("/metrics").get_data(as_text=True)
+        assert 'trainwatch_remediation_decisions_total{decision="dry_run"} 1.0' in metrics
+
+
+def test_an_unreachable_or_refusing_database_stops_the_server_with_a_clear_message(
+        tmp_path: Path, pg_cluster: PgCluster) -> None:
+    import subprocess
+
+    from tests.remediation.helpers import REPO, VENV_BIN
+    section = pg_cluster.database(tmp_path / "pg")
+    wrong = tmp_path / "wrong.pw"
+    wrong.write_text("not-the-password-0123456789")
+    wrong.chmod(0o600)
+    for store in ({**section, "password_file": str(wrong)}, {**section, "port": free_port()}):
+        config = write_config(tmp_path, store=store)
+        done = subprocess.run([str(VENV_BIN / "remediation-server"), "--config", str(config),
+                               "--port", str(free_port())], capture_output=True, text=True,
+                              timeout=60, check=False, cwd=REPO)
+        assert done.returncode == 2, done.stderr
+        assert f"cannot open store postgresql://trainwatch@127.0.0.1:{store['port']}/" \
+            in done.stderr
+        assert "not-the-password" not in done.stderr and pg_cluster.password not in done.stderr
