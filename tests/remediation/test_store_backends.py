@@ -68,6 +68,28 @@ def test_claims_are_exclusive_across_store_instances(tmp_path: Path,
     assert stores[0].state_counts() == {"running": 60}
 
 
+def test_a_lease_holds_while_renewed_and_passes_on_when_it_expires(
+        tmp_path: Path, store_section: dict[str, Any]) -> None:
+    """Replica A claims with a short lease; replica B cannot take the intent while A renews,
+    and takes it (same id, lease owner B) once A stops renewing (A died)."""
+    config = configured(tmp_path, store_section)
+    a, b = open_store(config), open_store(config)
+    with a.transaction() as conn:
+        intent_id = Store.insert_intent(conn, new("lease1"))
+    claimed = a.claim("replica-a", 3.0)
+    assert claimed is not None and claimed.id == intent_id
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:  # A alive: renews faster than the lease runs out
+        a.renew_leases("replica-a", 3.0)
+        assert b.claim("replica-b", 3.0) is None
+        time.sleep(0.2)  # the renewal cadence under test, not synchronisation
+    taken = wait_until(lambda: b.claim("replica-b", 30.0), timeout=30,
+                       what="the expired lease to be re-claimed")
+    assert taken.id == intent_id and taken.lease_owner == "replica-b"
+    a.renew_leases("replica-a", 30.0)  # A's late renewal does not take it back
+    assert b.get_intent(intent_id).lease_owner == "replica-b"
+
+
 def test_audit_is_append_only_and_counters_survive_retention(
         tmp_path: Path, store_section: dict[str, Any]) -> None:
     store = open_store(configured(tmp_path, store_section))
