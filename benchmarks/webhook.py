@@ -1,6 +1,6 @@
 """Benchmark the remediation webhook: accepted alerts/s and latency of the 2xx at 200 req/s.
 
-    .venv/bin/python benchmarks/webhook.py [--seconds 10] [--rate 200]
+    .venv/bin/python benchmarks/webhook.py [--seconds 10] [--rate 200] [--store postgresql]
 
 Trainwatch (remediation-server under gunicorn: authenticate, validate, commit the intent to
 SQLite WAL with synchronous=FULL, answer; a worker acts afterwards) is compared, in the same
@@ -18,12 +18,16 @@ The load generator runs in a second process and posts real-shaped Alertmanager v
     reconnects when the server cuts it off), while the others post alerts and ask for the
     health endpoint at --rate req/s in total, open loop; a request not answered within 5 s
     counts as 5 s.
+With --store postgresql the service's store is a database in a throwaway PostgreSQL server
+started for the run (tests/support/postgres.py; synchronous_commit on), as replicas on several
+hosts would use it.
 Prints one line per phase and, last, a JSON object with both results and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import multiprocessing as mp
 import os
@@ -308,6 +312,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--slow", type=int, default=64, help="slow connections (0: skip)")
+    parser.add_argument("--store", choices=("sqlite", "postgresql"), default="sqlite")
     args = parser.parse_args()
     if args.seconds <= 0 or args.rate <= 0:
         parser.error("--seconds and --rate must be positive")
@@ -318,8 +323,14 @@ def main() -> int:
     threading.Thread(target=target_server.serve_forever, daemon=True).start()
     target = f"127.0.0.1:{target_server.server_address[1]}"
     results: dict[str, Any] = {}
+    pg = None
+    if args.store == "postgresql":
+        from tests.support.postgres import PgCluster
+        pg = PgCluster()
+        atexit.register(pg.stop)  # also when a phase fails
     with tempfile.TemporaryDirectory(prefix="bench-webhook-") as tmp:
         work = Path(tmp)
+        store = {"store": pg.database(work)} if pg else {}
         (work / "token").write_text(TOKEN)
         (work / "playbooks").mkdir()
         (work / "playbooks" / "bench.yaml").write_text(yaml.safe_dump({
@@ -334,7 +345,7 @@ def main() -> int:
             "alertmanager_url": "http://127.0.0.1:1",
             "training_exporter_token_file": str(work / "token"),
             "playbooks_dir": str(work / "playbooks"), "http_threads": THREADS,
-            "circuit_breaker": {"max_actions": 1000000, "window": "1h"}}))
+            "circuit_breaker": {"max_actions": 1000000, "window": "1h"}, **store}))
         env = {**os.environ, "BENCH_TOKEN": TOKEN}
         venv_bin = Path(sys.executable).parent
         proc = _start([str(venv_bin / "remediation-server"), "--config", str(config)],
@@ -373,6 +384,7 @@ def main() -> int:
     tw, base = results["trainwatch"], results["naive_sync"]
     summary = {
         "benchmark": "webhook",
+        "store": args.store,
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, {platform.platform()}",
         "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "rate_req_per_s": args.rate,

@@ -35,6 +35,7 @@ from remediation.metrics import StoreCollector, WebhookMetrics
 from remediation.playbooks import Playbook, load_playbooks
 from remediation.schemas import first_error
 from remediation.store import Intent, Store
+from remediation.stores import open_store
 
 log = logging.getLogger(__name__)
 bp = Blueprint("remediation", __name__)
@@ -277,7 +278,7 @@ def create_app(config: Config, *, worker: Any = None, store: Store | None = None
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = None  # enforced in the handler, after authentication
     app.json.sort_keys = False  # type: ignore[attr-defined]
-    store = store or Store(config.store_path, max_bytes=config.store_max_bytes)
+    store = store or open_store(config)
     books = books if books is not None else load_playbooks(config.playbooks_dir)
     app.extensions["trainwatch_remediation"] = Services(config, store, books, worker)
     app.register_blueprint(bp)

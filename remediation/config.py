@@ -23,12 +23,30 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class PgSettings:
+    """Where a PostgreSQL store lives (config `store:`); the password is read from its file."""
+
+    host: str
+    dbname: str
+    user: str
+    password: str = field(repr=False)
+    port: int = 5432
+    sslmode: str = "prefer"
+    connect_timeout: int = 10
+
+    @property
+    def location(self) -> str:
+        """For messages and logs: never the password."""
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{self.dbname}"
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything the app, the worker and the actions need; secrets are read once, here."""
 
     webhook_token: str
     training_exporter_token: str
-    store_path: Path
+    store_path: Path  # SQLite file; with PostgreSQL, only the default marker's directory
     prometheus_url: str
     alertmanager_url: str
     bind: str = "127.0.0.1"
@@ -60,6 +78,13 @@ class Config:
     alertmanager_auth: tuple[str, str] | None = field(default=None, repr=False)
     # per-priority limits (low / normal / high); a priority not named uses breaker_max_actions
     breaker_max_by_priority: tuple[tuple[str, int], ...] = ()
+    # None: SQLite at store_path (the single-host default); set: PostgreSQL (remediation.pgstore)
+    postgresql: PgSettings | None = None
+
+    @property
+    def store_location(self) -> str:
+        """The store named in messages: a file or a database (no secrets)."""
+        return self.postgresql.location if self.postgresql else str(self.store_path)
 
     @property
     def marker_path(self) -> Path:
@@ -132,6 +157,22 @@ def config_from_dict(raw: object, source: Path) -> Config:
             raw.get("alertmanager_username", "trainwatch"),
             _read_secret(_resolve(base, raw["alertmanager_password_file"]),
                          "alertmanager_password_file", source))
+    store = raw.get("store", {"backend": "sqlite"})
+    if store["backend"] == "postgresql":
+        missing = [k for k in ("host", "dbname", "user", "password_file") if k not in store]
+        if missing:
+            raise ConfigError(f"{source}: store: backend postgresql needs {', '.join(missing)}")
+        optional["postgresql"] = PgSettings(
+            host=store["host"], dbname=store["dbname"], user=store["user"],
+            password=_read_secret(_resolve(base, store["password_file"]),
+                                  "store.password_file", source),
+            **{k: store[k] for k in ("port", "sslmode", "connect_timeout") if k in store})
+        # the marker (remediation.marker) stays on this host, next to the config by default
+        store_path = _resolve(base, raw.get("store_path", "remediation-store"))
+    elif "store_path" in raw:
+        store_path = _resolve(base, raw["store_path"])
+    else:
+        raise ConfigError(f"{source}: store_path is required with the sqlite store")
     if breaker:
         optional["breaker_max_actions"] = breaker["max_actions"]
         optional["breaker_window_seconds"] = seconds(breaker["window"])
@@ -149,7 +190,7 @@ def config_from_dict(raw: object, source: Path) -> Config:
         webhook_token=webhook_token,
         training_exporter_token=_read_secret(_resolve(base, raw["training_exporter_token_file"]),
                                              "training_exporter_token_file", source),
-        store_path=_resolve(base, raw["store_path"]),
+        store_path=store_path,
         prometheus_url=raw["prometheus_url"].rstrip("/"),
         alertmanager_url=raw["alertmanager_url"].rstrip("/"),
         **optional,  # type: ignore[arg-type]

@@ -20,7 +20,6 @@ import hashlib
 import json
 import logging
 import re
-import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,18 +79,13 @@ def ingest_in(store: Store, conn: Any, books: Mapping[str, Playbook], payload: d
                 _ingest_alert(store, conn, books, alert, result)
         except Exception as exc:  # this alert only: record why, keep its neighbours
             conn.execute("ROLLBACK TO alert")
-            if _storage_failure(exc):
+            if store.is_storage_failure(exc):
                 raise  # nothing can be recorded: the delivery fails (5xx) and is retried
             log.exception("recording an alert failed")
             _record_invalid(store, conn, alert, f"could not be recorded: {type(exc).__name__}",
                             result)
         conn.execute("RELEASE alert")
     return result
-
-
-def _storage_failure(exc: BaseException) -> bool:
-    """A full or damaged store, a lock timeout: not this alert's fault."""
-    return isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
 
 
 def printable(value: object, limit: int = 256) -> str:

@@ -7,38 +7,33 @@ into its `meta` table); at start, a store that is missing, empty or has another 
 marker refuses to start unless the operator says `--accept-new-store` (which then rewrites the
 marker). Keep the marker out of the store's own backup/restore path, for example next to it
 (`<store>.marker`, the default) or in the service's config directory (`store_marker_path`).
+With PostgreSQL the store is a database (a dropped and re-created one is the reset to notice);
+each replica keeps its own marker on its own host, all naming the same store id.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
-from pathlib import Path
 
 from remediation.config import Config
 from remediation.store import Store
+from remediation.stores import existing_store_id
 
 
 class StoreResetError(RuntimeError):
     """The store is not the one the marker names; the message says what to do."""
 
 
-def _existing_id(path: Path) -> str | None:
-    """The id of the store at `path` without creating or changing anything; None when the file
-    is missing, empty or not a store of ours."""
-    if not path.exists() or path.stat().st_size == 0:
-        return None
-    try:
-        conn = sqlite3.connect(path, timeout=30.0)
-        try:
-            row = conn.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return None
-    return str(row[0]) if row else None
+def _what(config: Config, found: str | None) -> str:
+    if found is not None:
+        return f"is another store (id {found})"
+    if config.postgresql is not None:
+        return "has no Trainwatch tables (new, dropped or restored empty)"
+    if not config.store_path.exists():
+        return "is missing"
+    return "is empty"
 
 
 def check_store(config: Config, *, accept_new: bool) -> None:
@@ -52,15 +47,13 @@ def check_store(config: Config, *, accept_new: bool) -> None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise StoreResetError(f"marker {marker} is unreadable ({type(exc).__name__}); fix or "
                               "remove it, or start with --accept-new-store") from exc
-    found = _existing_id(config.store_path)
+    found = existing_store_id(config)
     if found == expected:
         return
-    what = ("is missing" if not config.store_path.exists() else
-            "is empty" if config.store_path.stat().st_size == 0 or found is None else
-            f"is another store (id {found})")
+    what = _what(config, found)
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(recorded.get("created", 0)))
     raise StoreResetError(
-        f"store {config.store_path} {what}, but marker {marker} says store {expected} existed "
+        f"store {config.store_location} {what}, but marker {marker} says store {expected} existed "
         f"here (since {since}). Starting would forget which alerts were already acted on and "
         "act on them again. Restore the store, or start once with --accept-new-store if a new "
         "store is intended.")
@@ -76,12 +69,12 @@ def write_marker(config: Config, store: Store) -> None:
             return
     except (OSError, ValueError, AttributeError):
         pass
-    store._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    store.checkpoint()
     marker.parent.mkdir(parents=True, exist_ok=True)
     tmp = marker.with_name(f".{marker.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
-        json.dump({"store_id": store_id, "store_path": str(config.store_path),
+        json.dump({"store_id": store_id, "store_path": config.store_location,
                    "created": time.time()}, fh)
         fh.flush()
         os.fsync(fh.fileno())

@@ -1,6 +1,6 @@
 """`remediation-server --config FILE`: the app under waitress, with the worker threads that run
-actions in the same process (the store is shared with any other instance through SQLite, so
-running two servers on one store is also safe).
+actions in the same process (the store is shared with any other instance through SQLite on one
+host or PostgreSQL across hosts, so running two servers on one store is also safe).
 
 Why waitress and not gunicorn's gthread worker: gthread hands every new connection to a handler
 thread at once, and that thread blocks reading the request, so eight clients that send their
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import sqlite3
 import sys
 import time
 from dataclasses import replace
@@ -34,7 +33,7 @@ from remediation.app import create_app
 from remediation.config import Config, ConfigError, load_config
 from remediation.marker import StoreResetError, check_store, write_marker
 from remediation.playbooks import PlaybookError, load_playbooks
-from remediation.store import Store
+from remediation.stores import open_store, store_errors
 from remediation.worker import Worker
 
 log = logging.getLogger("remediation.server")
@@ -83,7 +82,7 @@ def make_server(app: Any, config: Config) -> _Server:
 
 
 def serve(config: Config) -> None:
-    store = Store(config.store_path, max_bytes=config.store_max_bytes)
+    store = open_store(config)
     books = load_playbooks(config.playbooks_dir)
     worker = Worker(config, store, books)
     app = create_app(config, worker=worker, store=store, books=books)
@@ -119,14 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
         load_playbooks(config.playbooks_dir)  # fail before binding, with a clear message
         check_store(config, accept_new=args.accept_new_store)
-        store = Store(config.store_path, max_bytes=config.store_max_bytes)
+        store = open_store(config)
         write_marker(config, store)
         store.close()
     except (ConfigError, PlaybookError, StoreResetError) as exc:
         print(f"remediation-server: {exc}", file=sys.stderr)
         return 2
-    except (OSError, sqlite3.Error) as exc:
-        print(f"remediation-server: cannot open store {config.store_path}: {exc}",
+    except (OSError, *store_errors(config)) as exc:
+        print(f"remediation-server: cannot open store {config.store_location}: {exc}",
               file=sys.stderr)
         return 2
     overrides: dict[str, Any] = {}

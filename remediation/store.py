@@ -1,4 +1,7 @@
-"""SQLite store, the single source of truth shared by every service process.
+"""The store, the single source of truth shared by every service process: SQLite here (the
+single-host default), PostgreSQL in remediation.pgstore (replicas on several hosts). Both run
+the same SQL below; the few dialect differences are the schema and the class attributes and
+methods PgStore overrides.
 
 * intents: one row per (fingerprint, startsAt, playbook, phase); UNIQUE makes redelivery,
   HA-pair duplicates and two processes sharing the file harmless.
@@ -133,6 +136,10 @@ CREATE TABLE IF NOT EXISTS readiness (
 TERMINAL_STATES = ("done", "failed", "refused", "rejected", "cancelled")
 SCHEMA = SCHEMA.replace("TERMINAL", ", ".join(f"'{state}'" for state in TERMINAL_STATES))
 PRIORITIES = {"low": 0, "normal": 1, "high": 2}
+# What the static helpers below take: a sqlite3.Connection, or pgstore's connection (both
+# answer execute(sql with ? placeholders, params) with a cursor of rows indexable by position
+# and by column name).
+Conn = Any
 
 
 @dataclass(frozen=True)
@@ -174,7 +181,7 @@ class Intent:
         return f"{self.fingerprint}|{self.starts_at}|{self.playbook}|{self.phase}"
 
     @classmethod
-    def from_row(cls, row: sqlite3.Row) -> Intent:
+    def from_row(cls, row: Any) -> Intent:
         return cls(
             id=row["id"], fingerprint=row["fingerprint"], starts_at=row["starts_at"],
             playbook=row["playbook"], phase=row["phase"], alertname=row["alertname"],
@@ -222,6 +229,8 @@ def _migrate(conn: sqlite3.Connection) -> None:
 
 class Store:
     """Thread-safe access: one connection per thread, explicit transactions."""
+
+    GREATEST = "max"  # the scalar max() of two values in this dialect
 
     def __init__(self, path: Path, *, max_bytes: int | None = None) -> None:
         """`max_bytes` caps the file (SQLite max_page_count): past it every write fails as on
@@ -286,8 +295,18 @@ class Store:
         """Commit one small write with intake's durability; raises what intake would meet
         (read-only or full disk, a store over max_bytes, a lock held too long)."""
         with self.transaction() as conn:
-            conn.execute("INSERT OR REPLACE INTO readiness (id, at) VALUES (1, ?)",
-                         (time.time(),))
+            conn.execute("INSERT INTO readiness (id, at) VALUES (1, ?)"
+                         " ON CONFLICT (id) DO UPDATE SET at=excluded.at", (time.time(),))
+
+    def checkpoint(self) -> None:
+        """Fold the WAL into the main file, so the file a marker names is never empty."""
+        self._conn().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    @staticmethod
+    def is_storage_failure(exc: BaseException) -> bool:
+        """A full or damaged store, a lock timeout, a lost connection: not the alert's fault
+        (the whole delivery fails with 5xx and Alertmanager retries it)."""
+        return isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError
 
     def quick_check(self) -> str:
         """'ok', or SQLite's first complaint about a damaged page or index."""
@@ -306,7 +325,8 @@ class Store:
         (intents, audit rows) deleted."""
         terminal = ", ".join(f"'{state}'" for state in TERMINAL_STATES)
         with self.transaction() as conn:
-            conn.execute("UPDATE retention SET horizon=max(horizon, ?) WHERE id=1", (older_than,))
+            conn.execute(f"UPDATE retention SET horizon={self.GREATEST}(horizon, ?) WHERE id=1",  # noqa: S608
+                         (older_than,))
             intents = conn.execute(
                 f"DELETE FROM intents AS i WHERE i.state IN ({terminal}) AND i.updated_at < ?"  # noqa: S608
                 " AND (i.phase = 'resolve' OR EXISTS (SELECT 1 FROM intents r"
@@ -321,7 +341,7 @@ class Store:
 
     # --- writes ---------------------------------------------------------------------------
     @staticmethod
-    def audit(conn: sqlite3.Connection, decision: str, *, intent_id: int | None = None,
+    def audit(conn: Conn, decision: str, *, intent_id: int | None = None,
               fingerprint: str | None = None, playbook: str | None = None,
               alertname: str | None = None, target_key: str | None = None,
               action: str | None = None, reason: str | None = None,
@@ -333,17 +353,18 @@ class Store:
              action, reason, json.dumps(detail) if detail is not None else None))
 
     @staticmethod
-    def insert_intent(conn: sqlite3.Connection, new: NewIntent) -> int | None:
+    def insert_intent(conn: Conn, new: NewIntent) -> int | None:
         """Insert unless the idempotency key exists; returns the new id or None (duplicate)."""
         now = time.time()
-        cur = conn.execute(
-            "INSERT OR IGNORE INTO intents (fingerprint, starts_at, playbook, phase, alertname,"
+        row = conn.execute(
+            "INSERT INTO intents (fingerprint, starts_at, playbook, phase, alertname,"
             " labels, annotations, target_key, state, decision, created_at, updated_at)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+            " ON CONFLICT (fingerprint, starts_at, playbook, phase) DO NOTHING RETURNING id",
             (new.fingerprint, new.starts_at, new.playbook, new.phase, new.alertname,
              json.dumps(new.labels), json.dumps(new.annotations), new.target_key, new.state,
-             new.decision, now, now))
-        return cur.lastrowid if cur.rowcount == 1 else None
+             new.decision, now, now)).fetchone()
+        return int(row[0]) if row else None
 
     def claim(self, owner: str, lease_seconds: float) -> Intent | None:
         """Atomically take one runnable intent: pending and due, or running with an expired
@@ -365,13 +386,13 @@ class Store:
                          (now + lease_seconds, owner))
 
     @staticmethod
-    def owns(conn: sqlite3.Connection, intent_id: int, owner: str) -> bool:
+    def owns(conn: Conn, intent_id: int, owner: str) -> bool:
         row = conn.execute("SELECT state, lease_owner FROM intents WHERE id=?",
                            (intent_id,)).fetchone()
         return bool(row) and row["state"] == "running" and row["lease_owner"] == owner
 
     @staticmethod
-    def update_intent(conn: sqlite3.Connection, intent_id: int, **fields: Any) -> None:
+    def update_intent(conn: Conn, intent_id: int, **fields: Any) -> None:
         allowed = {"state", "decision", "next_step", "attempts", "not_before", "lease_owner",
                    "lease_until", "approved", "results", "acted"}
         assert set(fields) <= allowed, fields
@@ -384,7 +405,7 @@ class Store:
 
     # --- reads ----------------------------------------------------------------------------
     @staticmethod
-    def grants_since(conn: sqlite3.Connection, since: float, playbook: str | None = None,
+    def grants_since(conn: Conn, since: float, playbook: str | None = None,
                      target_key: str | None = None, *, min_priority: int = 0
                      ) -> tuple[int, float | None]:
         """(count, newest time) of grants since `since`: for one target, or (breakers) of
@@ -403,8 +424,8 @@ class Store:
         return Intent.from_row(row) if row else None
 
     @staticmethod
-    def partner(conn: sqlite3.Connection, fingerprint: str, starts_at: str, playbook: str,
-                phase: str) -> sqlite3.Row | None:
+    def partner(conn: Conn, fingerprint: str, starts_at: str, playbook: str,
+                phase: str) -> Any:
         """The intent of one phase of an alert and playbook (fire <-> resolve pairs)."""
         return conn.execute(
             "SELECT * FROM intents WHERE fingerprint=? AND starts_at=? AND playbook=? AND phase=?",

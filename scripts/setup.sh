@@ -9,6 +9,9 @@ DEB_PACKAGES=(prometheus prometheus-alertmanager prometheus-pushgateway promethe
               supervisor python3-venv)
 # ruby: its Regexp (Onigmo) runs the generated Logstash patterns in tests/logs.
 DEB_PACKAGES+=(ruby)
+# postgresql: the remediation store that spans hosts (issue 14); tests start throwaway
+# clusters with its initdb/pg_ctl (as nobody when run as root), the deploy its role.
+DEB_PACKAGES+=(postgresql)
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -38,7 +41,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
   # pipefail (set above) makes a failed pip fail the script; the filter only drops noise.
   .venv/bin/pip install -q "torch==2.13.0" 2>&1 | { grep -v '^WARNING: Location' || true; }
-  .venv/bin/pip install -q -e ".[dev,forwarders,fast]" 2>&1 | { grep -v '^WARNING: Location' || true; }
+  .venv/bin/pip install -q -e ".[dev,forwarders,fast,postgresql]" 2>&1 | { grep -v '^WARNING: Location' || true; }
   .venv/bin/python -c "import torch, exporters, remediation, pytest, ansible_runner"
   touch "$stamp"
 fi

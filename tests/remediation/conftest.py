@@ -1,4 +1,5 @@
-"""Fixtures: an in-process service (Flask test client + real worker threads + real SQLite)."""
+"""Fixtures: an in-process service (Flask test client + real worker threads + real SQLite), and
+the store backends (`store_section`: SQLite, or a database in a throwaway PostgreSQL cluster)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from remediation.app import create_app
 from remediation.config import Config, load_config
 from remediation.playbooks import load_playbooks
 from remediation.store import Store
+from remediation.stores import open_store
 from remediation.worker import Worker
 from tests.remediation.helpers import write_config, write_playbook
 from tests.support.net import wait_until
+from tests.support.postgres import PgCluster, server_bin
 
 
 @dataclass
@@ -46,7 +49,7 @@ def make_service(workdir: Path, playbooks: list[dict[str, Any]] | None = None, *
             write_playbook(workdir / "playbooks", doc)
         overrides["playbooks_dir"] = str(workdir / "playbooks")
     config = load_config(write_config(workdir, **overrides))
-    store = Store(config.store_path, max_bytes=config.store_max_bytes)
+    store = open_store(config)
     books = load_playbooks(config.playbooks_dir)
     worker = Worker(config, store, books) if start_worker else None
     app = create_app(config, worker=worker, store=store, books=books)
@@ -62,3 +65,25 @@ def make_service(workdir: Path, playbooks: list[dict[str, Any]] | None = None, *
 @pytest.fixture
 def service_factory(tmp_path: Path) -> Callable[..., Any]:
     return lambda *args, **kw: make_service(tmp_path, *args, **kw)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """One throwaway PostgreSQL server for the session (each test gets its own database)."""
+    if server_bin() is None:
+        pytest.fail("PostgreSQL server not installed: run scripts/setup.sh (apt postgresql)")
+    cluster = PgCluster()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_section(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """Config overrides selecting the store under test: {} (SQLite at store_path, the default)
+    or {"store": {...}} naming a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return {}
+    cluster: PgCluster = request.getfixturevalue("pg_cluster")
+    return {"store": cluster.database(tmp_path / "pg")}

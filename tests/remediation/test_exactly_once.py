@@ -1,4 +1,5 @@
-"""Acceptance 2 and 3: real service processes (gunicorn) sharing one SQLite store.
+"""Acceptance 2 and 3: real service processes sharing one store, on SQLite and on PostgreSQL
+(`store_section`; issue 14 acceptance 3).
 
 The action is an `http` step to a real loopback server that counts deliveries by the
 Idempotency-Key header the service sends (the step's key is stable across retries and
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 from tests.remediation.helpers import StubState, alert, payload, stub_server
 from tests.remediation.processes import service_config, start_service
@@ -21,10 +23,11 @@ def book(hostport: str) -> dict:
                        "json": {"job": "${labels.training_job}"}}]}
 
 
-def test_ten_deliveries_to_two_processes_sharing_a_store_act_once(tmp_path: Path) -> None:
+def test_ten_deliveries_to_two_processes_sharing_a_store_act_once(
+        tmp_path: Path, store_section: dict[str, Any]) -> None:
     with stub_server() as (hostport, state):
         port_a, port_b = free_port(), free_port()
-        config = service_config(tmp_path, [book(hostport)], port=port_a)
+        config = service_config(tmp_path, [book(hostport)], port=port_a, **store_section)
         with start_service(config, port_a, "a.log") as a, \
                 start_service(config, port_b, "b.log") as b:
             body = payload(alert("TrainingLossSpike", {"training_job": "once"},
@@ -48,11 +51,13 @@ def test_ten_deliveries_to_two_processes_sharing_a_store_act_once(tmp_path: Path
             assert sum(1 for r in audit if r["decision"] == "deduplicated") == 9
 
 
-def test_kill9_between_accept_and_finish_completes_once_after_restart(tmp_path: Path) -> None:
+def test_kill9_between_accept_and_finish_completes_once_after_restart(
+        tmp_path: Path, store_section: dict[str, Any]) -> None:
     gate = threading.Event()
     with stub_server(StubState(gate=gate)) as (hostport, state):
         port = free_port()
-        config = service_config(tmp_path, [book(hostport)], port=port, lease_seconds=1.5)
+        config = service_config(tmp_path, [book(hostport)], port=port, lease_seconds=1.5,
+                                **store_section)
         with start_service(config, port, "first.log") as first:
             body = payload(alert("TrainingLossSpike", {"training_job": "crash"},
                                  fingerprint="feedbeef"))

@@ -137,8 +137,8 @@ def test_unknown_extra_fields_are_accepted(service_factory) -> None:
         assert svc.client.post("/v1/alerts", json=body, headers=auth()).json["accepted"] == 1
 
 
-def test_redelivery_is_deduplicated_and_audited(service_factory) -> None:
-    with service_factory([PAGE], start_worker=False) as svc:
+def test_redelivery_is_deduplicated_and_audited(service_factory, store_section) -> None:
+    with service_factory([PAGE], start_worker=False, **store_section) as svc:
         body = payload(alert("TrainingLossSpike", {"training_job": "j"}, fingerprint="aa"))
         answers = [svc.client.post("/v1/alerts", json=body, headers=auth()).json
                    for _ in range(3)]

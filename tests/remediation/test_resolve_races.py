@@ -107,7 +107,8 @@ def test_resolve_races_never_act_after_resolve(tmp_path: Path) -> None:
             assert state.posts("/approval/") == []
 
 
-def test_resolve_after_a_crash_mid_step_runs_on_resolve_once(tmp_path: Path) -> None:
+def test_resolve_after_a_crash_mid_step_runs_on_resolve_once(
+        tmp_path: Path, store_section: dict) -> None:
     """(e) the process running a firing step is killed (-9); the resolve reaches the restarted
     one: the remaining firing step never runs, on_resolve runs exactly once."""
     from tests.remediation.processes import service_config, start_service
@@ -118,7 +119,7 @@ def test_resolve_after_a_crash_mid_step_runs_on_resolve_once(tmp_path: Path) -> 
         port = free_port()
         config = service_config(tmp_path, [book("crash", "TrainingLossSpike",
                                                 ["/crash/slow", "/crash/second"], hp)],
-                                port=port, lease_seconds=1.5)
+                                port=port, lease_seconds=1.5, **store_section)
         fired = alert("TrainingLossSpike", {"training_job": "e"}, fingerprint="e1")
         with start_service(config, port, "first.log") as first:
             assert first.post(payload(fired)).json()["accepted"] == 1

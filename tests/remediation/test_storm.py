@@ -16,12 +16,13 @@ BREAKER = 30
 PER_JOB = 2
 
 
-def test_storm_of_500_alerts_is_bounded_and_fully_accounted(tmp_path: Path) -> None:
+def test_storm_of_500_alerts_is_bounded_and_fully_accounted(tmp_path: Path,
+                                                           store_section: dict) -> None:
     with stub_server() as (hostport, state):
         book = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
                 "target": ["training_job"], "rate_limit": {"count": PER_JOB, "window": "1h"},
                 "steps": [{"action": "http", "url": f"http://{hostport}/act/${{labels.training_job}}"}]}
-        with running_service(tmp_path, [book], worker_threads=4,
+        with running_service(tmp_path, [book], worker_threads=4, **store_section,
                              circuit_breaker={"max_actions": BREAKER, "window": "1h"}) as svc:
             alerts = [alert("TrainingLossSpike", {"training_job": f"job{i % JOBS}", "n": str(i)})
                       for i in range(480)]

@@ -1,0 +1,54 @@
+"""Which store a config selects: SQLite (the single-host default) or PostgreSQL.
+
+The PostgreSQL driver (psycopg, the `postgresql` extra) is imported only when a config asks
+for it, so a single-host install does not need it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from remediation.config import Config, ConfigError
+from remediation.store import Store
+
+
+def _pgstore():  # type: ignore[no-untyped-def]
+    try:
+        from remediation import pgstore
+    except ImportError as exc:
+        raise ConfigError("store backend postgresql needs psycopg: install trainwatch with "
+                          "the 'postgresql' extra (pip install 'trainwatch[postgresql]')") from exc
+    return pgstore
+
+
+def open_store(config: Config) -> Store:
+    """The store the config names, its schema created if new."""
+    if config.postgresql is not None:
+        return _pgstore().PgStore(config.postgresql)  # type: ignore[no-any-return]
+    return Store(config.store_path, max_bytes=config.store_max_bytes)
+
+
+def existing_store_id(config: Config) -> str | None:
+    """The id of the configured store without creating anything; None if it has none."""
+    if config.postgresql is not None:
+        return _pgstore().existing_id(config.postgresql)  # type: ignore[no-any-return]
+    path = config.store_path
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    try:
+        conn = sqlite3.connect(path, timeout=30.0)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row else None
+
+
+def store_errors(config: Config) -> tuple[type[BaseException], ...]:
+    """What opening the configured store raises when the store itself is the problem."""
+    if config.postgresql is not None:
+        import psycopg
+        return (sqlite3.Error, psycopg.Error)
+    return (sqlite3.Error,)

@@ -1,0 +1,239 @@
+"""The store's promises on both backends (issue 14: SQLite and PostgreSQL run the same suite):
+exclusive claims across store instances (as across replicas), idempotency, the append-only
+audit, counters that survive retention, the readiness probe, the reset-store marker; and on
+PostgreSQL, a server restart during intake loses nothing that was answered 2xx."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import requests
+
+from remediation.config import Config, load_config
+from remediation.marker import StoreResetError, check_store, write_marker
+from remediation.store import NewIntent, Store
+from remediation.stores import open_store
+from tests.remediation.helpers import alert, auth, payload, write_config
+from tests.remediation.processes import service_config, start_service
+from tests.support.net import free_port, wait_until
+from tests.support.postgres import PgCluster
+
+REFUSED = (Exception,)  # sqlite3.IntegrityError or psycopg's RaiseException: the text matters
+
+
+def configured(tmp_path: Path, section: dict[str, Any]) -> Config:
+    return load_config(write_config(tmp_path, **section))
+
+
+def new(fp: str, phase: str = "fire", state: str = "pending") -> NewIntent:
+    return NewIntent(fingerprint=fp, starts_at="t", playbook="page", phase=phase,
+                     alertname="A", labels={"j": fp}, annotations={}, target_key="k",
+                     state=state)
+
+
+def test_claims_are_exclusive_across_store_instances(tmp_path: Path,
+                                                     store_section: dict[str, Any]) -> None:
+    """Two store objects (two replicas) and eight threads claim 60 intents: each is claimed by
+    exactly one claimant, and a redelivered key never makes a second intent."""
+    config = configured(tmp_path, store_section)
+    stores = [open_store(config), open_store(config)]
+    with stores[0].transaction() as conn:
+        ids = [Store.insert_intent(conn, new(f"f{i}")) for i in range(60)]
+        assert all(ids)
+        assert Store.insert_intent(conn, new("f0")) is None  # idempotency key exists
+    with stores[1].transaction() as conn:
+        assert Store.insert_intent(conn, new("f1")) is None
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def claim_all(n: int) -> None:
+        store = stores[n % 2]
+        try:
+            while (intent := store.claim(f"owner{n}", 60.0)) is not None:
+                with lock:
+                    claimed.append(intent.id)
+        finally:
+            store.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(claim_all, range(8)))
+    assert sorted(claimed) == sorted(ids)  # every one once, none twice
+    assert stores[0].state_counts() == {"running": 60}
+
+
+def test_a_lease_holds_while_renewed_and_passes_on_when_it_expires(
+        tmp_path: Path, store_section: dict[str, Any]) -> None:
+    """Replica A claims with a short lease; replica B cannot take the intent while A renews,
+    and takes it (same id, lease owner B) once A stops renewing (A died)."""
+    config = configured(tmp_path, store_section)
+    a, b = open_store(config), open_store(config)
+    with a.transaction() as conn:
+        intent_id = Store.insert_intent(conn, new("lease1"))
+    claimed = a.claim("replica-a", 3.0)
+    assert claimed is not None and claimed.id == intent_id
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:  # A alive: renews faster than the lease runs out
+        a.renew_leases("replica-a", 3.0)
+        assert b.claim("replica-b", 3.0) is None
+        time.sleep(0.2)  # the renewal cadence under test, not synchronisation
+    taken = wait_until(lambda: b.claim("replica-b", 30.0), timeout=30,
+                       what="the expired lease to be re-claimed")
+    assert taken.id == intent_id and taken.lease_owner == "replica-b"
+    a.renew_leases("replica-a", 30.0)  # A's late renewal does not take it back
+    assert b.get_intent(intent_id).lease_owner == "replica-b"
+
+
+def test_audit_is_append_only_and_counters_survive_retention(
+        tmp_path: Path, store_section: dict[str, Any]) -> None:
+    store = open_store(configured(tmp_path, store_section))
+    with store.transaction() as conn:
+        done = Store.insert_intent(conn, new("f1", state="done"))
+        Store.insert_intent(conn, new("f1", "resolve", state="done"))
+        waiting = Store.insert_intent(conn, new("f2", state="awaiting_approval"))
+        for intent_id, decision in ((done, "acted"), (waiting, "awaiting_approval")):
+            Store.audit(conn, decision, intent_id=intent_id, playbook="page", action="http")
+    before = (store.decision_counts(), store.action_counts())
+    assert before[1] == [("page", "http", "acted", 1)]
+    with pytest.raises(REFUSED, match="append-only"), store.transaction() as conn:
+        conn.execute("UPDATE audit SET reason='edited'")
+    with pytest.raises(REFUSED, match="append-only"), store.transaction() as conn:
+        conn.execute("DELETE FROM audit WHERE intent_id=?", (done,))  # newer than retention
+    assert store.prune(time.time() + 1) == (2, 1)
+    assert {a["intent_id"] for a in store.list_audit(100)} == {waiting}
+    assert (store.decision_counts(), store.action_counts()) == before
+    with pytest.raises(REFUSED, match="append-only"), store.transaction() as conn:
+        conn.execute("DELETE FROM audit WHERE intent_id=?", (waiting,))  # unfinished intent
+    with pytest.raises(REFUSED, match="only moves forward"), store.transaction() as conn:
+        conn.execute("UPDATE retention SET horizon=0")
+    store.probe_commit()
+    assert store.quick_check() == "ok" and store.ping()
+
+
+def test_a_reset_store_is_noticed_through_the_marker(tmp_path: Path,
+                                                     store_section: dict[str, Any]) -> None:
+    config = configured(tmp_path, store_section)
+    store = open_store(config)
+    write_marker(config, store)
+    check_store(config, accept_new=False)  # the same store: fine
+    with store.transaction() as conn:  # the store is wiped (a reset, a restore of nothing)
+        conn.execute("DROP TABLE meta")
+    store.close()
+    with pytest.raises(StoreResetError, match="--accept-new-store") as err:
+        check_store(config, accept_new=False)
+    assert "postgresql://" in str(err.value) if config.postgresql else "empty" in str(err.value)
+    if config.postgresql:
+        assert config.postgresql.password not in str(err.value)
+    check_store(config, accept_new=True)
+
+
+def test_postgresql_restart_during_intake_loses_no_answered_alert(
+        tmp_path: Path, pg_cluster: PgCluster) -> None:
+    """Deliveries keep coming while the server restarts (pg_ctl restart -m fast): some fail
+    with 5xx (Alertmanager resends those), and every one answered 2xx is in the store after."""
+    section = {"store": pg_cluster.database(tmp_path / "pg")}
+    port = free_port()
+    book = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
+            "target": ["training_job"], "steps": [{"action": "http", "url": "http://127.0.0.1:1/"}]}
+    config = service_config(tmp_path, [book], port=port, dry_run=True, **section)
+    answered: dict[str, int] = {}
+    stop = threading.Event()
+
+    def deliver(n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            fp = f"{n:02x}{i:06x}"
+            i += 1
+            body = payload(alert("TrainingLossSpike", {"training_job": fp}, fingerprint=fp))
+            try:
+                code = requests.post(f"http://127.0.0.1:{port}/v1/alerts", json=body,
+                                     headers={"Authorization": svc_auth}, timeout=30
+                                     ).status_code
+            except requests.RequestException:  # counted as not answered 2xx
+                code = 0
+            answered[fp] = code
+
+    svc_auth = auth()["Authorization"]
+    with start_service(config, port) as svc:
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(deliver, n) for n in range(4)]
+            wait_until(lambda: sum(c == 200 for c in answered.values()) >= 40, timeout=60,
+                       what="intake running before the restart")
+            pg_cluster.restart()
+            after = len(answered)
+            wait_until(lambda: sum(c == 200 for fp, c in list(answered.items())[after:]) >= 40,
+                       timeout=60, what="intake answering 2xx again after the restart")
+            stop.set()
+            for future in futures:
+                future.result()
+        ok = {fp for fp, code in answered.items() if code == 200}
+        with psycopg.connect(host="127.0.0.1", port=pg_cluster.port, user="trainwatch",
+                             password=pg_cluster.password, dbname=section["store"]["dbname"]
+                             ) as conn:
+            stored = {r[0] for r in conn.execute("SELECT fingerprint FROM intents")}
+        assert ok <= stored, f"{len(ok - stored)} alerts answered 2xx are not in the store"
+        assert Counter(answered.values())[200] == len(ok)
+        assert requests.get(f"{svc.url}/readyz", timeout=10).status_code == 200
+        log = svc.proc.log_text()
+    assert pg_cluster.password not in log  # connection errors never show the password
+
+
+def test_store_config_errors_are_clear_and_the_password_stays_out_of_sight(
+        tmp_path: Path) -> None:
+    from remediation.config import ConfigError
+    with pytest.raises(ConfigError, match="backend postgresql needs dbname, password_file"):
+        configured(tmp_path, {"store": {"backend": "postgresql", "host": "db", "user": "u"}})
+    with pytest.raises(ConfigError, match=r"store\.password_file: cannot read"):
+        configured(tmp_path, {"store": {"backend": "postgresql", "host": "db", "user": "u",
+                                        "dbname": "d", "password_file": "missing.pw"}})
+    with pytest.raises(ConfigError, match="store"):
+        configured(tmp_path, {"store": {"backend": "mysql"}})
+    pw = tmp_path / "pg.pw"
+    pw.write_text("s3cret-password-value\n")
+    pw.chmod(0o600)
+    config = configured(tmp_path, {"store": {"backend": "postgresql", "host": "db",
+                                             "user": "u", "dbname": "d",
+                                             "password_file": str(pw)}})
+    assert config.postgresql is not None and config.postgresql.password == "s3cret-password-value"
+    assert "s3cret" not in repr(config) and "s3cret" not in config.store_location
+    assert config.store_location == "postgresql://u@db:5432/d"
+
+
+def test_health_and_metrics_read_either_store(service_factory: Any,
+                                              store_section: dict[str, Any]) -> None:
+    book = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
+            "target": ["training_job"], "steps": [{"action": "http", "url": "http://127.0.0.1:1/"}]}
+    with service_factory([book], dry_run=True, **store_section) as svc:
+        body = payload(alert("TrainingLossSpike", {"training_job": "m"}, fingerprint="abcd0001"))
+        answer = svc.client.post("/v1/alerts", json=body, headers=auth()).json
+        assert answer["accepted"] == 1, str(answer)
+        svc.wait_idle()
+        assert svc.client.get("/readyz").status_code == 200
+        metrics = svc.client.get("/metrics").get_data(as_text=True)
+        assert 'trainwatch_remediation_decisions_total{decision="dry_run"} 1.0' in metrics
+
+
+def test_an_unreachable_or_refusing_database_stops_the_server_with_a_clear_message(
+        tmp_path: Path, pg_cluster: PgCluster) -> None:
+    import subprocess
+
+    from tests.remediation.helpers import REPO, VENV_BIN
+    section = pg_cluster.database(tmp_path / "pg")
+    wrong = tmp_path / "wrong.pw"
+    wrong.write_text("not-the-password-0123456789")
+    wrong.chmod(0o600)
+    for store in ({**section, "password_file": str(wrong)}, {**section, "port": free_port()}):
+        config = write_config(tmp_path, store=store)
+        done = subprocess.run([str(VENV_BIN / "remediation-server"), "--config", str(config),
+                               "--port", str(free_port())], capture_output=True, text=True,
+                              timeout=60, check=False, cwd=REPO)
+        assert done.returncode == 2, done.stderr
+        assert f"cannot open store postgresql://trainwatch@127.0.0.1:{store['port']}/" \
+            in done.stderr
+        assert "not-the-password" not in done.stderr and pg_cluster.password not in done.stderr
