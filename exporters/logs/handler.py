@@ -124,8 +124,8 @@ class AsyncEcsHandler(logging.Handler):
         self._flush_interval = flush_interval
         self._close_timeout = close_timeout
         self._queue: deque[logging.LogRecord] = deque()
-        # Batches taken off `_queue`, in order: a list of records, to which whoever encoded it
-        # appends the encoded bytes (see _take and _encode_taken).
+        # Batches taken off `_queue`, in order: a list of records, or [count, bytes] once the
+        # caller that took it has encoded it (see _take and _encode_on_caller_batch).
         self._taken: deque[list] = deque()
         self._encode_on_caller = encode_on_caller
         self._wake = threading.Event()
@@ -236,11 +236,13 @@ class AsyncEcsHandler(logging.Handler):
         """
         try:
             taken = self._taken
-            room = self._capacity - self._batch_size  # leave room for the batch being filled
-            if sum(map(len, taken)) >= room:
+            # Batches waiting for the writer, counted as full ones, leave room for the batch
+            # being filled, so at most `capacity` records are held.
+            room = max(1, self._capacity // self._batch_size - 1)
+            if len(taken) >= room:
                 if self._block:
                     with self._cond:
-                        while sum(map(len, taken)) >= room and not self._closed:
+                        while len(taken) >= room and not self._closed:
                             self._wake.set()
                             self._cond.wait(0.1)
                 else:
@@ -252,7 +254,9 @@ class AsyncEcsHandler(logging.Handler):
                     return
             batch = self._take()
             if batch:
-                batch.append(self._encode_block(batch[:]))
+                # One C call swaps the records for [count, bytes]: the records are freed here,
+                # while still in this CPU's cache, instead of later on the writer thread.
+                batch[:] = (len(batch), self._encode_block(batch))
             if not self._wake.is_set():
                 self._wake.set()
         except Exception:  # logging must never raise into the training loop: the writer
@@ -323,12 +327,13 @@ class AsyncEcsHandler(logging.Handler):
             parts: list[bytes] = []
             count = 0
             while taken and count < self._batch_size * 8:
-                batch = taken.popleft()[:]  # a copy: a caller may still append its bytes
-                if batch and type(batch[-1]) is bytes:
-                    parts.append(batch.pop())
-                elif batch:
+                batch = taken.popleft()[:]  # a copy: its caller may still be encoding it
+                if len(batch) == 2 and type(batch[1]) is bytes:  # encoded: [count, bytes]
+                    count += batch[0]
+                    parts.append(batch[1])
+                elif batch:  # records whose caller did not finish (or the writer took them)
+                    count += len(batch)
                     parts.append(self._encode_block(batch))
-                count += len(batch)
             summary = self._drop_summary()
             if summary is not None:
                 parts.append(summary + b"\n")
@@ -410,7 +415,7 @@ class AsyncEcsHandler(logging.Handler):
         if self._thread.ident is not None and self._thread.is_alive():
             self._thread.join(self._close_timeout)
         if self._thread.is_alive():
-            left = len(self._queue) + sum(map(len, self._taken))
+            left = len(self._queue) + len(self._taken) * self._batch_size
             print(f"trainwatch AsyncEcsHandler: writer stalled; abandoning {left} "
                   f"queued records after {self._close_timeout}s", file=sys.stderr)
         else:
