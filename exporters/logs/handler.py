@@ -1,13 +1,17 @@
-"""`AsyncEcsHandler`: a logging.Handler whose caller only appends the record to a queue.
+"""`AsyncEcsHandler`: a logging.Handler whose caller appends the record to a queue.
 
 Why not the stdlib: `QueueListener` drops what is still queued at exit, and a handler that
 formats or writes on the caller's thread costs the training loop microseconds per call. Here
 the caller pays for a filter check, a type check of the message args and a deque append;
-rendering, JSON encoding, batching and file I/O happen on one background thread.
+once per `batch_size` records the caller that fills the batch renders and JSON-encodes it in
+one go (the records are still in its CPU cache, and with the GIL the writer thread's work is
+not free for the caller anyway), and the background thread only writes. A stalled disk never
+stalls the caller: batches beyond `capacity` are dropped and counted instead of encoded.
+`encode_on_caller=False` leaves the encoding to the background thread too.
 
 Choices a user should know about (see docs/logging.md):
 
-* Message args are rendered on the writer thread. If an arg is not an immutable scalar
+* Message args are rendered later than the call (with their batch). If an arg is not an immutable scalar
   (int, float, str, bytes, bool, None) the caller renders the message itself, so a list or
   tensor mutated after the call cannot change what is logged. A non-string `msg` object is
   rendered late; log `str(obj)` when it may change.
