@@ -11,10 +11,10 @@ stalls the caller: batches beyond `capacity` are dropped and counted instead of 
 
 Choices a user should know about (see docs/logging.md):
 
-* Message args are rendered later than the call (with their batch). If an arg is not an immutable scalar
-  (int, float, str, bytes, bool, None) the caller renders the message itself, so a list or
-  tensor mutated after the call cannot change what is logged. A non-string `msg` object is
-  rendered late; log `str(obj)` when it may change.
+* Message args are rendered later than the call (with their batch). If an arg is not an
+  immutable scalar (int, float, str, bytes, bool, None) the caller renders the message at
+  once, so a list or tensor mutated after the call cannot change what is logged. A
+  non-string `msg` object is rendered late; log `str(obj)` when it may change.
 * `exc_info` is turned into text on the caller (rare, and its traceback may change later).
 * Overflow: the queue holds `capacity` records. With `overflow="drop"` (default) a full queue
   never blocks the caller: the record is dropped and counted, and the writer logs one
@@ -184,7 +184,8 @@ class AsyncEcsHandler(logging.Handler):
         capacity = self._capacity
         wake_at = self._wake_at
         wake = self._wake
-        immutable = _IMMUTABLE_ARG_TYPES.issuperset
+        immutable_types = _IMMUTABLE_ARG_TYPES
+        immutable = immutable_types.issuperset
         prepare = self._prepare
         overflow = self._overflow
         batch_full = self._encode_on_caller_batch if self._encode_on_caller else None
@@ -197,8 +198,18 @@ class AsyncEcsHandler(logging.Handler):
                 if isinstance(rv, logging.LogRecord):
                     record = rv
             args = record.args
-            if ((args and (type(args) is not tuple or not immutable(map(type, args))))
-                    or record.exc_info) and not prepare(record):
+            if args:
+                # Spelled out for one and two args (most calls): ~60 ns less than the C
+                # superset check, whose map() and iterator setup dominate at these sizes.
+                if type(args) is tuple and len(args) == 2:
+                    frozen = type(args[0]) in immutable_types and type(args[1]) in immutable_types
+                elif type(args) is tuple and len(args) == 1:
+                    frozen = type(args[0]) in immutable_types
+                else:
+                    frozen = type(args) is tuple and immutable(map(type, args))
+                if not frozen and not prepare(record):
+                    return record
+            if record.exc_info and not prepare(record):
                 return record
             queued = len(queue)
             if queued < capacity:
