@@ -125,6 +125,9 @@ class AsyncEcsHandler(logging.Handler):
         self._block = overflow == "block"
         self._batch_size = batch_size
         self._wake_at = min(batch_size, capacity) - 1
+        # Callers wake the writer once several encoded batches wait (fewer GIL hand-offs and
+        # thread switches); its timer writes whatever waits within `flush_interval`.
+        self._wake_batches = max(1, min(8, capacity // batch_size // 4))
         self._flush_interval = flush_interval
         self._close_timeout = close_timeout
         self._queue: deque[logging.LogRecord] = deque()
@@ -272,7 +275,7 @@ class AsyncEcsHandler(logging.Handler):
                 # One C call swaps the records for [count, bytes]: the records are freed here,
                 # while still in this CPU's cache, instead of later on the writer thread.
                 batch[:] = (len(batch), self._encode_block(batch))
-            if not self._wake.is_set():
+            if len(taken) >= self._wake_batches and not self._wake.is_set():
                 self._wake.set()
         except Exception:  # logging must never raise into the training loop: the writer
             self._wake.set()  # encodes a batch that has no bytes appended
