@@ -14,6 +14,9 @@ One command, all designs in the same run on the same machine:
   (Its second close() waits forever in the original; guarded here so the run can finish.)
 * `trainwatch_async`: exporters.logs.handler.AsyncEcsHandler (ECS JSON lines, which are
   longer than the other designs' plain-text lines: it writes more bytes, not fewer).
+* `trainwatch_writer_encodes`: the same handler as it was before issue 17's second pass
+  (`encode_on_caller=False, batch_size=2048`: callers only append, the writer thread
+  encodes and writes), for a before/after in the same run.
 
 Caller cost is measured per `logger.info("step %d loss=%.4f", i, loss)` call with
 perf_counter_ns; end-to-end is records / (time from the first call until close() returns and
@@ -31,6 +34,7 @@ import argparse
 import json
 import logging
 import logging.handlers
+import os
 import queue
 import statistics
 import sys
@@ -115,6 +119,11 @@ def _setup(kind: str, directory: Path) -> tuple[logging.Handler, Callable[[], No
         handler = AsyncEcsHandler(path=path, job="bench", rank=0, max_bytes=0,
                                   capacity=1_000_000, install_signal_handler=False)
         return handler, handler.close, path
+    if kind == "trainwatch_writer_encodes":
+        handler = AsyncEcsHandler(path=path, job="bench", rank=0, max_bytes=0,
+                                  capacity=1_000_000, install_signal_handler=False,
+                                  encode_on_caller=False, batch_size=2048)
+        return handler, handler.close, path
     raise ValueError(kind)
 
 
@@ -167,11 +176,13 @@ def main() -> None:
         logging.logThreads = False
         logging.logProcesses = False
         logging.logMultiprocessing = False
-    kinds = ("sync_file", "stdlib_queue", "baseline_queue_per_record", "trainwatch_async")
+    kinds = ("sync_file", "stdlib_queue", "baseline_queue_per_record",
+             "trainwatch_writer_encodes", "trainwatch_async")
     # Each run of a design is paired with a NullHandler run just before it, and the design is
     # judged by the median of its paired ratios: on a shared machine the load changes between
     # runs, and a ceiling taken from a quieter moment than the design's own run (best of N on
     # each side) says more about the load than about the handler.
+    load_before = os.getloadavg()[0]
     paired: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {k: [] for k in kinds}
     for _ in range(args.repeats):
         for kind in kinds:
@@ -209,6 +220,8 @@ def main() -> None:
         "benchmark": "log_handler",
         "records": args.records,
         "lean_records": args.lean_records,
+        # 1-minute load average before and after: on a shared machine, read ratios with it.
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "results": {k: {m: round(v, 3) for m, v in r.items()} for k, r in results.items()},
         "ratios": {
             "end_to_end_fraction_of_null_handler": round(ours["fraction_of_ceiling"], 3),
@@ -222,6 +235,9 @@ def main() -> None:
                 ours["caller_p50_us"] / results["stdlib_queue"]["caller_p50_us"], 3),
             "end_to_end_vs_baseline": round(ours["records_per_s"] / base["records_per_s"], 3),
             "end_to_end_vs_file_handler": round(ours["records_per_s"] / sync["records_per_s"], 3),
+            "end_to_end_fraction_before_after": [
+                round(results["trainwatch_writer_encodes"]["fraction_of_ceiling"], 3),
+                round(ours["fraction_of_ceiling"], 3)],
         },
         "goals": {"end_to_end_fraction_of_null_handler_min": 0.75,
                   "caller_p50_vs_null_handler_max": 1.2},

@@ -241,3 +241,31 @@ def test_forked_child_never_writes_the_parents_file(tmp_path: Path) -> None:
     handler.close()
     messages = [d["message"] for d in read_records(tmp_path / "fork-job")]
     assert messages == ["before fork", "after fork"]
+
+
+def test_batch_a_caller_fails_to_encode_is_written_once_in_order_by_the_writer(
+        tmp_path: Path) -> None:
+    """Callers encode full batches; a batch is visible to the writer from the moment it leaves
+    the queue, so one whose caller never finishes (here: its encoding raises; on SIGTERM: the
+    caller is interrupted) is encoded by the writer, once, in order."""
+    handler = AsyncEcsHandler(tmp_path, job="enc-job", rank=0, batch_size=50,
+                              install_signal_handler=False)
+    encode = handler._encode_block
+    main = threading.get_ident()
+    failed = []
+
+    def encode_failing_on_caller(batch: list[logging.LogRecord]) -> bytes:
+        if threading.get_ident() == main and len(failed) < 3:
+            failed.append(len(batch))
+            raise RuntimeError("caller interrupted")
+        return encode(batch)
+
+    handler._encode_block = encode_failing_on_caller  # type: ignore[method-assign]
+    logger = new_logger(handler)
+    for i in range(1000):
+        logger.info("i=%d", i)
+    handler.close()
+    messages = [doc["message"] for doc in read_records(tmp_path / "enc-job")]
+    assert len(failed) == 3
+    assert messages == [f"i={i}" for i in range(1000)]
+    assert handler.dropped == 0 and handler.written == 1000
