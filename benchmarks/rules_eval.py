@@ -45,7 +45,7 @@ sys.path.insert(0, str(REPO))
 from alert_rules import generate  # noqa: E402
 from alert_rules.config import CONFIG_PATH, load_raw, resolve  # noqa: E402
 from tests.support.net import free_port, wait_until  # noqa: E402
-from tests.support.procs import prometheus  # noqa: E402
+from tests.support.procs import running  # noqa: E402
 
 PRODUCTION_INTERVAL = 15.0  # seconds: the prometheus role's prometheus_evaluation_interval
 GPUS_PER_NODE = 8
@@ -179,11 +179,16 @@ def evaluate(work: Path, data: Path, files: list[Path], interval: float,
         "storage": {"tsdb": {"out_of_order_time_window": "3h"}},
     }))
     port = int(data.name.rsplit("-", 1)[1])
+    url = f"http://127.0.0.1:{port}"
+    argv = ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=30d",
+            "--log.level=warn"]
     seen: dict[str, list[float]] = {}
     per_rule: dict[str, list[float]] = {}
     last: dict[str, str] = {}
-    with prometheus(work, config, port=port,
-                    extra_args=["--storage.tsdb.retention.time=30d"]) as url:
+    # opening the backfilled blocks of a large fleet takes longer than a test's 30 s
+    with running(argv, work / f"prometheus-{port}.log", ready_url=f"{url}/-/ready",
+                 timeout=600):
         def enough() -> bool:
             body = requests.get(f"{url}/api/v1/rules", timeout=30).json()
             for group in body["data"]["groups"]:

@@ -9,6 +9,8 @@ DEB_PACKAGES=(prometheus prometheus-alertmanager prometheus-pushgateway promethe
               supervisor python3-venv)
 # ruby: its Regexp (Onigmo) runs the generated Logstash patterns in tests/logs.
 DEB_PACKAGES+=(ruby)
+# victoria-metrics: the long-term store Prometheus remote-writes to (tests/rules/test_victoriametrics.py)
+DEB_PACKAGES+=(victoria-metrics)
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
