@@ -18,28 +18,6 @@ from exporters import catalog
 JOB_RANK = "job {{ $labels.training_job }} rank {{ $labels.rank }}"
 
 
-# Per-rank baselines, recorded once per round instead of computed by every comparison that
-# reads them (aggregate_per_job_and_node); metric name -> (mean record, sample-count record)
-BASELINES = {
-    catalog.TRAINING_LOSS: ("training_job_rank:training_loss:baseline_mean",
-                            "training_job_rank:training_loss:baseline_samples"),
-    catalog.TRAINING_GRAD_NORM: ("training_job_rank:training_grad_norm:baseline_mean",
-                                 "training_job_rank:training_grad_norm:baseline_samples"),
-}
-
-
-def _baseline_exprs(series: str, cfg: dict[str, Any]) -> tuple[str, str]:
-    past = f"[{cfg['baseline_window']}] offset {cfg['baseline_offset']}"
-    return f"avg_over_time({series}{past})", f"count_over_time({series}{past})"
-
-
-def _baseline_records(p: Profile, metric: str, alert: str) -> list[Record]:
-    if not aggregated(p):
-        return []
-    mean, count = _baseline_exprs(sel(metric, p.selector("training")), p.alert(alert))
-    return [Record(BASELINES[metric][0], mean), Record(BASELINES[metric][1], count)]
-
-
 def aggregated(p: Profile) -> bool:
     return bool(p.values.get("aggregate_per_job_and_node", True))
 
@@ -49,14 +27,15 @@ def _spike_expr(p: Profile, metric: str, cfg: dict[str, Any],
     """`metric` far above its own mean over a window that ended `baseline_offset` ago.
 
     The offset keeps the spike out of its own baseline. A series without enough baseline
-    samples (job start, restart) yields nothing, so a fresh job cannot fire. The baseline is
-    read three times; aggregated, it is read from its recording (_baseline_records), so the
-    window of every rank is scanned once per round, not three times.
+    samples (job start, restart) yields nothing, so a fresh job cannot fire. The baseline
+    stays per rank, computed in place: recording it per rank was measured (rules_eval) to
+    cost as much as it saves, because reading a per-rank series costs about as much as
+    scanning its window.
     """
     series = sel(metric, p.selector("training"))
-    baseline, samples = (BASELINES[metric] if aggregated(p)
-                         else _baseline_exprs(series, cfg))
-    enough = f"{samples} >= {cfg['baseline_min_samples']}"
+    past = f"[{cfg['baseline_window']}] offset {cfg['baseline_offset']}"
+    baseline = f"avg_over_time({series}{past})"
+    enough = f"count_over_time({series}{past}) >= {cfg['baseline_min_samples']}"
     return f"{rule(series, baseline)}\nand\n{enough}"
 
 
@@ -286,9 +265,7 @@ def _alert_records(p: Profile) -> list[Record]:
     if not aggregated(p):
         return []
     beat = sel(catalog.TRAINING_HEARTBEAT_TIMESTAMP, p.selector("training"))
-    return [*_baseline_records(p, catalog.TRAINING_LOSS, "TrainingLossSpike"),
-            *_baseline_records(p, catalog.TRAINING_GRAD_NORM, "TrainingGradNormExplosion"),
-            Record(HEARTBEAT_MAX_INSTANCE, f"max by (training_job, instance) ({beat})")]
+    return [Record(HEARTBEAT_MAX_INSTANCE, f"max by (training_job, instance) ({beat})")]
 
 
 def groups(p: Profile) -> list[Group]:
