@@ -63,7 +63,7 @@ class Record:
 @dataclass(frozen=True)
 class Group:
     name: str
-    rules: list[Alert] | list[Record]
+    rules: list[Alert] | list[Record] | list[Alert | Record]
 
     def to_dict(self, runbook_base_url: str) -> dict[str, Any]:
         return {

@@ -18,12 +18,21 @@ from exporters import catalog
 JOB_RANK = "job {{ $labels.training_job }} rank {{ $labels.rank }}"
 
 
-def _spike_expr(series: str, cfg: dict[str, Any], rule: Callable[[str, str], str]) -> str:
-    """`series` far above its own mean over a window that ended `baseline_offset` ago.
+def aggregated(p: Profile) -> bool:
+    return bool(p.values.get("aggregate_per_job_and_node", True))
+
+
+def _spike_expr(p: Profile, metric: str, cfg: dict[str, Any],
+                rule: Callable[[str, str], str]) -> str:
+    """`metric` far above its own mean over a window that ended `baseline_offset` ago.
 
     The offset keeps the spike out of its own baseline. A series without enough baseline
-    samples (job start, restart) yields nothing, so a fresh job cannot fire.
+    samples (job start, restart) yields nothing, so a fresh job cannot fire. The baseline
+    stays per rank, computed in place: recording it per rank was measured (rules_eval) to
+    cost as much as it saves, because reading a per-rank series costs about as much as
+    scanning its window.
     """
+    series = sel(metric, p.selector("training"))
     past = f"[{cfg['baseline_window']}] offset {cfg['baseline_offset']}"
     baseline = f"avg_over_time({series}{past})"
     enough = f"count_over_time({series}{past}) >= {cfg['baseline_min_samples']}"
@@ -32,7 +41,6 @@ def _spike_expr(series: str, cfg: dict[str, Any], rule: Callable[[str, str], str
 
 def _loss_spike(p: Profile) -> Alert:
     cfg = p.alert("TrainingLossSpike")
-    loss = sel(catalog.TRAINING_LOSS, p.selector("training"))
     # relative to |baseline| so negative losses work, plus an absolute floor for tiny ones
 
     def rule(series: str, baseline: str) -> str:
@@ -40,7 +48,8 @@ def _loss_spike(p: Profile) -> Alert:
                 f"({series} - {baseline}) > {cfg['min_delta']}")
 
     return Alert(
-        "TrainingLossSpike", _spike_expr(loss, cfg, rule), "warning", "training",
+        "TrainingLossSpike", _spike_expr(p, catalog.TRAINING_LOSS, cfg, rule), "warning",
+        "training",
         f"Loss spike in {JOB_RANK}",
         f"The loss of {JOB_RANK} on {{{{ $labels.node }}}} is {{{{ $value | printf \"%.3g\" }}}} "
         f"above its mean over the {cfg['baseline_window']} before the last "
@@ -53,13 +62,13 @@ def _loss_spike(p: Profile) -> Alert:
 
 def _grad_norm(p: Profile) -> Alert:
     cfg = p.alert("TrainingGradNormExplosion")
-    norm = sel(catalog.TRAINING_GRAD_NORM, p.selector("training"))
 
     def rule(series: str, baseline: str) -> str:
         return f"{series} > {cfg['factor']} * {baseline}\nand\n{series} > {cfg['min_value']}"
 
     return Alert(
-        "TrainingGradNormExplosion", _spike_expr(norm, cfg, rule), "warning", "training",
+        "TrainingGradNormExplosion", _spike_expr(p, catalog.TRAINING_GRAD_NORM, cfg, rule),
+        "warning", "training",
         f"Gradient norm explosion in {JOB_RANK}",
         f"The gradient norm of {JOB_RANK} is {{{{ $value | printf \"%.3g\" }}}}, more than "
         f"{cfg['factor']:g}x its recent mean. A loss spike or NaN usually follows. Trainwatch "
@@ -117,6 +126,12 @@ PROGRESS_AGE = "training_job:training_progress:age_seconds"
 HEARTBEAT_AGE_JOB = "training_job:training_heartbeat:age_seconds"
 HEARTBEAT_AGE_RANK = "training_job_rank:training_heartbeat:age_seconds"
 STALL_SUSPECT = "training_job_rank:training_progress:stall_suspect"
+# per-job aggregates the per-rank suspect rule compares against (aggregate_per_job_and_node)
+COLLECTIVE_SEQ_MAX = "training_job:training_collective_sequence:max"
+STEP_MIN = "training_job:training_step:min"
+JOB_STALLED = "training_job:training_progress:stalled"
+# per job and node: what TrainingJobVanished remembers for `remember_for`
+HEARTBEAT_MAX_INSTANCE = "training_job_instance:training_heartbeat_timestamp_seconds:max"
 
 
 def _stall_records(p: Profile) -> list[Record]:
@@ -134,10 +149,16 @@ def _stall_records(p: Profile) -> list[Record]:
     floor = cfg["floor_seconds"]
     stalled = (f"{PROGRESS_AGE} > on (training_job) {STALL_THRESHOLD}\n"
                f"and on (training_job) {HEARTBEAT_AGE_JOB} < {cfg['heartbeat_stale_seconds']}")
-    behind = (f"{seq} < on (training_job) group_left () "
-              f"max by (training_job) ({seq})")
+    seq_max, step_min = f"max by (training_job) ({seq})", f"min by (training_job) ({step})"
+    per_job: list[Record] = []
+    if aggregated(p):
+        # each per-job value computed once per round; the per-rank rule reads the results
+        per_job = [Record(COLLECTIVE_SEQ_MAX, seq_max), Record(STEP_MIN, step_min),
+                   Record(JOB_STALLED, stalled)]
+        seq_max, step_min, stalled = COLLECTIVE_SEQ_MAX, STEP_MIN, JOB_STALLED
+    behind = f"{seq} < on (training_job) group_left () {seq_max}"
     silent = f"{HEARTBEAT_AGE_RANK} > {cfg['heartbeat_stale_seconds']}"
-    lowest = f"{step} == on (training_job) group_left () min by (training_job) ({step})"
+    lowest = f"{step} == on (training_job) group_left () {step_min}"
     first = f"(({behind}) or ({silent}))"
     return [
         # NaN (no step in the window) is dropped by `> 0`, so the threshold falls to the floor
@@ -150,11 +171,13 @@ def _stall_records(p: Profile) -> list[Record]:
         Record(PROGRESS_AGE, f"time() - max by (training_job) ({last})"),
         Record(HEARTBEAT_AGE_JOB, f"time() - max by (training_job) ({beat})"),
         Record(HEARTBEAT_AGE_RANK, f"time() - {beat}"),
+        *per_job,
         # `and`/`unless` bind tighter than `or`: the lowest-step ranks only when no rank is
         # behind in collectives or silent
         Record(STALL_SUSPECT,
                f"(\n  {first} * 0 + 1\n  or\n  ({lowest}) * 0 + 1\n"
-               f"  unless on (training_job) {first}\n)\nand on (training_job)\n({stalled})"),
+               f"  unless on (training_job) {first}\n)\nand on (training_job)\n"
+               + (stalled if aggregated(p) else f"({stalled})")),
     ]
 
 
@@ -183,7 +206,11 @@ def _vanished(p: Profile) -> Alert:
     finished = sel(catalog.TRAINING_FINISHED, training)
     up = sel("up", training)
     # max_over_time keeps the job in view after the exporter drops its series; an exporter
-    # that is down is TargetDown's, not a vanished job.
+    # that is down is TargetDown's, not a vanished job. Aggregated, the window is scanned
+    # over one recorded series per job and node instead of one per rank (the max over time
+    # of the max over ranks is the max over ranks of the max over time).
+    if aggregated(p):
+        beat = HEARTBEAT_MAX_INSTANCE
     expr = (f"time() - max by (training_job) (\n  max_over_time({beat}[{window}])\n"
             f"  and on (instance) {up} == 1\n) > {cfg['after_seconds']}\n"
             f"unless on (training_job)\n"
@@ -232,9 +259,19 @@ def _log_event(p: Profile, name: str, kind: str, severity: str, title: str, what
     )
 
 
+def _alert_records(p: Profile) -> list[Record]:
+    """Recordings the alerts of this group read, evaluated first in the same group so that
+    the alerts see this round's values (no lag against reading the raw series)."""
+    if not aggregated(p):
+        return []
+    beat = sel(catalog.TRAINING_HEARTBEAT_TIMESTAMP, p.selector("training"))
+    return [Record(HEARTBEAT_MAX_INSTANCE, f"max by (training_job, instance) ({beat})")]
+
+
 def groups(p: Profile) -> list[Group]:
     assert {"cuda_oom", "nccl_timeout", "nccl_error"} <= set(catalog.LOG_EVENT_KINDS)
-    alerts = [
+    alerts: list[Alert | Record] = [
+        *_alert_records(p),
         _loss_spike(p),
         _nonfinite(p),
         _grad_norm(p),

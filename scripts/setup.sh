@@ -12,6 +12,8 @@ DEB_PACKAGES+=(ruby)
 # postgresql: the remediation store that spans hosts (issue 14); tests start throwaway
 # clusters with its initdb/pg_ctl (as nobody when run as root), the deploy its role.
 DEB_PACKAGES+=(postgresql)
+# victoria-metrics: the long-term store Prometheus remote-writes to (tests/rules/test_victoriametrics.py)
+DEB_PACKAGES+=(victoria-metrics)
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -31,6 +31,7 @@ RENDER = Path(__file__).with_name("render.yml")
 GPU_NODES = [f"gpu-node-0{i}.example.internal" for i in (1, 2, 3)]
 MONITORING = ["mon-01.example.internal", "mon-02.example.internal"]
 LOGGING = ["log-01.example.internal"]
+LONG_TERM = "tsdb-01.example.internal"  # the victoriametrics group, added to the example
 VAULT_NAMES = ("vault_trainwatch_webhook_token", "vault_trainwatch_control_token",
                "vault_trainwatch_alertmanager_password",
                "vault_pagerduty_routing_key", "vault_grafana_admin_password",
@@ -87,7 +88,15 @@ def vault() -> dict[str, str]:
 def rendered(tmp_path_factory: pytest.TempPathFactory, vault: dict[str, str],
              real_binaries: dict[str, str]) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("render")
-    run = run_playbook(RENDER, render_vars(root, vault), root, inventory=EXAMPLE)
+    # the example cluster plus a long-term store host (victoriametrics role), remote-written to
+    inventory = root / "inventory"
+    inventory.mkdir()
+    for part in ("hosts.yml", "group_vars"):
+        (inventory / part).symlink_to(EXAMPLE / part)
+    (inventory / "long-term.yml").write_text(
+        yaml.safe_dump({"victoriametrics": {"hosts": {LONG_TERM: None}}}))
+    variables = {**render_vars(root, vault), "prometheus_remote_write_victoriametrics": True}
+    run = run_playbook(RENDER, variables, root, inventory=inventory)
     assert run.rc == 0 and run.total("failed") == 0, run.describe()
     for value in vault.values():
         assert value not in run.output, "a vault secret reached the Ansible output"
@@ -121,6 +130,9 @@ def test_example_cluster_prometheus_scrapes_every_exporter_on_every_gpu_node(
     assert am_targets == {f"{host}:9093" for host in MONITORING}
     assert targets_of(config, "alertmanager") == am_targets
     assert config["remote_write"][0]["url"].endswith("/api/v1/push")
+    # after the user's own entry: every host of the victoriametrics group
+    assert [rw["url"] for rw in config["remote_write"][1:]] == [
+        f"http://{LONG_TERM}:8428/api/v1/write"]
     assert all(job["basic_auth"]["username"] == "scraper" for job in config["scrape_configs"])
     web = path.parent / "web.yml"
     assert mode(web) == 0o640 and yaml.safe_load(web.read_text()) == WEB_CONFIG
@@ -164,10 +176,15 @@ def test_grafana_provisioning(rendered: Path, vault: dict[str, str]) -> None:
     assert mode(ini) == 0o640
     assert f'admin_password = """{vault["vault_grafana_admin_password"]}"""' in ini.read_text()
     datasources = yaml.safe_load((etc / "provisioning/datasources/trainwatch.yml").read_text())
-    by_type = {d["type"]: d for d in datasources["datasources"]}
-    assert by_type["prometheus"]["uid"] == DATASOURCE_UID  # what every dashboard panel names
-    assert by_type["prometheus"]["url"].endswith(":9090")
-    assert by_type["elasticsearch"]["url"] == f"http://{LOGGING[0]}:9200"
+    by_uid = {d["uid"]: d for d in datasources["datasources"]}
+    # what every dashboard panel names, and the default
+    assert by_uid[DATASOURCE_UID]["url"].endswith(":9090")
+    assert by_uid[DATASOURCE_UID]["isDefault"] is True
+    assert by_uid["trainwatch-elasticsearch"]["url"] == f"http://{LOGGING[0]}:9200"
+    # the long-term store: the same dashboards against it by switching the datasource
+    long_term = by_uid["trainwatch-victoriametrics"]
+    assert long_term["type"] == "prometheus" and not long_term["isDefault"]
+    assert long_term["url"] == f"http://{LONG_TERM}:8428"
     provider = yaml.safe_load((etc / "provisioning/dashboards/trainwatch.yml").read_text())
     dash_dir = Path(provider["providers"][0]["options"]["path"])
     shipped = sorted(p.name for p in (REPO / "dashboards/generated").glob("*.json"))

@@ -1,0 +1,185 @@
+"""The long-term store: a real Prometheus remote-writes to a real VictoriaMetrics, and every
+dashboard query returns the same data from both for a small demo job.
+
+Real parts: VictoriaMetrics (Debian victoria-metrics), Prometheus scraping the real training
+exporter (two rank processes of the real training client) and the GPU exporter in its
+simulation mode (no GPU here), remote_write as the prometheus role renders it. Each query of
+dashboards/generated/*.json (Grafana variables set to "all", $__rate_interval to a fixed
+window) runs as a range query over the same aligned window on both servers.
+
+Where the two query languages differ by design, values are compared with a tolerance instead
+of exactly (see EXTRAPOLATING): MetricsQL's rate()/increase() do not extrapolate to the
+window's edges as PromQL's do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from tests.rules.exposed_metrics import REPO, _script
+from tests.support.net import free_port, wait_until
+from tests.support.procs import prometheus, running
+
+pytestmark = pytest.mark.slow
+
+DASHBOARDS = REPO / "dashboards" / "generated"
+RATE_WINDOW = "10s"  # ten scrapes at 1 s
+STEP = 5
+# functions whose MetricsQL result differs from PromQL's by design (no extrapolation to the
+# window's edges, see docs.victoriametrics.com/MetricsQL: rate, increase)
+EXTRAPOLATING = re.compile(r"\b(rate|increase|irate|delta|deriv|histogram_quantile)\(")
+RANK_SCRIPT = """
+import math, sys, time
+from exporters.training.client import TrainingMonitor
+monitor = TrainingMonitor(control=False)
+began, step = time.monotonic(), 0
+while time.monotonic() - began < float(sys.argv[1]):
+    time.sleep(0.05)
+    monitor.report(step, loss=2.0 * math.exp(-step / 500), lr=1e-3, grad_norm=0.5, samples=8,
+                   tokens=8192)
+    monitor.step_end(step)
+    step += 1
+monitor.close()
+"""
+
+
+def dashboard_queries() -> dict[str, str]:
+    """'dashboard: panel expr' -> the expr with every Grafana variable set to match all."""
+    out: dict[str, str] = {}
+
+    def walk(node: object, where: str) -> None:
+        if isinstance(node, dict):
+            expr = node.get("expr")
+            if isinstance(expr, str) and expr:
+                out[f"{where}: {expr}"] = (expr.replace("$__rate_interval", RATE_WINDOW)
+                                           .replace("$__interval", RATE_WINDOW))
+            for value in node.values():
+                walk(value, where)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, where)
+
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        walk(json.loads(path.read_text()), path.stem)
+    # every remaining $var is a label matcher `label=~"$var"`: match anything
+    return {k: re.sub(r'=~"\$[a-z_]+"', '=~".*"', v) for k, v in out.items()}
+
+
+def _range(url: str, expr: str, start: int, end: int) -> dict[str, dict[float, float]]:
+    body = requests.post(f"{url}/api/v1/query_range", data={
+        "query": expr, "start": start, "end": end, "step": STEP}, timeout=30).json()
+    assert body["status"] == "success", f"{url}: {body}\n{expr}"
+    return {json.dumps({k: v for k, v in s["metric"].items() if k != "__name__"},
+                       sort_keys=True):
+            {float(t): float(v) for t, v in s["values"]} for s in body["data"]["result"]}
+
+
+def _close(a: float, b: float, rel: float) -> bool:
+    if a == b or (a != a and b != b):  # equal, or both NaN
+        return True
+    # VictoriaMetrics compresses float values (a Unix-timestamp gauge such as
+    # training_last_step_timestamp_seconds comes back off by about a microsecond)
+    return abs(a - b) <= max(rel * max(abs(a), abs(b)), 1e-5)
+
+
+def test_dashboard_queries_return_the_same_data_from_victoriametrics(
+        real_binaries: dict[str, str], tmp_path: Path) -> None:
+    vm_port, prom_port = free_port(), free_port()
+    gpu_port, train_port = free_port(), free_port()
+    token = tmp_path / "control.token"
+    token.write_text("x" * 32)
+    token.chmod(0o600)
+    vm = f"http://127.0.0.1:{vm_port}"
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": "gpu", "static_configs": [{"targets": [f"127.0.0.1:{gpu_port}"],
+                                                    "labels": {"node": "n1"}}]},
+            {"job_name": "training", "static_configs": [
+                {"targets": [f"127.0.0.1:{train_port}"], "labels": {"node": "n1"}}]},
+            {"job_name": "prometheus", "static_configs": [
+                {"targets": [f"127.0.0.1:{prom_port}"]}]},
+        ],
+        "remote_write": [{"url": f"{vm}/api/v1/write",
+                          "queue_config": {"batch_send_deadline": "1s"}}],
+    }))
+    with ExitStack() as stack:
+        stack.enter_context(running(
+            ["victoria-metrics", f"-httpListenAddr=127.0.0.1:{vm_port}",
+             f"-storageDataPath={tmp_path / 'vm-data'}", "-retentionPeriod=1",
+             "-search.latencyOffset=0s", "-search.disableCache"],
+            tmp_path / "vm.log", ready_url=f"{vm}/health"))
+        stack.enter_context(running(
+            [_script("gpu-exporter"), "--bind", "127.0.0.1", "--port", str(gpu_port),
+             "--interval", "1", "--simulate", "2"],
+            tmp_path / "gpu.log", ready_url=f"http://127.0.0.1:{gpu_port}/metrics"))
+        stack.enter_context(running(
+            [_script("training-exporter"), "--bind", "127.0.0.1", "--port", str(train_port),
+             "--socket", str(tmp_path / "training.sock"), "--token-file", str(token),
+             "--node", "n1"],
+            tmp_path / "training.log", ready_url=f"http://127.0.0.1:{train_port}/metrics"))
+        prom = stack.enter_context(prometheus(tmp_path, config, port=prom_port))
+        ranks = [subprocess.Popen(
+            [sys.executable, "-c", RANK_SCRIPT, "50"], cwd=REPO, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                 "TRAINWATCH_JOB": "vmdemo",
+                 "TRAINWATCH_EXPORTER_SOCKET": str(tmp_path / "training.sock")})
+            for r in range(2)]
+        stack.callback(lambda: [r.kill() or r.wait(10) for r in ranks])
+        began = int(time.time())
+        # 20 s of the running job, aligned to the step, starting once every counter has a full
+        # rate window behind it (MetricsQL counts a counter's first sample from zero, PromQL
+        # does not: a series' first window differs by design)
+        start = (began + 15) // STEP * STEP + STEP
+        end = start + 20
+        wait_until(lambda: time.time() > end + 3, timeout=120, interval=0.5,
+                   what="the demo job's window to pass")
+
+        def vm_caught_up() -> bool:
+            # the newest sample Prometheus holds for the job at `end` has reached VictoriaMetrics
+            q = {"query": 'count(training_step{training_job="vmdemo"})', "time": end}
+            ours = requests.get(f"{prom}/api/v1/query", params=q, timeout=5).json()
+            theirs = requests.get(f"{vm}/api/v1/query", params=q, timeout=5).json()
+            return (ours["data"]["result"] == theirs["data"]["result"]
+                    and bool(ours["data"]["result"]))
+        wait_until(vm_caught_up, timeout=60, interval=1, what="remote_write to VictoriaMetrics")
+        # samples of the window may still be in flight: the last one Prometheus holds
+        wait_until(lambda: _range(vm, "training_step", start, end)
+                   == _range(prom, "training_step", start, end),
+                   timeout=60, interval=1, what="VictoriaMetrics to hold the whole window")
+
+        queries = dashboard_queries()
+        assert len(queries) >= 40
+        compared, with_data, mismatches = 0, 0, []
+        for name, expr in queries.items():
+            ours, theirs = _range(prom, expr, start, end), _range(vm, expr, start, end)
+            compared += 1
+            with_data += bool(ours)
+            rel = 0.35 if EXTRAPOLATING.search(expr) else 1e-6
+            if set(ours) != set(theirs):
+                mismatches.append(f"{name}: series {sorted(ours)} vs {sorted(theirs)}")
+                continue
+            for labels, points in ours.items():
+                # MetricsQL may fill a point Prometheus leaves empty at a series' edge
+                for t, value in points.items():
+                    other = theirs[labels].get(t)
+                    if other is None or not _close(value, other, rel):
+                        mismatches.append(f"{name} {labels} @{t}: {value} vs {other}")
+                        break
+        print(f"{compared} dashboard queries compared, {with_data} with data for the demo job")
+        assert not mismatches, "\n".join(mismatches[:20])
+        # the demo job's own panels had data: this is not a comparison of two empty answers
+        assert with_data >= 20
