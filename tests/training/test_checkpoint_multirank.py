@@ -27,7 +27,14 @@ from exporters.training.checkpoint import CheckpointManager, weights_digest
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
 from tests.training.ckpt_worker import complete
-from tests.training.support import JOB_BASE_ENV, REPO, events, of
+from tests.training.support import (
+    ELASTIC_ENV,
+    JOB_BASE_ENV,
+    REPO,
+    elastic_torchrun,
+    events,
+    of,
+)
 
 WORKER = REPO / "tests" / "training" / "ckpt_worker.py"
 
@@ -74,21 +81,6 @@ def test_four_rank_checkpoint_restores_on_two_ranks(tmp_path: Path) -> None:
     assert {(x["step"], x["digest"]) for x in loaded} == {(1, saved[0]["digest"])}
 
 
-def elastic_launch(scenario: str, directory: Path, nproc: int, *args: str,
-                   max_restarts: int) -> list[str]:
-    """torchrun with in-place restarts that come up reliably (see docs/training.md): the
-    c10d rendezvous with a fresh TCP store per round. With the static rendezvous (or a
-    shared rendezvous store) every attempt reuses one store, the new ranks read the gloo
-    addresses the killed attempt left there and fail with 'Connection refused'."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-            "--max-restarts", str(max_restarts), "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-            str(WORKER), scenario, str(directory), *args]
-
-
-ELASTIC_ENV = {**JOB_BASE_ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -132,7 +124,7 @@ def test_kill_9_of_a_rank_during_async_saves_never_leaves_a_bad_manifest(
         return len(found)
 
     saves = kills = 0
-    argv = elastic_launch("killable", directory, 2, model, max_restarts=100)
+    argv = elastic_torchrun(WORKER, "killable", str(directory), model, max_restarts=100)
     with running(argv, tmp_path / "job.log", env=ELASTIC_ENV) as job:
         attempt = 0
         while True:
