@@ -95,6 +95,7 @@ def newest_healthy(entries: list[dict]) -> str | None:
 
 
 SAVES = 20
+KILLS = 4  # at least: saves run on while a kill is under way, so 20 may take fewer
 
 
 @pytest.mark.slow
@@ -140,7 +141,7 @@ def test_kill_9_of_a_rank_during_async_saves_never_leaves_a_bad_manifest(
             assert {r["dir"] for r in resumed} == {expected}, (resumed, check)
             if expected is not None:
                 assert {r["digest"] for r in resumed} == {digest(expected)}
-            if saves >= SAVES:
+            if saves >= SAVES and kills >= KILLS:
                 break
             planned = chooser.randint(2, 7)
             wait_until(lambda a=attempt, n=planned: len(of(events(job), "saving", attempt=a,
@@ -166,7 +167,6 @@ def test_kill_9_of_a_rank_during_async_saves_never_leaves_a_bad_manifest(
         record(attempt)
     entries = json.loads((directory / "manifest.json").read_text())["checkpoints"]
     assert entries and all(complete(directory, e) for e in entries), entries
-    assert kills >= 3 and saves >= SAVES
     if model == "fsdp":  # the newest healthy one also restores on one process
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(16, 512), torch.nn.ReLU(),
