@@ -12,9 +12,12 @@ step (`state.global_step` counts those, once each). Checkpoints go through the
 CheckpointManager (model, optimizer, LR scheduler, RNG, data position, command effects);
 the Trainer's own checkpointing can stay off. A rollback command restores them in place and
 rewinds `state.global_step` to the restored step; a skip takes effect through `batches()`,
-whose every batch is `TrainingMonitor.next_batch()`. The Trainer fetches one batch ahead, so
-the one batch fetched before a rollback was decided is still trained on once; every batch
-fetched after it respects the restored position and the skip list.
+whose every batch is `TrainingMonitor.next_batch()`. The Trainer fetches one batch ahead
+(accelerate's DataLoaderShard), chosen before the rollback: the callback drops it by ending
+the epoch (`control.should_epoch_stop`, the Trainer's own control) and `batches()` ends its
+old iterator, so the next epoch's first batch is the restored position and no batch fetched
+before the rollback (a skipped one included) is trained on. With this endless dataset an
+epoch is only a restart of the data iterator (`max_steps` bounds training).
 Tested with the real `transformers` package (tests/training/test_framework_callbacks.py).
 """
 
@@ -103,6 +106,9 @@ class TrainwatchCallback(TrainerCallback):
         self.controls.append(result)
         if result.rolled_back:
             state.global_step = result.next_step - 1  # the Trainer adds one per step
+            if self._batches is not None:  # drop the batch fetched ahead: a fresh iterator
+                self._batches.restart()
+                control.should_epoch_stop = True
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState,
                      control: TrainerControl, **kwargs: Any) -> None:

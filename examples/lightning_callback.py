@@ -11,9 +11,15 @@ is the mean over the window. Checkpoints go through the CheckpointManager (modul
 LR scheduler, RNG, data position, command effects). A rollback restores them in place and
 rewinds the callback's step counter (Lightning's own `global_step` cannot be rewound from a
 callback and keeps counting); a skip takes effect through `batches()`, whose every batch is
-`TrainingMonitor.next_batch()`. Lightning fetches one batch ahead, so the one batch fetched
-before a rollback was decided is still trained on once; every later batch respects the
-restored position and the skip list.
+`TrainingMonitor.next_batch()`. Lightning fetches one batch ahead, chosen before the
+rollback: `batches()` ends its old iterator without fetching more, and that batch is skipped
+by -1 from the module's `on_train_batch_start` (Lightning's own control, which skips the rest
+of the epoch; Lightning ignores a callback's return value, so the callback wraps the module
+instance's hook for the duration of `fit`, chaining to the module's own), so the next epoch
+starts a fresh iterator at the restored position and no batch fetched before the rollback
+(a skipped one included) is trained on. With this endless dataset an epoch is only a restart
+of the data iterator (`max_steps` bounds training); a scheduler stepped per epoch
+(`interval="epoch"`) would step there too.
 Tested with the real `lightning` package (tests/training/test_framework_callbacks.py).
 """
 
@@ -48,6 +54,8 @@ class TrainwatchCallback(Callback):
         self._losses: list[torch.Tensor] = []
         self._step_batches: list[int] = []
         self._last_global_step = 0
+        self._drop_prefetched = False
+        self._wrapped: LightningModule | None = None
 
     def batches(self, dataset: Sequence[Any], batch_size: int) -> TrainwatchBatches:
         """The dataset for the training DataLoader (DataLoader(..., batch_size=batch_size))."""
@@ -76,6 +84,24 @@ class TrainwatchCallback(Callback):
         self.monitor = TrainingMonitor(self._job, optimizer=optimizer, scheduler=scheduler,
                                        checkpoints=self.checkpoints, **self._options)
         self._last_global_step = trainer.global_step
+        if self._batches is not None:
+            self._install_skip(pl_module)
+
+    def _install_skip(self, pl_module: LightningModule) -> None:
+        """Lightning skips a batch (and the rest of the epoch) only when the module's own
+        `on_train_batch_start` returns -1 (a callback's return value is ignored), so this
+        instance's hook is wrapped: -1 for the batch fetched before a rollback, else the
+        module's own answer. Removed again at the end of training."""
+        original = pl_module.on_train_batch_start
+
+        def on_train_batch_start(batch: Any, batch_idx: int) -> int | None:
+            if self._drop_prefetched:  # fetched before the rollback: not trained on
+                self._drop_prefetched = False
+                return -1
+            return original(batch, batch_idx)
+
+        pl_module.on_train_batch_start = on_train_batch_start  # type: ignore[method-assign]
+        self._wrapped = pl_module
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
@@ -103,8 +129,13 @@ class TrainwatchCallback(Callback):
         self.controls.append(result)
         if result.rolled_back:
             self.step = result.next_step - 1
+            if self._batches is not None:  # the batch fetched ahead is dropped (above)
+                self._drop_prefetched = bool(self._batches.restart())
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._wrapped is not None:  # the class's own hook again
+            del self._wrapped.on_train_batch_start
+            self._wrapped = None
         if self.monitor is not None:
             self.monitor.close()
         if self.checkpoints is not None:

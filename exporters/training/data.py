@@ -33,10 +33,14 @@ class TrainwatchBatches(IterableDataset):
         self.batch_size = batch_size
         self._next_batch = next_batch
         self._fetched: deque[int] = deque(maxlen=1024)
+        self._generation = 0
 
     def __iter__(self) -> Iterator[Any]:
         size = len(self.dataset)
+        generation = self._generation
         while True:
+            if generation != self._generation:
+                return  # discarded (see restart): a new iterator takes over the position
             index = self._next_batch()
             self._fetched.append(index)
             for i in range(self.batch_size):
@@ -46,6 +50,17 @@ class TrainwatchBatches(IterableDataset):
         """The data position to checkpoint: the oldest batch fetched but not yet trained on
         (None when nothing is fetched ahead)."""
         return self._fetched[0] if self._fetched else None
+
+    def restart(self) -> list[int]:
+        """After a rollback: the batches fetched ahead were chosen before it, so they must
+        not be trained on. Forgets them (returned) and ends every iterator made so far at its
+        next fetch, without consuming a data position; the framework must then be told to
+        drop what it buffered and iterate afresh (the callbacks end the epoch; with this
+        endless dataset the next epoch starts at the restored position)."""
+        stale = list(self._fetched)
+        self._fetched.clear()
+        self._generation += 1
+        return stale
 
     def consumed(self) -> int | None:
         """The batch index the framework is training on now (call once per micro-batch)."""

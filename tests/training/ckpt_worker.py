@@ -9,6 +9,10 @@ Every rank prints JSON lines ({"event": ..., "rank": ...}) that the tests read. 
   save        save a sharded model once (with its full digest), for a restore elsewhere
   load        restore the newest checkpoint (any saving world size) and print the digest
   forever     asynchronous saves every step until killed (for kill -9 tests)
+  killable    MODEL (fsdp|ddp): rank 0 first checks the manifest it finds (every entry
+              complete?), then the job resumes from the newest healthy checkpoint and saves
+              asynchronously every step (every 4th one unhealthy) until a rank is killed;
+              torchrun restarts it in place from the same directory
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel
 
 from exporters.training.checkpoint import (
+    COMMITTED,
+    JOB_FILE,
+    MANIFEST,
     CheckpointLayoutError,
     CheckpointManager,
     RollbackFailed,
@@ -125,11 +133,53 @@ def forever(directory: Path) -> None:
         emit("saving", step=step, digest=digest)
 
 
+def complete(directory: Path, entry: dict[str, Any]) -> bool:
+    """Everything a restore needs is there: the commit marker, DCP's metadata, the job file
+    and every saving rank's RNG file (the shards are named in DCP's metadata: `.distcp`)."""
+    path = directory / entry["dir"]
+    names = {p.name for p in path.iterdir()} if path.is_dir() else set()
+    ranks = int(entry["world_size"])
+    return ({COMMITTED, ".metadata", JOB_FILE} <= names
+            and all(f"rng-rank{r}.json" in names for r in range(ranks))
+            and sum(name.endswith(".distcp") for name in names) >= 1)
+
+
+def killable(directory: Path) -> None:
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if dist.get_rank() == 0:  # before any collective: no rank of this attempt writes yet
+        try:
+            entries = json.loads((directory / MANIFEST).read_text())["checkpoints"]
+        except FileNotFoundError:
+            entries = []
+        emit("manifest", attempt=attempt, entries=entries,
+             incomplete=[e["dir"] for e in entries if not complete(directory, e)])
+    if sys.argv[3] == "ddp":
+        torch.manual_seed(0)
+        model: nn.Module = DistributedDataParallel(
+            nn.Sequential(nn.Linear(16, 512), nn.ReLU(), nn.Linear(512, 4)))
+    else:
+        model = sharded_model(width=512)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    manager = CheckpointManager(directory, model, optimizer, keep=3)
+    restored = manager.resume()
+    emit("resumed", attempt=attempt, pid=os.getpid(), run=manager._run_id,
+         dir=restored.directory if restored else None, digest=weights_digest(model))
+    step = restored.step if restored else 0
+    while True:
+        train_step(model, optimizer)
+        step += 1
+        digest = weights_digest(model)
+        healthy = step % 4 != 0
+        # Announced before the save starts: a kill right after it must not lose the digest.
+        emit("saving", attempt=attempt, step=step, digest=digest, healthy=healthy)
+        manager.save(step, loss=0.5 if healthy else float("nan"))
+
+
 def main() -> int:
     dist.init_process_group("gloo")
     scenario, directory = sys.argv[1], Path(sys.argv[2])
     {"unreadable": unreadable, "node_local": node_local, "save": save, "load": load,
-     "forever": forever}[scenario](directory)
+     "forever": forever, "killable": killable}[scenario](directory)
     dist.barrier()
     dist.destroy_process_group()
     return 0

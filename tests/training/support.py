@@ -111,3 +111,21 @@ def torchrun(*args: str, nproc: int = 2, nnodes: int = 1, node_rank: int = 0,
 
 
 JOB_BASE_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def elastic_torchrun(script: Path, *args: str, nproc: int = 2, max_restarts: int) -> list[str]:
+    """torchrun that restarts the worker group in place up to `max_restarts` times, on one
+    node (run with ELASTIC_ENV).
+
+    The c10d rendezvous with its store not shared (ELASTIC_ENV) gives every restart round a
+    fresh TCP store for the workers. With the static rendezvous (--master-addr/--master-port)
+    or a shared store, all rounds use one store with the same keys, so the restarted ranks
+    can read the gloo addresses the dead attempt published and hang in init_process_group
+    (gloo connectFullMesh) until 'Connection refused' ends the attempt.
+    """
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--max-restarts", str(max_restarts), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(script), *args]
+
+
+ELASTIC_ENV = {**JOB_BASE_ENV, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}

@@ -5,7 +5,9 @@ every 5 steps: every optimizer step is reported exactly once under its optimizer
 checkpoints go through the CheckpointManager; a rollback command (injected at step 10 through
 the monitor's command queue, as the shipper delivers it) restores the step-8 checkpoint
 bit-identically and rewinds the step numbering, and the 3 batches from the one step 10
-trained on go into the skip list: no batch fetched after the rollback is one of them.
+trained on go into the skip list: no batch fetched after the rollback is one of them, and the
+batch the framework fetched ahead before the rollback (batch 20, in the skipped range) is
+dropped, not trained on.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def monitor_options(rows: Rows, job: str) -> dict[str, Any]:
 ROLLBACK = {"id": "rb-1", "type": "rollback", "args": {"skip_batches": 3}}
 
 
-def check(rows: Rows, tw: Any, fetched: list[int], digests: dict[str, str]) -> None:
+def check(rows: Rows, tw: Any, fetched: list[int], digests: dict[str, str],
+          trained: list[int]) -> None:
     steps = [r[0] for r in rows.rows]
     assert steps[:10] == list(range(1, 11)), steps  # every optimizer step, once each
     # after the rollback to step 8 the numbering resumes at 9, one report per optimizer step
@@ -57,6 +60,12 @@ def check(rows: Rows, tw: Any, fetched: list[int], digests: dict[str, str]) -> N
     after = fetched[fetched.index(-1) + 1:]
     assert after and not any(18 <= b < 21 for b in after), fetched
     assert after[0] == 16, "the data position of step 8 (batch 16 was fetched, not trained)"
+    # The batch the framework had fetched ahead (20, chosen before the rollback and in the
+    # skipped range) is dropped, not trained on: training resumes at batch 16.
+    before, since = trained[:trained.index(-1)], trained[trained.index(-1) + 1:]
+    assert before[-2:] == [18, 19], trained
+    assert since[:4] == [16, 17, 21, 22], trained
+    assert not any(18 <= b < 21 for b in since), trained
 
 
 def test_hf_trainer_callback(tmp_path: Path) -> None:
@@ -67,8 +76,15 @@ def test_hf_trainer_callback(tmp_path: Path) -> None:
     config = transformers.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1,
                                      n_head=2)
     model = transformers.GPT2LMHeadModel(config)
-    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 32, (64, 8))]
-    rows, digests, fetched = Rows(), {}, []
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 32, (256, 8))]
+    rows, digests, fetched, trained = Rows(), {}, [], []
+    first_rows = {tuple(item["input_ids"].tolist()): i for i, item in enumerate(data)}
+
+    def record_batch(module, args, kwargs):  # which batch each training forward runs on
+        if module.training:
+            trained.append(first_rows[tuple(kwargs["input_ids"][0].tolist())] // 4)
+
+    model.register_forward_pre_hook(record_batch, with_kwargs=True)
     tw = TrainwatchCallback(checkpoint_dir=str(tmp_path / "ckpt"), save_every=4,
                             asynchronous=False, **monitor_options(rows, "hf-job"))
     dataset = tw.batches(data, batch_size=4)
@@ -87,6 +103,7 @@ def test_hf_trainer_callback(tmp_path: Path) -> None:
             if state.global_step == 10 and not any(c.rolled_back for c in tw.controls):
                 tw.monitor._incoming.append(ROLLBACK)
                 fetched.append(-1)  # marks the decision: later fetches see its effect
+                trained.append(-1)
 
     class After(transformers.TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -104,7 +121,7 @@ def test_hf_trainer_callback(tmp_path: Path) -> None:
     # One report per optimizer step, not per logging step; the rewound global_step makes the
     # Trainer run the 2 rolled-back steps again to reach max_steps: 10 + 8.
     assert len(rows.rows) == 18
-    check(rows, tw, fetched, digests)
+    check(rows, tw, fetched, digests, trained)
 
 
 def test_lightning_callback(tmp_path: Path) -> None:
@@ -120,6 +137,7 @@ def test_lightning_callback(tmp_path: Path) -> None:
 
         def training_step(self, batch, batch_idx):
             x, y = batch
+            trained.append(first_rows[tuple(x[0].tolist())] // 4)
             return torch.nn.functional.mse_loss(self.net(x), y)
 
         def configure_optimizers(self):
@@ -127,8 +145,9 @@ def test_lightning_callback(tmp_path: Path) -> None:
 
     torch.manual_seed(0)
     module = Module()
-    data = [(torch.randn(8), torch.randn(1)) for _ in range(64)]
-    rows, digests, fetched = Rows(), {}, []
+    data = [(torch.randn(8), torch.randn(1)) for _ in range(256)]
+    first_rows = {tuple(x.tolist()): i for i, (x, _) in enumerate(data)}
+    rows, digests, fetched, trained = Rows(), {}, [], []
     tw = TrainwatchCallback(checkpoint_dir=str(tmp_path / "ckpt"), save_every=4,
                             asynchronous=False, **monitor_options(rows, "pl-job"))
     dataset = tw.batches(data, batch_size=4)
@@ -154,6 +173,7 @@ def test_lightning_callback(tmp_path: Path) -> None:
             if tw.controls and tw.controls[-1].rolled_back and "restored" not in digests:
                 digests["restored"] = weights_digest(pl_module)
                 fetched.append(-1)
+                trained.append(-1)
 
     trainer = lightning.pytorch.Trainer(
         max_steps=16, accumulate_grad_batches=2, log_every_n_steps=5, logger=False,
@@ -161,4 +181,4 @@ def test_lightning_callback(tmp_path: Path) -> None:
         accelerator="cpu", devices=1, callbacks=[Inject(), tw, After()])
     trainer.fit(module, DataLoader(dataset, batch_size=4))
     assert len(rows.rows) == 16  # Lightning's own step count is not rewound: 16 steps in all
-    check(rows, tw, fetched, digests)
+    check(rows, tw, fetched, digests, trained)
