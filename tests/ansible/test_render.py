@@ -59,6 +59,8 @@ def render_vars(root: Path, vault: dict[str, str]) -> dict:
         "ansible_python_interpreter": sys.executable,
         "render_root": str(root),
         "trainwatch_prefix": f"{host_root}/opt/trainwatch",
+        # amtool's config defaults to a system path; a render must not write outside its root
+        "alertmanager_amtool_config_file": f"{host_root}/etc/prometheus/amtool.yml",
         "trainwatch_service_user": user,
         "trainwatch_service_group": group,
         "_trainwatch_supervisorctl": ["true"],  # handlers have no supervisord to talk to here
