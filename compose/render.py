@@ -23,6 +23,7 @@ from typing import Any
 
 import jinja2
 import yaml
+from ansible.module_utils.parsing.convert_bool import boolean
 
 REPO = Path(__file__).resolve().parents[1]
 ROLES = REPO / "ansible" / "roles"
@@ -89,6 +90,7 @@ def environment() -> jinja2.Environment:
                              trim_blocks=True, loader=jinja2.FileSystemLoader(str(REPO)))
     env.filters["to_json"] = lambda value, **_: json.dumps(value)
     env.filters["to_nice_yaml"] = _to_nice_yaml
+    env.filters["bool"] = lambda value: boolean(value, strict=False)  # Ansible's own parsing
     return env
 
 
