@@ -31,7 +31,7 @@ from typing import Any
 from exporters.atomic_file import atomic_write_json
 
 MANIFEST = "manifest.json"
-NAME_KEYS = ("path", "file", "filename", "name")
+NAME_KEYS = ("dir", "path", "file", "filename", "name")  # "dir": the DCP checkpoints
 
 
 @dataclass
