@@ -18,6 +18,7 @@ from tests.support.net import free_port
 
 def _rank(rank: int, port: int, out_dir: str) -> None:
     import os
+    import time
 
     import torch.distributed as dist
     from torch._C._distributed_c10d import _dump_fr_trace_json
@@ -35,9 +36,17 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
     known = [{"id": "c1", "type": "mark", "args": {}}] if rank == 1 else []
     result["news"] = agreement.exchange(known)
     result["seq"].append(agreement.seq)
-    entries = json.loads(_dump_fr_trace_json())["entries"]
+    # The recorder retires an entry when the work object completes, which can trail the
+    # collective's return on a busy machine: poll the dump until nothing is in flight.
+    deadline = time.monotonic() + 20
+    while True:
+        entries = json.loads(_dump_fr_trace_json())["entries"]
+        summary = summarise(entries)
+        if summary[1] is None or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     result["recorder"] = [e["profiling_name"] for e in entries]
-    result["summary"] = list(summarise(entries))
+    result["summary"] = list(summary)
     result["since"] = agreement.since
     Path(out_dir, f"{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
