@@ -67,12 +67,14 @@ def _derived_job(env: Mapping[str, str]) -> str | None:
     rendezvous endpoint (MASTER_ADDR:MASTER_PORT, a port only one live job can hold on its
     host) and TORCHELASTIC_ERROR_FILE, a path inside the agent's private temporary directory
     (`mkdtemp`, kept across restarts, so a restarted job keeps its id):
-    `/tmp/torchelastic_XXXX/<run_id>_YYYY/attempt_<n>/<local_rank>/error.json`. The endpoint
-    plus that directory names one launch; a loopback endpoint also takes the host name, since
-    every node has its own 127.0.0.1. On several nodes the agents' directories differ, so
-    the training client makes rank 0's id the job's (exporters.training.sync.Agreement);
-    parts that only see the environment (log files, GPU process attribution) name a
-    multi-node unnamed job per node: give such jobs a name (--rdzv-id, TRAINWATCH_JOB).
+    `/tmp/torchelastic_XXXX/<run_id>_YYYY/attempt_<n>/<local_rank>/error.json`. That directory
+    with the host name names one launch on a node (the c10d rendezvous gives every restart
+    round a new MASTER_PORT, so the endpoint is used only without it; a loopback endpoint then
+    takes the host name too, since every node has its own 127.0.0.1). On several nodes the
+    agents' directories differ, so the training client makes rank 0's id the job's
+    (exporters.training.sync.Agreement); parts that only see the environment (log files,
+    GPU process attribution) name a multi-node unnamed job per node: give such jobs a name
+    (--rdzv-id, TRAINWATCH_JOB).
     """
     addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
     if not (addr and port):
@@ -80,11 +82,14 @@ def _derived_job(env: Mapping[str, str]) -> str | None:
     error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
     agent_dir = error_file.split("/attempt_", 1)[0] if "/attempt_" in error_file else ""
     host = ""
-    if addr in ("localhost", "::1") or addr.startswith("127."):
+    if agent_dir or addr in ("localhost", "::1") or addr.startswith("127."):
         host = socket.gethostname()
     import hashlib  # lazy: it loads OpenSSL's libcrypto (~3.6 MiB RSS), rarely needed here
 
-    digest = hashlib.sha256(f"{addr}:{port}|{agent_dir}|{host}".encode()).hexdigest()
+    # The agent's directory already names one launch on this host; the c10d rendezvous hands
+    # each restart round a new MASTER_PORT, so the endpoint only counts without it.
+    launch = f"{agent_dir}|{host}" if agent_dir else f"{addr}:{port}|{host}"
+    digest = hashlib.sha256(launch.encode()).hexdigest()
     return DERIVED_JOB_PREFIX + digest[:12]
 
 

@@ -13,8 +13,8 @@ import pytest
 from exporters import catalog
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess, running
-from tests.training.support import JOB_BASE_ENV, Exporter, events, exporter, of
-from tests.training.test_job_identity import kill_whole, unnamed_env, worker_torchrun
+from tests.training.support import JOB_BASE_ENV, Exporter, elastic_torchrun, events, exporter, of
+from tests.training.test_job_identity import WORKER, kill_whole, unnamed_env, worker_torchrun
 
 
 def starts(proc: ManagedProcess, restarts: int) -> list[dict]:
@@ -32,12 +32,14 @@ def post_and_wait_applied(exp: Exporter, job: str, command_id: str) -> dict:
 @pytest.mark.slow
 def test_restarted_job_keeps_its_id_and_only_its_new_ranks(tmp_path: Path) -> None:
     with exporter(tmp_path) as exp:
-        # Up to 3 restarts: on this loaded machine gloo's connect retries sometimes run out
-        # in a restarted attempt (torchrun then restarts again); the first restart that
-        # comes up with both ranks is the one checked.
-        argv = worker_torchrun("--steps", "0", "--exit-rank", "1", "--exit-at-step", "40",
-                               nproc=2, master_port=free_port(), extra=("--max-restarts", "3"))
-        with running(argv, tmp_path / "job.log", env=unnamed_env(exp)) as job:
+        # In-place restarts need the c10d rendezvous with a store per round (ELASTIC_ENV,
+        # tests/training/support.py): with the static one a restarted attempt can read the
+        # dead attempt's gloo addresses and hang. Up to 3 restarts; the first that comes up
+        # with both ranks is the one checked. No --rdzv-id: the job stays unnamed.
+        argv = elastic_torchrun(WORKER, "--steps", "0", "--exit-rank", "1",
+                                "--exit-at-step", "40", nproc=2, max_restarts=3)
+        env = {**unnamed_env(exp), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        with running(argv, tmp_path / "job.log", env=env) as job:
             first = wait_until(lambda: starts(job, 0) if len(starts(job, 0)) == 2 else None,
                                timeout=90, what="first attempt started")
 

@@ -61,7 +61,11 @@ def test_job_ids_from_the_environment() -> None:
     other = {**torchrun, "TORCHELASTIC_ERROR_FILE":
              "/tmp/torchelastic_xy/none_zz/attempt_0/1/error.json"}
     assert catalog.job_from_env(other) != derived
-    assert catalog.job_from_env({**torchrun, "MASTER_PORT": "29501"}) != derived
+    # the c10d rendezvous gives each restart round a new MASTER_PORT: same launch, same id
+    assert catalog.job_from_env({**restarted, "MASTER_PORT": "29501"}) == derived
+    # without the agent's directory the endpoint tells launches apart
+    bare = {k: v for k, v in torchrun.items() if k != "TORCHELASTIC_ERROR_FILE"}
+    assert catalog.job_from_env(bare) != catalog.job_from_env({**bare, "MASTER_PORT": "29501"})
     # launcher job ids win, made label-safe; an explicit name wins over everything
     assert catalog.job_from_env({**torchrun, "TORCHELASTIC_RUN_ID": "run-7"}) == "run-7"
     assert catalog.job_from_env({"PMIX_NAMESPACE": "prterun-h-12@1"}) == "prterun-h-12-1"
