@@ -73,6 +73,21 @@ def _read_token(env: Mapping[str, str]) -> str | None:
     return env.get(catalog.ENV_CONTROL_TOKEN) or None
 
 
+def _launch_incarnation(info: RankInfo, env: Mapping[str, str]) -> str:
+    """The launch id when there is no process group to broadcast rank 0's (the monitor was
+    made before init_process_group, or the ranks never form one): every rank of one launch on
+    a node must derive the same id, or the exporter would take each rank for a new launch and
+    drop the others. A lone process needs no agreement: a fresh id per launch."""
+    if info.world_size <= 1:
+        return uuid.uuid4().hex
+    error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
+    agent_dir = error_file.split("/attempt_", 1)[0] if "/attempt_" in error_file else ""
+    launch = "|".join((info.job, str(info.world_size), str(info.restarts), agent_dir,
+                       env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", ""),
+                       env.get("SLURM_JOB_ID", ""), env.get("SLURM_RESTART_COUNT", "")))
+    return uuid.uuid5(uuid.NAMESPACE_OID, launch).hex
+
+
 class TrainingMonitor:
     """Per-rank reporter and command applier. Create one per process, after init_process_group.
 
@@ -99,7 +114,9 @@ class TrainingMonitor:
         # derived per node (exporters.catalog.job_from_env) becomes the job's, and the
         # exporter tells this launch's ranks from a previous launch's (a restart, another
         # world size) by the incarnation.
-        job_id, self.incarnation = self._agreement.broadcast((self.info.job, uuid.uuid4().hex))
+        job_id, self.incarnation = self._agreement.broadcast(
+            (self.info.job, uuid.uuid4().hex if self._agreement.world > 1
+             else _launch_incarnation(self.info, env)))
         if job_id != self.info.job:
             self.info = dataclasses.replace(self.info, job=job_id)
         self._collectives = CollectiveWatch(self._agreement, self.info.job, self.info.rank,

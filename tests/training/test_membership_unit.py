@@ -63,3 +63,26 @@ def test_reports_without_incarnation_keep_the_old_behaviour() -> None:
     store.ingest(decode(json.dumps({**BASE, "rank": 3}).encode()))
     store.ingest(decode(json.dumps({**BASE, "rank": 0}).encode()))
     assert set(store.snapshot()["j"]) == {0, 3}
+
+
+def test_ranks_without_a_process_group_agree_on_their_launch_id(tmp_path) -> None:
+    """Monitors made before init_process_group (or ranks that never form a group) cannot
+    broadcast rank 0's launch id: each rank derives the same one from its launch, so the
+    exporter does not take every rank for a new launch and drop the others (a loss series
+    that came and went, and no alert on it). A restart or another world size is another id."""
+    from exporters.training.client import TrainingMonitor
+    from exporters.training.launcher import RankInfo
+
+    def incarnation(rank: int, world: int = 2, restarts: int = 0) -> str:
+        info = RankInfo("nogroup", rank=rank, local_rank=rank, world_size=world,
+                        restarts=restarts)
+        monitor = TrainingMonitor(rank_info=info, control=False,
+                                  socket_path=str(tmp_path / "absent.sock"))
+        try:
+            return monitor.incarnation
+        finally:
+            monitor.close()
+
+    assert incarnation(0) == incarnation(1)
+    assert incarnation(0, restarts=1) != incarnation(0)
+    assert incarnation(0, world=4) != incarnation(0)
