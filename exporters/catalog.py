@@ -60,6 +60,14 @@ def _label_safe(value: str) -> str:
     return safe if safe[:1].isalnum() else "j" + safe[:127]
 
 
+def torchelastic_agent_dir(env: Mapping[str, str]) -> str:
+    """The torchelastic agent's private directory of this launch ('' outside torchrun): the
+    part of TORCHELASTIC_ERROR_FILE before `/attempt_<n>/`, the same for every rank and every
+    restart of one launch on a node, and different for every other launch."""
+    error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
+    return error_file.split("/attempt_", 1)[0] if "/attempt_" in error_file else ""
+
+
 def _derived_job(env: Mapping[str, str]) -> str | None:
     """A job id every rank of one launch derives alike, and no concurrent launch shares.
 
@@ -79,8 +87,7 @@ def _derived_job(env: Mapping[str, str]) -> str | None:
     addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
     if not (addr and port):
         return None
-    error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
-    agent_dir = error_file.split("/attempt_", 1)[0] if "/attempt_" in error_file else ""
+    agent_dir = torchelastic_agent_dir(env)
     host = ""
     if agent_dir or addr in ("localhost", "::1") or addr.startswith("127."):
         host = socket.gethostname()

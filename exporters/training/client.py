@@ -80,9 +80,8 @@ def _launch_incarnation(info: RankInfo, env: Mapping[str, str]) -> str:
     drop the others. A lone process needs no agreement: a fresh id per launch."""
     if info.world_size <= 1:
         return uuid.uuid4().hex
-    error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
-    agent_dir = error_file.split("/attempt_", 1)[0] if "/attempt_" in error_file else ""
-    launch = "|".join((info.job, str(info.world_size), str(info.restarts), agent_dir,
+    launch = "|".join((info.job, str(info.world_size), str(info.restarts),
+                       catalog.torchelastic_agent_dir(env),
                        env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", ""),
                        env.get("SLURM_JOB_ID", ""), env.get("SLURM_RESTART_COUNT", "")))
     return uuid.uuid5(uuid.NAMESPACE_OID, launch).hex
