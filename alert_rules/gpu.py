@@ -60,7 +60,7 @@ def groups(p: Profile) -> list[Group]:
         ),
         Alert(
             "GpuRowRemapFailure",
-            with_node(f"{sel(m.GPU_REMAPPED_ROWS_FAILURE, gpu)} > 0"),
+            with_node(f"{sel(m.GPU_ROW_REMAP_FAILURE, gpu)} > 0"),
             "critical", "gpu",
             f"{GPU_ID} failed to remap a memory row",
             f"{GPU_ID} reports a failed row remapping: it has no spare rows left for a failing "

@@ -30,34 +30,41 @@ TRAINWATCH, DCGM = "trainwatch", "dcgm"
 SOURCES = (TRAINWATCH, DCGM)
 MIB = 1048576
 
-# dcgm-exporter counter names (etc/default-counters.csv unless marked "not default")
-GPU_TEMP = "DCGM_FI_DEV_GPU_TEMP"
-FB_USED = "DCGM_FI_DEV_FB_USED"
-FB_FREE = "DCGM_FI_DEV_FB_FREE"
-FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"
-GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"
-MEM_COPY_UTIL = "DCGM_FI_DEV_MEM_COPY_UTIL"
-POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"
-ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"
-SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
-MEM_CLOCK = "DCGM_FI_DEV_MEM_CLOCK"
-PCIE_REPLAY = "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"
-XID = "DCGM_FI_DEV_XID_ERRORS"
-ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
-CORRECTABLE_REMAPPED_ROWS = "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"
-UNCORRECTABLE_REMAPPED_ROWS = "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS"
-ECC_DBE_VOLATILE = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"  # not default
-CLOCKS_EVENT_REASONS = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"  # not default (a bitmask)
+
+def _twin(name: str, which: int = 0) -> str:
+    """The dcgm-exporter field the metric table names as `name`'s twin."""
+    return c.METRICS[name].dcgm[which]
+
+
+# dcgm-exporter counter names (etc/default-counters.csv unless marked "not default"), read
+# from the metric table's dcgm column
+GPU_TEMP = _twin(c.GPU_TEMPERATURE)
+FB_USED = _twin(c.GPU_MEMORY_USED)
+FB_FREE = _twin(c.GPU_MEMORY_FREE)
+FB_RESERVED = _twin(c.GPU_MEMORY_RESERVED)
+GPU_UTIL = _twin(c.GPU_UTILIZATION)
+MEM_COPY_UTIL = _twin(c.GPU_MEMORY_UTILIZATION)
+POWER_USAGE = _twin(c.GPU_POWER_USAGE)
+ENERGY = _twin(c.GPU_ENERGY)
+SM_CLOCK = _twin(c.GPU_SM_CLOCK)
+MEM_CLOCK = _twin(c.GPU_MEMORY_CLOCK)
+PCIE_REPLAY = _twin(c.GPU_PCIE_REPLAYS)
+XID = _twin(c.GPU_XID_ERRORS)
+ROW_REMAP_FAILURE = _twin(c.GPU_ROW_REMAP_FAILURE)
+CORRECTABLE_REMAPPED_ROWS = _twin(c.GPU_REMAPPED_ROWS, 0)
+UNCORRECTABLE_REMAPPED_ROWS = _twin(c.GPU_REMAPPED_ROWS, 1)
+ECC_DBE_VOLATILE = _twin(c.GPU_ECC_ERRORS)  # not default
+CLOCKS_EVENT_REASONS = _twin(c.GPU_CLOCK_EVENT_REASON)  # not default (a bitmask)
 
 # DCGM fields mapped although dcgm-exporter's counters file does not list them at all
-NOT_IN_COUNTERS_FILE = (CLOCKS_EVENT_REASONS, "DCGM_FI_PROF_NVLINK_TX_BYTES",
-                        "DCGM_FI_PROF_NVLINK_RX_BYTES")
+NOT_IN_COUNTERS_FILE = (CLOCKS_EVENT_REASONS, _twin(c.GPU_NVLINK_TX_RATE),
+                        _twin(c.GPU_NVLINK_RX_RATE))
 DEFAULT_COUNTERS = (GPU_TEMP, FB_USED, FB_FREE, FB_RESERVED, GPU_UTIL, MEM_COPY_UTIL,
                     POWER_USAGE, ENERGY, SM_CLOCK, MEM_CLOCK, PCIE_REPLAY, XID,
                     ROW_REMAP_FAILURE, CORRECTABLE_REMAPPED_ROWS, UNCORRECTABLE_REMAPPED_ROWS,
-                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-                    "DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_PCIE_TX_BYTES",
-                    "DCGM_FI_PROF_PCIE_RX_BYTES")
+                    *(_twin(name) for name in (c.GPU_GRAPHICS_ENGINE_ACTIVE, c.GPU_TENSOR_ACTIVE,
+                                               c.GPU_DRAM_ACTIVE, c.GPU_PCIE_TX_RATE,
+                                               c.GPU_PCIE_RX_RATE)))
 
 
 def source(p: Profile) -> str:
@@ -128,7 +135,7 @@ def groups(p: Profile) -> list[Group]:
         rules.append(rec(c.GPU_CLOCK_EVENT_REASON,
                          _with(f"floor({d(CLOCKS_EVENT_REASONS)} / {bit}) % 2", "reason", label)))
     for row in GPM_METRICS:  # DCGM's profiling fields are already ratios and bytes/s
-        rules.append(rec(row.name, d(row.dcgm_field)))
+        rules.append(rec(row.name, d(_twin(row.name))))
     return [Group("trainwatch-gpu-source.rules", rules)]
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.gpu import metrics as m
+from exporters import catalog as c
 
 
 @dataclass(frozen=True)
@@ -36,24 +36,24 @@ class Field:
 
 
 FIELDS: tuple[Field, ...] = (
-    Field("memory.total", m.MEMORY_TOTAL, 1 / 2**20, 1),  # MiB
-    Field("memory.used", m.MEMORY_USED, 1 / 2**20, 64),
-    Field("memory.reserved", m.MEMORY_RESERVED, 1 / 2**20, 1, optional=True),
-    Field("utilization.gpu", m.UTILIZATION, 100, 15),
-    Field("utilization.memory", m.MEMORY_UTILIZATION, 100, 15),
-    Field("temperature.gpu", m.TEMPERATURE, 1, 2),
-    Field("power.draw", m.POWER_USAGE, 1, 30),
-    Field("power.limit", m.POWER_LIMIT, 1, 0.5),
-    Field("power.min_limit", m.POWER_LIMIT_MIN, 1, 0.5),
-    Field("power.max_limit", m.POWER_LIMIT_MAX, 1, 0.5),
-    Field("power.default_limit", m.POWER_LIMIT_DEFAULT, 1, 0.5),
-    Field("clocks.sm", m.SM_CLOCK, 1e-6, 100),
-    Field("clocks.mem", m.MEMORY_CLOCK, 1e-6, 100),
-    Field("pcie.link.gen.current", m.PCIE_LINK_GENERATION, 1, 0),
-    Field("pcie.link.width.current", m.PCIE_LINK_WIDTH, 1, 0),
-    Field("ecc.errors.corrected.volatile.total", m.ECC_ERRORS, 1, 0,
+    Field("memory.total", c.GPU_MEMORY_TOTAL, 1 / 2**20, 1),  # MiB
+    Field("memory.used", c.GPU_MEMORY_USED, 1 / 2**20, 64),
+    Field("memory.reserved", c.GPU_MEMORY_RESERVED, 1 / 2**20, 1, optional=True),
+    Field("utilization.gpu", c.GPU_UTILIZATION, 100, 15),
+    Field("utilization.memory", c.GPU_MEMORY_UTILIZATION, 100, 15),
+    Field("temperature.gpu", c.GPU_TEMPERATURE, 1, 2),
+    Field("power.draw", c.GPU_POWER_USAGE, 1, 30),
+    Field("power.limit", c.GPU_POWER_LIMIT, 1, 0.5),
+    Field("power.min_limit", c.GPU_POWER_LIMIT_MIN, 1, 0.5),
+    Field("power.max_limit", c.GPU_POWER_LIMIT_MAX, 1, 0.5),
+    Field("power.default_limit", c.GPU_POWER_LIMIT_DEFAULT, 1, 0.5),
+    Field("clocks.sm", c.GPU_SM_CLOCK, 1e-6, 100),
+    Field("clocks.mem", c.GPU_MEMORY_CLOCK, 1e-6, 100),
+    Field("pcie.link.gen.current", c.GPU_PCIE_LINK_GENERATION, 1, 0),
+    Field("pcie.link.width.current", c.GPU_PCIE_LINK_WIDTH, 1, 0),
+    Field("ecc.errors.corrected.volatile.total", c.GPU_ECC_ERRORS, 1, 0,
           (("error_type", "corrected"), ("counter", "volatile"))),
-    Field("ecc.errors.uncorrected.aggregate.total", m.ECC_ERRORS, 1, 0,
+    Field("ecc.errors.uncorrected.aggregate.total", c.GPU_ECC_ERRORS, 1, 0,
           (("error_type", "uncorrected"), ("counter", "aggregate"))),
 )
 NOT_AVAILABLE = ("[N/A]", "[Not Supported]", "N/A")

@@ -12,67 +12,17 @@ import threading
 import time
 from collections.abc import Iterator
 
+from exporters import catalog as c
 from exporters.catalog import GPU_LABELS
-from exporters.gpu import metrics as m
 from exporters.gpu.collector_loop import CollectionLoop
-from exporters.gpu.gpm import GPM_METRICS
 from exporters.gpu.snapshot import Snapshot
 from exporters.gpu.text_format import Family, counter, gauge
 
-HELP: dict[str, str] = {
-    m.UP: "1 if the GPU answered NVML in the last cycle, 0 if it is lost or unreachable.",
-    m.INFO: "GPU identity; value 1.",
-    m.DRIVER_INFO: "NVIDIA driver and CUDA driver versions; value 1.",
-    m.XID_ERRORS: "XID errors reported by the NVML event API since the exporter started.",
-    m.UTILIZATION: "Fraction of time a kernel was running on the GPU (0-1).",
-    m.MEMORY_UTILIZATION: "Fraction of time device memory was being read or written (0-1).",
-    m.MEMORY_USED: "Device memory used, bytes (as nvidia-smi: without the driver's reservation "
-                    "where the driver has NVML's v2 memory info).",
-    m.MEMORY_FREE: "Device memory free, bytes.",
-    m.MEMORY_TOTAL: "Device memory total, bytes.",
-    m.MEMORY_RESERVED: "Device memory reserved by the driver and firmware, bytes (v2 memory "
-                        "info only).",
-    m.TEMPERATURE: "GPU core temperature, degrees Celsius.",
-    m.POWER_USAGE: "Power draw, watts.",
-    m.POWER_LIMIT: "Enforced power limit, watts.",
-    m.POWER_LIMIT_MIN: "Lowest settable power limit, watts.",
-    m.POWER_LIMIT_MAX: "Highest settable power limit, watts.",
-    m.POWER_LIMIT_DEFAULT: "Default power limit, watts.",
-    m.ENERGY: "Energy consumed since the driver was loaded, joules.",
-    m.SM_CLOCK: "SM clock, hertz.",
-    m.MEMORY_CLOCK: "Memory clock, hertz.",
-    m.CLOCK_EVENT_REASON: "1 if this clock event (throttle) reason is active.",
-    m.ECC_ERRORS: "ECC errors (volatile: since driver load; aggregate: lifetime).",
-    m.REMAPPED_ROWS: "Memory rows remapped, by cause.",
-    m.REMAP_PENDING: "1 if a row remap is pending (needs a GPU reset).",
-    m.REMAP_FAILURE: "1 if a row remap failed (the GPU should be replaced).",
-    m.PCIE_LINK_GENERATION: "Current PCIe link generation.",
-    m.PCIE_LINK_WIDTH: "Current PCIe link width (lanes).",
-    m.PCIE_REPLAYS: "PCIe replay counter.",
-    m.NVLINK_UP: "1 if the NVLink link is active.",
-    m.NVLINK_ERRORS: "NVLink data-link error counters.",
-    m.PROCESSES: "Compute processes on the GPU.",
-    m.PROCESS_MEMORY: "GPU memory used by compute processes, by training job and rank "
-                      "(empty labels: not attributable).",
-    m.MIG_ENABLED: "1 if MIG mode is enabled.",
-    m.MIG_MEMORY_USED: "Memory used on a MIG device, bytes.",
-    m.MIG_MEMORY_TOTAL: "Memory of a MIG device, bytes.",
-    m.GPM_SUPPORTED: "1 if the profiling metrics (NVML GPM) are read on this GPU; 0: not "
-                     "supported, or MIG mode is enabled.",
-    **{row.name: row.help for row in GPM_METRICS},
-    m.GPM_DURATION: "Time the last collection cycle spent reading NVML GPM, seconds.",
-    m.SIMULATED: "1 if the exporter serves a simulated (fake) NVML, 0 on real hardware.",
-    m.NVML_UP: "1 if NVML is initialised and answering.",
-    m.COLLECTION_DURATION: "Duration of the last completed collection cycle, seconds.",
-    m.LAST_SUCCESS: "Unix time of the last cycle that read NVML successfully.",
-    m.DATA_AGE: "Age of the data served, seconds.",
-    m.STALE: "1 if the data served is stale (a cycle overran its deadline or none ran).",
-    m.COLLECTIONS: "Collection cycles by result (success, overrun, nvml_down).",
-    m.ERRORS: "NVML call errors by call and error (NotSupported is not an error).",
-    m.XID_WATCH_UP: "1 if the XID event watch is running on at least one GPU.",
-}
-COUNTERS = frozenset({m.XID_ERRORS, m.ENERGY, m.ECC_ERRORS, m.PCIE_REPLAYS, m.NVLINK_ERRORS,
-                      m.COLLECTIONS, m.ERRORS})
+# HELP text and type of every family: the GPU rows of the metric table (exporters/catalog.py),
+# whose order is the order families are served in.
+GPU_METRICS = c.metrics_of("gpu")
+HELP: dict[str, str] = {row.name: row.help for row in GPU_METRICS}
+COUNTERS = frozenset(row.name for row in GPU_METRICS if row.type == c.COUNTER)
 
 
 def _family(name: str, labels: list[str]) -> Family:
@@ -84,7 +34,7 @@ def _family(name: str, labels: list[str]) -> Family:
 def snapshot_families(snapshot: Snapshot) -> list[Family]:
     """Every family a snapshot alone determines, in a stable order (golden-file friendly)."""
     families: dict[str, Family] = {}
-    order = {name: i for i, name in enumerate(m.ALL_METRICS)}
+    order = {row.name: i for i, row in enumerate(GPU_METRICS)}
 
     def family(name: str, extra: tuple[str, ...]) -> Family:
         if name not in families:
@@ -93,26 +43,26 @@ def snapshot_families(snapshot: Snapshot) -> list[Family]:
 
     for gpu in snapshot.gpus:
         base = list(gpu.identity.labels())
-        family(m.UP, ()).add_metric(base, 1.0 if gpu.up else 0.0)
+        family(c.GPU_UP, ()).add_metric(base, 1.0 if gpu.up else 0.0)
         for sample in gpu.samples:
             extra = tuple(k for k, _ in sample.labels)
             family(sample.metric, extra).add_metric(
                 base + [v for _, v in sample.labels], sample.value)
     out = sorted(families.values(), key=lambda f: order.get(_full_name(f), len(order)))
-    out.append(gauge(m.NVML_UP, HELP[m.NVML_UP],
+    out.append(gauge(c.GPU_EXPORTER_NVML_UP, HELP[c.GPU_EXPORTER_NVML_UP],
                      value=1.0 if snapshot.nvml_up else 0.0))
     if snapshot.driver_version or snapshot.cuda_version:
-        info = gauge(m.DRIVER_INFO, HELP[m.DRIVER_INFO],
+        info = gauge(c.GPU_DRIVER_INFO, HELP[c.GPU_DRIVER_INFO],
                      labels=["driver_version", "cuda_version"])
         info.add_metric([snapshot.driver_version or "", snapshot.cuda_version or ""], 1.0)
         out.append(info)
-    out.append(gauge(m.COLLECTION_DURATION, HELP[m.COLLECTION_DURATION],
+    out.append(gauge(c.GPU_EXPORTER_COLLECTION_DURATION, HELP[c.GPU_EXPORTER_COLLECTION_DURATION],
                      value=snapshot.duration))
     if snapshot.gpm_duration is not None:
-        out.append(gauge(m.GPM_DURATION, HELP[m.GPM_DURATION],
+        out.append(gauge(c.GPU_EXPORTER_GPM_DURATION, HELP[c.GPU_EXPORTER_GPM_DURATION],
                          value=snapshot.gpm_duration))
     if snapshot.last_success is not None:
-        out.append(gauge(m.LAST_SUCCESS, HELP[m.LAST_SUCCESS],
+        out.append(gauge(c.GPU_EXPORTER_LAST_SUCCESS, HELP[c.GPU_EXPORTER_LAST_SUCCESS],
                          value=snapshot.last_success))
     return out
 
@@ -156,29 +106,29 @@ class GpuCollector:
         yield from self._dynamic_families(snapshot)
 
     def _xid_families(self) -> Iterator[Family]:
-        family = counter(m.XID_ERRORS.removesuffix("_total"), HELP[m.XID_ERRORS],
+        family = counter(c.GPU_XID_ERRORS.removesuffix("_total"), HELP[c.GPU_XID_ERRORS],
                          labels=[*GPU_LABELS, "xid"])
         for (identity, xid), count in self.loop.xid_counts.items():
             family.add_metric([*identity.labels(), xid], float(count))
         yield family
 
     def _dynamic_families(self, snapshot: Snapshot | None) -> Iterator[Family]:
-        yield gauge(m.SIMULATED, HELP[m.SIMULATED],
+        yield gauge(c.GPU_EXPORTER_SIMULATED, HELP[c.GPU_EXPORTER_SIMULATED],
                     value=1.0 if self.simulated else 0.0)
         now = time.monotonic()
         if snapshot is not None:
-            yield gauge(m.DATA_AGE, HELP[m.DATA_AGE],
+            yield gauge(c.GPU_EXPORTER_DATA_AGE, HELP[c.GPU_EXPORTER_DATA_AGE],
                         value=max(now - snapshot.taken_monotonic, 0.0))
-        yield gauge(m.STALE, HELP[m.STALE],
+        yield gauge(c.GPU_EXPORTER_STALE, HELP[c.GPU_EXPORTER_STALE],
                     value=1.0 if self.loop.is_stale(now) else 0.0)
-        yield gauge(m.XID_WATCH_UP, HELP[m.XID_WATCH_UP],
+        yield gauge(c.GPU_EXPORTER_XID_WATCH_UP, HELP[c.GPU_EXPORTER_XID_WATCH_UP],
                     value=1.0 if self.loop.xid_watch_up() else 0.0)
-        collections = counter(m.COLLECTIONS.removesuffix("_total"),
-                              HELP[m.COLLECTIONS], labels=["result"])
+        collections = counter(c.GPU_EXPORTER_COLLECTIONS.removesuffix("_total"),
+                              HELP[c.GPU_EXPORTER_COLLECTIONS], labels=["result"])
         for result, count in self.loop.collections.items():
             collections.add_metric([str(result)], float(count))
         yield collections
-        errors = counter(m.ERRORS.removesuffix("_total"), HELP[m.ERRORS],
+        errors = counter(c.GPU_EXPORTER_ERRORS.removesuffix("_total"), HELP[c.GPU_EXPORTER_ERRORS],
                          labels=["call", "error"])
         for (call, error), count in self.loop.errors.items():
             errors.add_metric([call, error], float(count))

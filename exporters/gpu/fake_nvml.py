@@ -42,9 +42,13 @@ from typing import Any
 
 import pynvml
 
+from exporters import catalog
+
 # Defined beside load_nvml (a real host never imports this module); re-exported here.
 from exporters.gpu.nvml_source import ENV_FAKE_NVML, ScenarioError, load_nvml  # noqa: F401
 
+# The plain NVML getters the metric table names, by function name: the fake answers them all.
+PLAIN_GETTERS = {row.nvml: row for row in catalog.metrics_of("gpu") if row.nvml}
 GIB = 1024**3
 MIB = 1024**2
 _TOP_KEYS = frozenset({"driver_version", "cuda_version", "init_error", "init_failures", "hang",
@@ -53,10 +57,8 @@ _GPU_KEYS = frozenset({
     "name", "uuid", "pci_bus_id", "utilization_gpu", "utilization_memory", "memory_total",
     "memory_used", "memory_reserved", "temperature", "power_usage_mw", "power_limit_mw",
     "power_min_mw", "power_max_mw", "power_default_mw", "energy_mj", "sm_clock_mhz",
-    "mem_clock_mhz",
-    "clock_event_reasons", "ecc", "remapped_rows", "pcie_generation", "pcie_width",
-    "pcie_replays", "nvlinks", "processes", "mig", "not_supported", "errors", "lost", "hang",
-    "supports_events", "gpm",
+    "mem_clock_mhz", "clock_event_reasons", "ecc", "remapped_rows", "nvml", "nvlinks",
+    "processes", "mig", "not_supported", "errors", "lost", "hang", "supports_events", "gpm",
 })
 # What one call cost on the H100 host (tests/gpu/fixtures/h100/measurements.md and
 # gpm-during-bf16-matmul.txt), in ms. A scenario's "latency_ms" makes the fake sleep that long
@@ -113,6 +115,10 @@ def validate_scenario(scenario: Any) -> dict[str, Any]:
             raise ScenarioError(f"gpus[{i}]: unknown keys {sorted(unknown)}")
         for name in gpu.get("errors", {}).values():
             _error_class(name)
+        unknown = set(gpu.get("nvml", {})) - set(PLAIN_GETTERS)
+        if unknown:
+            raise ScenarioError(f"gpus[{i}].nvml: {sorted(unknown)} are not plain getters of the "
+                                f"metric table (exporters/catalog.py, Metric.nvml)")
         gpm = gpu.get("gpm")
         if gpm is not None:
             if not isinstance(gpm, dict) or set(gpm) - {"supported", "metrics"}:
@@ -142,8 +148,7 @@ def simulated_gpu(index: int) -> dict[str, Any]:
         "sm_clock_mhz": 1980, "mem_clock_mhz": 2619, "clock_event_reasons": 0,
         "ecc": {"corrected_volatile": 0, "corrected_aggregate": 2,
                 "uncorrected_volatile": 0, "uncorrected_aggregate": 0},
-        "remapped_rows": [0, 0, 0, 0], "pcie_generation": 5, "pcie_width": 16,
-        "pcie_replays": 0,
+        "remapped_rows": [0, 0, 0, 0],
         "nvlinks": [{"state": 1, "replay": 0, "recovery": 0, "crc_flit": 0, "crc_data": 0}
                     for _ in range(2)],
         "processes": [{"pid": 4_000_000 + index, "used_memory": (58 + index) * GIB,
@@ -445,14 +450,16 @@ class FakeNvml:
         rows = self._enter("nvmlDeviceGetRemappedRows", h).get("remapped_rows", [0, 0, 0, 0])
         return (int(rows[0]), int(rows[1]), int(rows[2]), int(rows[3]))
 
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: FakeHandle) -> int:
-        return int(self._enter("nvmlDeviceGetCurrPcieLinkGeneration", h).get("pcie_generation", 4))
+    def __getattr__(self, name: str) -> Any:
+        """The metric table's plain getters (catalog.Metric.nvml): the scenario's
+        gpus[i].nvml[name], else the row's simulated value, in NVML's units."""
+        row = PLAIN_GETTERS.get(name)
+        if row is None:
+            raise AttributeError(name)
 
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h: FakeHandle) -> int:
-        return int(self._enter("nvmlDeviceGetCurrPcieLinkWidth", h).get("pcie_width", 16))
-
-    def nvmlDeviceGetPcieReplayCounter(self, h: FakeHandle) -> int:
-        return int(self._enter("nvmlDeviceGetPcieReplayCounter", h).get("pcie_replays", 0))
+        def getter(h: FakeHandle, *args: Any) -> Any:
+            return self._enter(name, h).get("nvml", {}).get(name, row.simulated)
+        return getter
 
     def _link(self, fn: str, h: FakeHandle, link: int) -> dict[str, Any]:
         links = self._enter(fn, h).get("nvlinks")

@@ -34,52 +34,27 @@ MIB = 2**20
 
 @dataclass(frozen=True)
 class GpmMetric:
-    """One row of the table: our series, the GPM metric it comes from, and its DCGM twin."""
+    """Our series (its HELP text and DCGM twin are its row in exporters/catalog.py) and the
+    GPM metric it is read from."""
 
     name: str
     gpm_id: int
     scale: float  # GPM value * scale = our base unit (ratio 0-1, bytes per second)
-    help: str
-    dcgm_field: str  # the dcgm-exporter counter with the same meaning
 
 
 GPM_METRICS: tuple[GpmMetric, ...] = (
-    GpmMetric(c.GPU_GRAPHICS_ENGINE_ACTIVE, pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, 0.01,
-              "Fraction of time the graphics/compute engine was active (0-1), GPM.",
-              "DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
-    GpmMetric(c.GPU_SM_ACTIVE, pynvml.NVML_GPM_METRIC_SM_UTIL, 0.01,
-              "Fraction of SMs busy, averaged over the interval (0-1), GPM.",
-              "DCGM_FI_PROF_SM_ACTIVE"),
-    GpmMetric(c.GPU_SM_OCCUPANCY, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, 0.01,
-              "Resident warps over the theoretical maximum (0-1), GPM.",
-              "DCGM_FI_PROF_SM_OCCUPANCY"),
-    GpmMetric(c.GPU_TENSOR_ACTIVE, pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, 0.01,
-              "Fraction of time the SMs ran any tensor-core operation (0-1), GPM.",
-              "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
-    GpmMetric(c.GPU_DRAM_ACTIVE, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, 0.01,
-              "Device memory bandwidth used over the theoretical maximum (0-1), GPM.",
-              "DCGM_FI_PROF_DRAM_ACTIVE"),
-    GpmMetric(c.GPU_FP64_ACTIVE, pynvml.NVML_GPM_METRIC_FP64_UTIL, 0.01,
-              "Fraction of time the SMs ran non-tensor FP64 math (0-1), GPM.",
-              "DCGM_FI_PROF_PIPE_FP64_ACTIVE"),
-    GpmMetric(c.GPU_FP32_ACTIVE, pynvml.NVML_GPM_METRIC_FP32_UTIL, 0.01,
-              "Fraction of time the SMs ran non-tensor FP32 math (0-1), GPM.",
-              "DCGM_FI_PROF_PIPE_FP32_ACTIVE"),
-    GpmMetric(c.GPU_FP16_ACTIVE, pynvml.NVML_GPM_METRIC_FP16_UTIL, 0.01,
-              "Fraction of time the SMs ran non-tensor FP16 math (0-1), GPM.",
-              "DCGM_FI_PROF_PIPE_FP16_ACTIVE"),
-    GpmMetric(c.GPU_PCIE_TX_RATE, pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, MIB,
-              "PCIe traffic from this GPU, bytes per second, GPM.",
-              "DCGM_FI_PROF_PCIE_TX_BYTES"),
-    GpmMetric(c.GPU_PCIE_RX_RATE, pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, MIB,
-              "PCIe traffic to this GPU, bytes per second, GPM.",
-              "DCGM_FI_PROF_PCIE_RX_BYTES"),
-    GpmMetric(c.GPU_NVLINK_TX_RATE, pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, MIB,
-              "NVLink traffic sent over all links, bytes per second, GPM.",
-              "DCGM_FI_PROF_NVLINK_TX_BYTES"),
-    GpmMetric(c.GPU_NVLINK_RX_RATE, pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, MIB,
-              "NVLink traffic received over all links, bytes per second, GPM.",
-              "DCGM_FI_PROF_NVLINK_RX_BYTES"),
+    GpmMetric(c.GPU_GRAPHICS_ENGINE_ACTIVE, pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, 0.01),
+    GpmMetric(c.GPU_SM_ACTIVE, pynvml.NVML_GPM_METRIC_SM_UTIL, 0.01),
+    GpmMetric(c.GPU_SM_OCCUPANCY, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, 0.01),
+    GpmMetric(c.GPU_TENSOR_ACTIVE, pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, 0.01),
+    GpmMetric(c.GPU_DRAM_ACTIVE, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, 0.01),
+    GpmMetric(c.GPU_FP64_ACTIVE, pynvml.NVML_GPM_METRIC_FP64_UTIL, 0.01),
+    GpmMetric(c.GPU_FP32_ACTIVE, pynvml.NVML_GPM_METRIC_FP32_UTIL, 0.01),
+    GpmMetric(c.GPU_FP16_ACTIVE, pynvml.NVML_GPM_METRIC_FP16_UTIL, 0.01),
+    GpmMetric(c.GPU_PCIE_TX_RATE, pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, MIB),
+    GpmMetric(c.GPU_PCIE_RX_RATE, pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, MIB),
+    GpmMetric(c.GPU_NVLINK_TX_RATE, pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, MIB),
+    GpmMetric(c.GPU_NVLINK_RX_RATE, pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, MIB),
 )
 GPM_NAMES: tuple[str, ...] = tuple(row.name for row in GPM_METRICS)
 NVML_SUCCESS = pynvml.NVML_SUCCESS

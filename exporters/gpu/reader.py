@@ -15,7 +15,7 @@ from typing import Any
 
 import pynvml
 
-from exporters.gpu import metrics as m
+from exporters import catalog as c
 from exporters.gpu.gpm import GpmReader
 from exporters.gpu.processes import ProcessAttributor
 from exporters.gpu.snapshot import GpuIdentity, GpuSnapshot, Labels, Sample, Tally
@@ -56,10 +56,12 @@ NVLINK_COUNTERS = (
 )
 
 
+# Rows of the metric table read by one plain NVML getter each (catalog.Metric.nvml).
+PLAIN_GETTERS = tuple(row for row in c.metrics_of("gpu") if row.nvml)
 POWER_READINGS = (
-    (m.POWER_USAGE, "nvmlDeviceGetPowerUsage"),
-    (m.POWER_LIMIT, "nvmlDeviceGetEnforcedPowerLimit"),
-    (m.POWER_LIMIT_DEFAULT, "nvmlDeviceGetPowerManagementDefaultLimit"),
+    (c.GPU_POWER_USAGE, "nvmlDeviceGetPowerUsage"),
+    (c.GPU_POWER_LIMIT, "nvmlDeviceGetEnforcedPowerLimit"),
+    (c.GPU_POWER_LIMIT_DEFAULT, "nvmlDeviceGetPowerManagementDefaultLimit"),
 )
 
 
@@ -169,7 +171,7 @@ class DeviceReader:
 
     def _parts(self) -> tuple[Callable[..., None], ...]:
         parts = [self._info, self._utilization, self._memory, self._thermal_power, self._clocks,
-                 self._ecc, self._pcie, self._mig]
+                 self._ecc, self._plain, self._mig]
         if self.read_nvlink:
             parts.append(self._nvlink)
         if self.attributor is not None:
@@ -182,13 +184,13 @@ class DeviceReader:
     def _info(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
         pci = self.call("nvmlDeviceGetPciInfo", h)
         bus_id = text(pci.busId) if pci is not None else ""
-        emit(Sample(m.INFO, 1.0, (("pci_bus_id", bus_id),)))
+        emit(Sample(c.GPU_INFO, 1.0, (("pci_bus_id", bus_id),)))
 
     def _utilization(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
         util = self.call("nvmlDeviceGetUtilizationRates", h)
         if util is not None:
-            emit(Sample(m.UTILIZATION, util.gpu / 100.0))
-            emit(Sample(m.MEMORY_UTILIZATION, util.memory / 100.0))
+            emit(Sample(c.GPU_UTILIZATION, util.gpu / 100.0))
+            emit(Sample(c.GPU_MEMORY_UTILIZATION, util.memory / 100.0))
 
     def _memory(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
         """v2 first: its `used` excludes the driver's reservation, as nvidia-smi shows it.
@@ -216,32 +218,32 @@ class DeviceReader:
             mem = self.call("nvmlDeviceGetMemoryInfo", h)
         if mem is None:
             return
-        emit(Sample(m.MEMORY_USED, float(mem.used)))
-        emit(Sample(m.MEMORY_FREE, float(mem.free)))
-        emit(Sample(m.MEMORY_TOTAL, float(mem.total)))
+        emit(Sample(c.GPU_MEMORY_USED, float(mem.used)))
+        emit(Sample(c.GPU_MEMORY_FREE, float(mem.free)))
+        emit(Sample(c.GPU_MEMORY_TOTAL, float(mem.total)))
         reserved = getattr(mem, "reserved", None)
         if reserved is not None:
-            emit(Sample(m.MEMORY_RESERVED, float(reserved)))
+            emit(Sample(c.GPU_MEMORY_RESERVED, float(reserved)))
 
     def _thermal_power(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
         temp = self.call("nvmlDeviceGetTemperature", h, pynvml.NVML_TEMPERATURE_GPU)
         if temp is not None:
-            emit(Sample(m.TEMPERATURE, float(temp)))
+            emit(Sample(c.GPU_TEMPERATURE, float(temp)))
         for metric, fn_name in POWER_READINGS:
             milliwatts = self.call(fn_name, h)
             if milliwatts is not None:
                 emit(Sample(metric, milliwatts * MILLI))
         limits = self.call("nvmlDeviceGetPowerManagementLimitConstraints", h)
         if limits is not None:
-            emit(Sample(m.POWER_LIMIT_MIN, limits[0] * MILLI))
-            emit(Sample(m.POWER_LIMIT_MAX, limits[1] * MILLI))
+            emit(Sample(c.GPU_POWER_LIMIT_MIN, limits[0] * MILLI))
+            emit(Sample(c.GPU_POWER_LIMIT_MAX, limits[1] * MILLI))
         millijoules = self.call("nvmlDeviceGetTotalEnergyConsumption", h)
         if millijoules is not None:
-            emit(Sample(m.ENERGY, millijoules * MILLI))
+            emit(Sample(c.GPU_ENERGY, millijoules * MILLI))
 
     def _clocks(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
-        for metric, clock in ((m.SM_CLOCK, pynvml.NVML_CLOCK_SM),
-                              (m.MEMORY_CLOCK, pynvml.NVML_CLOCK_MEM)):
+        for metric, clock in ((c.GPU_SM_CLOCK, pynvml.NVML_CLOCK_SM),
+                              (c.GPU_MEMORY_CLOCK, pynvml.NVML_CLOCK_MEM)):
             mhz = self.call("nvmlDeviceGetClockInfo", h, clock)
             if mhz is not None:
                 emit(Sample(metric, mhz * MHZ))
@@ -250,7 +252,7 @@ class DeviceReader:
             reasons = self.call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
         if reasons is not None:
             for label, bit in CLOCK_EVENT_REASONS:
-                emit(Sample(m.CLOCK_EVENT_REASON, 1.0 if reasons & bit else 0.0,
+                emit(Sample(c.GPU_CLOCK_EVENT_REASON, 1.0 if reasons & bit else 0.0,
                             (("reason", label),)))
 
     def _ecc(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
@@ -258,23 +260,25 @@ class DeviceReader:
             for counter, counter_type in ECC_COUNTERS:
                 count = self.call("nvmlDeviceGetTotalEccErrors", h, error_type, counter_type)
                 if count is not None:
-                    emit(Sample(m.ECC_ERRORS, float(count),
+                    emit(Sample(c.GPU_ECC_ERRORS, float(count),
                                 (("error_type", kind), ("counter", counter))))
         rows = self.call("nvmlDeviceGetRemappedRows", h)
         if rows is not None:
             correctable, uncorrectable, pending, failure = rows
-            emit(Sample(m.REMAPPED_ROWS, float(correctable), (("cause", "correctable"),)))
-            emit(Sample(m.REMAPPED_ROWS, float(uncorrectable), (("cause", "uncorrectable"),)))
-            emit(Sample(m.REMAP_PENDING, 1.0 if pending else 0.0))
-            emit(Sample(m.REMAP_FAILURE, 1.0 if failure else 0.0))
+            emit(Sample(c.GPU_REMAPPED_ROWS, float(correctable), (("cause", "correctable"),)))
+            emit(Sample(c.GPU_REMAPPED_ROWS, float(uncorrectable), (("cause", "uncorrectable"),)))
+            emit(Sample(c.GPU_ROW_REMAP_PENDING, 1.0 if pending else 0.0))
+            emit(Sample(c.GPU_ROW_REMAP_FAILURE, 1.0 if failure else 0.0))
 
-    def _pcie(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
-        for metric, fn_name in ((m.PCIE_LINK_GENERATION, "nvmlDeviceGetCurrPcieLinkGeneration"),
-                                (m.PCIE_LINK_WIDTH, "nvmlDeviceGetCurrPcieLinkWidth"),
-                                (m.PCIE_REPLAYS, "nvmlDeviceGetPcieReplayCounter")):
-            value = self.call(fn_name, h)
+    def _plain(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
+        """The metric table's plain-getter rows: one NVML call each, scaled, no code of their
+        own. A getter this pynvml lacks (an older pynvml) leaves its series absent."""
+        for row in PLAIN_GETTERS:
+            if not hasattr(self.nvml, row.nvml):
+                continue
+            value = self.call(row.nvml, h)
             if value is not None:
-                emit(Sample(metric, float(value)))
+                emit(Sample(row.name, float(value) * row.scale))
 
     def _nvlink(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
         """Links are numbered from 0; the first link NVML refuses ends the list."""
@@ -291,12 +295,13 @@ class DeviceReader:
                 self.errors.inc(("nvmlDeviceGetNvLinkState", error_name(exc)))
                 return
             link_label = (("link", str(link)),)
-            emit(Sample(m.NVLINK_UP, 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0,
+            emit(Sample(c.GPU_NVLINK_UP, 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0,
                         link_label))
             for counter, counter_id in NVLINK_COUNTERS:
                 value = self.call("nvmlDeviceGetNvLinkErrorCounter", h, link, counter_id)
                 if value is not None:
-                    emit(Sample(m.NVLINK_ERRORS, float(value), (*link_label, ("counter", counter))))
+                    emit(Sample(c.GPU_NVLINK_ERRORS, float(value),
+                                (*link_label, ("counter", counter))))
 
     def _processes(self, h: Any, emit: Callable[[Sample], None], seen_pids: set[int]) -> None:
         procs = self.call("nvmlDeviceGetComputeRunningProcesses", h)
@@ -310,9 +315,9 @@ class DeviceReader:
             key: Labels = (("training_job", job), ("rank", rank))
             used = proc.usedGpuMemory or 0  # None: not available (WDDM, some MIG setups)
             by_owner[key] = by_owner.get(key, 0.0) + float(used)
-        emit(Sample(m.PROCESSES, float(len(procs))))
+        emit(Sample(c.GPU_PROCESSES, float(len(procs))))
         for key, used in sorted(by_owner.items()):
-            emit(Sample(m.PROCESS_MEMORY, used, key))
+            emit(Sample(c.GPU_PROCESS_MEMORY, used, key))
 
     def _mig(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
         mode = self.call("nvmlDeviceGetMigMode", h)
@@ -320,7 +325,7 @@ class DeviceReader:
             return
         enabled = mode[0] == pynvml.NVML_DEVICE_MIG_ENABLE
         self._mig_enabled = enabled
-        emit(Sample(m.MIG_ENABLED, 1.0 if enabled else 0.0))
+        emit(Sample(c.GPU_MIG_ENABLED, 1.0 if enabled else 0.0))
         if not enabled:
             return
         slots = self.call("nvmlDeviceGetMaxMigDeviceCount", h) or 0
@@ -339,8 +344,8 @@ class DeviceReader:
             if mem is None:
                 continue
             labels = (("mig_index", str(slot)), ("mig_uuid", text(mig_uuid or "")))
-            emit(Sample(m.MIG_MEMORY_USED, float(mem.used), labels))
-            emit(Sample(m.MIG_MEMORY_TOTAL, float(mem.total), labels))
+            emit(Sample(c.GPU_MIG_MEMORY_USED, float(mem.used), labels))
+            emit(Sample(c.GPU_MIG_MEMORY_TOTAL, float(mem.total), labels))
 
     def _gpm(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
         if self.gpm is not None:

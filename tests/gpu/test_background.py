@@ -11,7 +11,7 @@ from pathlib import Path
 
 import requests
 
-from exporters.gpu import metrics as m
+from exporters import catalog as c
 from exporters.gpu.collector_loop import CollectionLoop
 from exporters.gpu.exposition import GpuCollector
 from exporters.gpu.http_server import ExpositionApp, serve
@@ -55,31 +55,34 @@ def test_hung_nvml_call_never_hangs_the_scrape_and_data_is_reported_stale() -> N
     fake = static_fake(2)
     loop = make_loop(fake, interval=0.05, deadline=0.2)
     with started(loop), served(loop) as url:
-        wait_until(lambda: value(scrape(url), m.STALE) == 0 and loop.snapshot, timeout=10,
+        wait_until(lambda: value(scrape(url), c.GPU_EXPORTER_STALE) == 0 and loop.snapshot,
+                   timeout=10,
                    what="first fresh snapshot")
         fake.update(lambda s: s["gpus"][1].update(hang=["nvmlDeviceGetPowerUsage"]))
-        wait_until(lambda: value(scrape(url), m.STALE) == 1, timeout=10, what="stale flag")
+        wait_until(lambda: value(scrape(url), c.GPU_EXPORTER_STALE) == 1, timeout=10,
+                   what="stale flag")
         assert collector_threads() == 1
         series = scrape(url)
         # The last complete snapshot is still served, with its growing age.
-        assert value(series, m.UP, gpu="1") == 1
-        assert value(series, m.TEMPERATURE, gpu="0") > 0
-        age = value(series, m.DATA_AGE)
-        wait_until(lambda: value(scrape(url), m.DATA_AGE) > age + 0.2, timeout=10,
+        assert value(series, c.GPU_UP, gpu="1") == 1
+        assert value(series, c.GPU_TEMPERATURE, gpu="0") > 0
+        age = value(series, c.GPU_EXPORTER_DATA_AGE)
+        wait_until(lambda: value(scrape(url), c.GPU_EXPORTER_DATA_AGE) > age + 0.2, timeout=10,
                    what="data age to grow")
         assert collector_threads() == 1, "NVML threads pile up while a call hangs"
         fake.update(lambda s: s["gpus"][1].update(hang=[]))
-        wait_until(lambda: value(scrape(url), m.STALE) == 0, timeout=10, what="fresh again")
+        wait_until(lambda: value(scrape(url), c.GPU_EXPORTER_STALE) == 0, timeout=10,
+                   what="fresh again")
         series = scrape(url)
-        assert value(series, m.COLLECTIONS, result="overrun") >= 1
-        assert value(series, m.POWER_USAGE, gpu="1") > 0
+        assert value(series, c.GPU_EXPORTER_COLLECTIONS, result="overrun") >= 1
+        assert value(series, c.GPU_POWER_USAGE, gpu="1") > 0
 
 
 def test_xid_events_are_counted_per_gpu_and_code_including_repeats() -> None:
     fake = static_fake(2)
     loop = make_loop(fake, interval=0.05, watch_xid=True)
     with started(loop), served(loop) as url:
-        wait_until(lambda: value(scrape(url), m.XID_WATCH_UP) == 1, timeout=10,
+        wait_until(lambda: value(scrape(url), c.GPU_EXPORTER_XID_WATCH_UP) == 1, timeout=10,
                    what="XID watch running")
         for xid in (79, 79, 48):
             fake.inject_xid(1, xid)
@@ -87,13 +90,13 @@ def test_xid_events_are_counted_per_gpu_and_code_including_repeats() -> None:
 
         def counted() -> bool:
             series = scrape(url)
-            return (values(series, m.XID_ERRORS, gpu="1", xid="79") == [2.0]
-                    and values(series, m.XID_ERRORS, gpu="1", xid="48") == [1.0]
-                    and values(series, m.XID_ERRORS, gpu="0", xid="31") == [1.0])
+            return (values(series, c.GPU_XID_ERRORS, gpu="1", xid="79") == [2.0]
+                    and values(series, c.GPU_XID_ERRORS, gpu="1", xid="48") == [1.0]
+                    and values(series, c.GPU_XID_ERRORS, gpu="0", xid="31") == [1.0])
 
         wait_until(counted, timeout=10, what="XID counters")
         series = scrape(url)
-        assert value(series, m.XID_ERRORS, gpu="1", xid="79",
+        assert value(series, c.GPU_XID_ERRORS, gpu="1", xid="79",
                      uuid="GPU-5a1e0000-0000-4000-8000-000000000001") == 2
 
 
@@ -108,7 +111,7 @@ def test_xid_watch_reports_down_when_no_gpu_supports_events() -> None:
     # assertion below true whatever the watcher did.
     wait_until(lambda: not watcher.is_alive(), timeout=10, what="XID watcher to give up")
     assert watcher.registered == 0 and not watcher.failed
-    assert value(parse_loop(loop), m.XID_WATCH_UP) == 0
+    assert value(parse_loop(loop), c.GPU_EXPORTER_XID_WATCH_UP) == 0
 
 
 def parse_loop(loop: CollectionLoop) -> Series:
@@ -134,14 +137,14 @@ def test_real_process_is_attributed_to_job_and_rank_and_disappears_after_exit() 
         loop = make_loop(fake)
         loop.run_once()
         series = parse_loop(loop)
-        assert value(series, m.PROCESS_MEMORY, gpu="0", training_job="llama-pretrain",
+        assert value(series, c.GPU_PROCESS_MEMORY, gpu="0", training_job="llama-pretrain",
                      rank="3") == 5 * 2**30
-        assert value(series, m.PROCESS_MEMORY, gpu="0", training_job="", rank="") == 2**30
-        assert value(series, m.PROCESSES, gpu="0") == 2
+        assert value(series, c.GPU_PROCESS_MEMORY, gpu="0", training_job="", rank="") == 2**30
+        assert value(series, c.GPU_PROCESSES, gpu="0") == 2
     finally:
         child.communicate(b"", timeout=10)
     fake.update(lambda s: s["gpus"][0].update(processes=[]))
     loop.run_once()
     series = parse_loop(loop)
-    assert values(series, m.PROCESS_MEMORY) == []
-    assert value(series, m.PROCESSES, gpu="0") == 0
+    assert values(series, c.GPU_PROCESS_MEMORY) == []
+    assert value(series, c.GPU_PROCESSES, gpu="0") == 0

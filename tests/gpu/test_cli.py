@@ -11,7 +11,7 @@ from pathlib import Path
 
 import requests
 
-from exporters.gpu import metrics as m
+from exporters import catalog as c
 from exporters.gpu.fake_nvml import ENV_FAKE_NVML, simulated_scenario
 from tests.gpu.helpers import Series, parse, value, values
 from tests.support.net import free_port, wait_until
@@ -38,12 +38,12 @@ def test_simulate_8_serves_every_gpu_over_http_and_stops_on_sigterm(tmp_path: Pa
     argv = [EXPORTER, "--bind", "127.0.0.1", "--port", str(port), "--interval", "0.5",
             "--simulate", "8"]
     with running(argv, tmp_path / "exporter.log", ready_url=url) as proc:
-        series = wait_until(lambda: (s := scrape(url)) and values(s, m.UP) and s,
+        series = wait_until(lambda: (s := scrape(url)) and values(s, c.GPU_UP) and s,
                             timeout=20, what="first snapshot")
-        assert values(series, m.UP) == [1.0] * 8
-        assert value(series, m.SIMULATED) == 1
-        assert value(series, m.NVML_UP) == 1
-        assert len(values(series, m.PROCESS_MEMORY, training_job="demo-llm")) == 8
+        assert values(series, c.GPU_UP) == [1.0] * 8
+        assert value(series, c.GPU_EXPORTER_SIMULATED) == 1
+        assert value(series, c.GPU_EXPORTER_NVML_UP) == 1
+        assert len(values(series, c.GPU_PROCESS_MEMORY, training_job="demo-llm")) == 8
         assert values(series, "process_resident_memory_bytes")
         os.killpg(proc.pid, signal.SIGTERM)
         assert proc.proc.wait(timeout=10) == 0
@@ -83,24 +83,24 @@ def test_scenario_file_hang_power_limit_and_sigterm_while_hung(tmp_path: Path) -
     argv = [EXPORTER, "--bind", "127.0.0.1", "--port", str(port), "--config", str(config)]
     with running(argv, tmp_path / "exporter.log", ready_url=url,
                  env={ENV_FAKE_NVML: str(path)}) as proc:
-        wait_until(lambda: values(scrape(url), m.UP) == [1.0, 1.0], timeout=20,
+        wait_until(lambda: values(scrape(url), c.GPU_UP) == [1.0, 1.0], timeout=20,
                    what="both GPUs up")
-        assert value(scrape(url), m.SIMULATED) == 1
+        assert value(scrape(url), c.GPU_EXPORTER_SIMULATED) == 1
 
         tool = subprocess.run(
             [sys.executable, "-m", "exporters.gpu.power_limit", "--gpu", "1", "--watts", "450"],
             env={**os.environ, ENV_FAKE_NVML: str(path)}, capture_output=True, text=True,
             timeout=60)
         assert tool.returncode == 0, tool.stderr
-        wait_until(lambda: value(scrape(url), m.POWER_LIMIT, gpu="1") == 450, timeout=20,
+        wait_until(lambda: value(scrape(url), c.GPU_POWER_LIMIT, gpu="1") == 450, timeout=20,
                    what="exporter to see the new power limit")
 
         scenario = json.loads(path.read_text())
         scenario["hang"] = ["nvmlDeviceGetTemperature"]
         write_atomically(path, scenario)
-        wait_until(lambda: value(scrape(url), m.STALE) == 1, timeout=20, what="stale")
+        wait_until(lambda: value(scrape(url), c.GPU_EXPORTER_STALE) == 1, timeout=20, what="stale")
         series = scrape(url)
-        assert value(series, m.POWER_LIMIT, gpu="1") == 450  # last complete snapshot
+        assert value(series, c.GPU_POWER_LIMIT, gpu="1") == 450  # last complete snapshot
         os.killpg(proc.pid, signal.SIGTERM)
         assert proc.proc.wait(timeout=15) == 0, proc.log_text()
 
@@ -111,12 +111,12 @@ def test_no_driver_here_real_pynvml_keeps_serving_nvml_down_and_retries(tmp_path
     url = f"http://127.0.0.1:{port}/metrics"
     argv = [EXPORTER, "--bind", "127.0.0.1", "--port", str(port), "--interval", "0.1"]
     with running(argv, tmp_path / "exporter.log", ready_url=url, env={ENV_FAKE_NVML: ""}):
-        series = wait_until(lambda: (s := scrape(url)) and values(s, m.NVML_UP) and s,
+        series = wait_until(lambda: (s := scrape(url)) and values(s, c.GPU_EXPORTER_NVML_UP) and s,
                             timeout=20, what="first cycle")
-        assert value(series, m.NVML_UP) == 0
-        assert value(series, m.SIMULATED) == 0
-        assert values(series, m.UP) == []
-        first = sum(values(series, m.ERRORS, call="nvmlInit"))
+        assert value(series, c.GPU_EXPORTER_NVML_UP) == 0
+        assert value(series, c.GPU_EXPORTER_SIMULATED) == 0
+        assert values(series, c.GPU_UP) == []
+        first = sum(values(series, c.GPU_EXPORTER_ERRORS, call="nvmlInit"))
         assert first >= 1
-        wait_until(lambda: sum(values(scrape(url), m.ERRORS, call="nvmlInit")) > first,
+        wait_until(lambda: sum(values(scrape(url), c.GPU_EXPORTER_ERRORS, call="nvmlInit")) > first,
                    timeout=20, what="an init retry after backoff")

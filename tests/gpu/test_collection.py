@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporters.gpu import metrics as m
+from exporters import catalog as c
 from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
 
 
@@ -14,26 +14,26 @@ def test_fake_nvml_every_gpu_reports_its_values_in_base_units(gpus: int) -> None
     loop = make_loop(fake)
     loop.run_once()
     series = parse(render(loop))
-    assert len(values(series, m.UP)) == gpus
+    assert len(values(series, c.GPU_UP)) == gpus
     for i in range(gpus):
         gpu = str(i)
-        assert value(series, m.UP, gpu=gpu) == 1
-        assert value(series, m.MEMORY_TOTAL, gpu=gpu) == 80 * 2**30
-        assert value(series, m.MEMORY_USED, gpu=gpu) == (60 + i) * 2**30
-        assert value(series, m.MEMORY_RESERVED, gpu=gpu) == 480 * 2**20
-        assert value(series, m.MEMORY_FREE, gpu=gpu) == (20 - i) * 2**30 - 480 * 2**20
-        assert value(series, m.UTILIZATION, gpu=gpu) == pytest.approx((90 - i) / 100)
-        assert value(series, m.POWER_USAGE, gpu=gpu) == pytest.approx(500 + i)
-        assert value(series, m.POWER_LIMIT, gpu=gpu) == 700
-        assert value(series, m.SM_CLOCK, gpu=gpu) == 1980e6
-        assert value(series, m.TEMPERATURE, gpu=gpu) == 55 + i
-        assert value(series, m.ENERGY, gpu=gpu) == pytest.approx(1_000_000 + i / 1000)
-        assert value(series, m.ECC_ERRORS, gpu=gpu, error_type="corrected",
+        assert value(series, c.GPU_UP, gpu=gpu) == 1
+        assert value(series, c.GPU_MEMORY_TOTAL, gpu=gpu) == 80 * 2**30
+        assert value(series, c.GPU_MEMORY_USED, gpu=gpu) == (60 + i) * 2**30
+        assert value(series, c.GPU_MEMORY_RESERVED, gpu=gpu) == 480 * 2**20
+        assert value(series, c.GPU_MEMORY_FREE, gpu=gpu) == (20 - i) * 2**30 - 480 * 2**20
+        assert value(series, c.GPU_UTILIZATION, gpu=gpu) == pytest.approx((90 - i) / 100)
+        assert value(series, c.GPU_POWER_USAGE, gpu=gpu) == pytest.approx(500 + i)
+        assert value(series, c.GPU_POWER_LIMIT, gpu=gpu) == 700
+        assert value(series, c.GPU_SM_CLOCK, gpu=gpu) == 1980e6
+        assert value(series, c.GPU_TEMPERATURE, gpu=gpu) == 55 + i
+        assert value(series, c.GPU_ENERGY, gpu=gpu) == pytest.approx(1_000_000 + i / 1000)
+        assert value(series, c.GPU_ECC_ERRORS, gpu=gpu, error_type="corrected",
                      counter="aggregate") == 2
-    assert value(series, m.NVML_UP) == 1
-    assert value(series, m.STALE) == 0
-    assert value(series, m.SIMULATED) == 1
-    assert value(series, m.DRIVER_INFO, driver_version="550.54.15", cuda_version="12.4") == 1
+    assert value(series, c.GPU_EXPORTER_NVML_UP) == 1
+    assert value(series, c.GPU_EXPORTER_STALE) == 0
+    assert value(series, c.GPU_EXPORTER_SIMULATED) == 1
+    assert value(series, c.GPU_DRIVER_INFO, driver_version="550.54.15", cuda_version="12.4") == 1
 
 
 def test_clock_event_reasons_are_flags() -> None:
@@ -43,23 +43,24 @@ def test_clock_event_reasons_are_flags() -> None:
     loop.run_once()
     series = parse(render(loop))
     active = {dict(lbls)["reason"] for (n, lbls), v in series.items()
-              if n == m.CLOCK_EVENT_REASON and v == 1}
+              if n == c.GPU_CLOCK_EVENT_REASON and v == 1}
     assert active == {"sw_power_cap", "hw_thermal_slowdown"}
-    assert len(values(series, m.CLOCK_EVENT_REASON)) == 9
+    assert len(values(series, c.GPU_CLOCK_EVENT_REASON)) == 9
 
 
 NOT_SUPPORTED_CASES = {
-    "nvmlDeviceGetTemperature": [m.TEMPERATURE],
-    "nvmlDeviceGetPowerUsage": [m.POWER_USAGE],
-    "nvmlDeviceGetTotalEnergyConsumption": [m.ENERGY],
-    "nvmlDeviceGetUtilizationRates": [m.UTILIZATION, m.MEMORY_UTILIZATION],
-    "nvmlDeviceGetTotalEccErrors": [m.ECC_ERRORS],
-    "nvmlDeviceGetRemappedRows": [m.REMAPPED_ROWS, m.REMAP_PENDING, m.REMAP_FAILURE],
-    "nvmlDeviceGetNvLinkState": [m.NVLINK_UP, m.NVLINK_ERRORS],
-    "nvmlDeviceGetMigMode": [m.MIG_ENABLED],
+    "nvmlDeviceGetTemperature": [c.GPU_TEMPERATURE],
+    "nvmlDeviceGetPowerUsage": [c.GPU_POWER_USAGE],
+    "nvmlDeviceGetTotalEnergyConsumption": [c.GPU_ENERGY],
+    "nvmlDeviceGetUtilizationRates": [c.GPU_UTILIZATION, c.GPU_MEMORY_UTILIZATION],
+    "nvmlDeviceGetTotalEccErrors": [c.GPU_ECC_ERRORS],
+    "nvmlDeviceGetRemappedRows": [c.GPU_REMAPPED_ROWS, c.GPU_ROW_REMAP_PENDING,
+                                  c.GPU_ROW_REMAP_FAILURE],
+    "nvmlDeviceGetNvLinkState": [c.GPU_NVLINK_UP, c.GPU_NVLINK_ERRORS],
+    "nvmlDeviceGetMigMode": [c.GPU_MIG_ENABLED],
     "nvmlDeviceGetCurrentClocksThrottleReasons": [],  # only the fallback: still reported
-    "nvmlDeviceGetPcieReplayCounter": [m.PCIE_REPLAYS],
-    "nvmlDeviceGetComputeRunningProcesses": [m.PROCESSES, m.PROCESS_MEMORY],
+    "nvmlDeviceGetPcieReplayCounter": [c.GPU_PCIE_REPLAYS],
+    "nvmlDeviceGetComputeRunningProcesses": [c.GPU_PROCESSES, c.GPU_PROCESS_MEMORY],
 }
 
 
@@ -71,13 +72,14 @@ def test_not_supported_field_is_absent_not_zero_and_not_an_error(call: str) -> N
     loop.run_once()
     series = parse(render(loop))
     if call == "nvmlDeviceGetCurrentClocksThrottleReasons":
-        assert len(values(series, m.CLOCK_EVENT_REASON, gpu="1")) == 9
+        assert len(values(series, c.GPU_CLOCK_EVENT_REASON, gpu="1")) == 9
     for metric in NOT_SUPPORTED_CASES[call]:
         assert values(series, metric, gpu="0"), f"{metric} missing on the healthy GPU"
         assert values(series, metric, gpu="1") == [], f"{metric} present though NotSupported"
-    assert value(series, m.UP, gpu="1") == 1
-    assert values(series, m.ERRORS) == []
-    assert value(series, m.TEMPERATURE if call != "nvmlDeviceGetTemperature" else m.POWER_USAGE,
+    assert value(series, c.GPU_UP, gpu="1") == 1
+    assert values(series, c.GPU_EXPORTER_ERRORS) == []
+    other = c.GPU_TEMPERATURE if call != "nvmlDeviceGetTemperature" else c.GPU_POWER_USAGE
+    assert value(series, other,
                  gpu="1") > 0
 
 
@@ -88,9 +90,10 @@ def test_other_nvml_errors_are_counted_by_call_and_error() -> None:
     loop.run_once()
     loop.run_once()
     series = parse(render(loop))
-    assert value(series, m.ERRORS, call="nvmlDeviceGetPowerUsage", error="NoPermission") == 2
-    assert values(series, m.POWER_USAGE) == []
-    assert value(series, m.UP, gpu="0") == 1
+    assert value(series, c.GPU_EXPORTER_ERRORS, call="nvmlDeviceGetPowerUsage",
+                 error="NoPermission") == 2
+    assert values(series, c.GPU_POWER_USAGE) == []
+    assert value(series, c.GPU_UP, gpu="0") == 1
 
 
 def test_gpu_lost_mid_run_goes_down_and_the_others_keep_reporting() -> None:
@@ -100,13 +103,13 @@ def test_gpu_lost_mid_run_goes_down_and_the_others_keep_reporting() -> None:
     fake.update(lambda s: s["gpus"][2].update(lost=True))
     loop.run_once()
     series = parse(render(loop))
-    assert value(series, m.UP, gpu="2", uuid="GPU-5a1e0000-0000-4000-8000-000000000002") == 0
-    assert values(series, m.TEMPERATURE, gpu="2") == []
+    assert value(series, c.GPU_UP, gpu="2", uuid="GPU-5a1e0000-0000-4000-8000-000000000002") == 0
+    assert values(series, c.GPU_TEMPERATURE, gpu="2") == []
     for gpu in ("0", "1", "3"):
-        assert value(series, m.UP, gpu=gpu) == 1
-        assert value(series, m.TEMPERATURE, gpu=gpu) > 0
-    assert value(series, m.NVML_UP) == 1
-    assert value(series, m.ERRORS, error="GpuIsLost") >= 1
+        assert value(series, c.GPU_UP, gpu=gpu) == 1
+        assert value(series, c.GPU_TEMPERATURE, gpu=gpu) > 0
+    assert value(series, c.GPU_EXPORTER_NVML_UP) == 1
+    assert value(series, c.GPU_EXPORTER_ERRORS, error="GpuIsLost") >= 1
 
 
 def test_handle_error_marks_only_that_gpu_down() -> None:
@@ -115,9 +118,10 @@ def test_handle_error_marks_only_that_gpu_down() -> None:
     loop = make_loop(fake)
     loop.run_once()
     series = parse(render(loop))
-    assert value(series, m.UP, gpu="0") == 0
-    assert value(series, m.UP, gpu="1") == 1
-    assert value(series, m.ERRORS, call="nvmlDeviceGetHandleByIndex", error="Unknown") == 1
+    assert value(series, c.GPU_UP, gpu="0") == 0
+    assert value(series, c.GPU_UP, gpu="1") == 1
+    assert value(series, c.GPU_EXPORTER_ERRORS, call="nvmlDeviceGetHandleByIndex",
+                 error="Unknown") == 1
 
 
 def test_init_failure_keeps_serving_and_recovers_with_backoff() -> None:
@@ -126,9 +130,9 @@ def test_init_failure_keeps_serving_and_recovers_with_backoff() -> None:
     loop = make_loop(fake, interval=10.0)
     loop.run_once()
     series = parse(render(loop))
-    assert value(series, m.NVML_UP) == 0
-    assert values(series, m.UP) == []
-    assert value(series, m.ERRORS, call="nvmlInit", error="DriverNotLoaded") == 1
+    assert value(series, c.GPU_EXPORTER_NVML_UP) == 0
+    assert values(series, c.GPU_UP) == []
+    assert value(series, c.GPU_EXPORTER_ERRORS, call="nvmlInit", error="DriverNotLoaded") == 1
     # Within the backoff window a cycle serves "NVML down" without calling nvmlInit again.
     assert loop.run_once().nvml_up is False
     assert fake.init_attempts == 1
@@ -137,9 +141,9 @@ def test_init_failure_keeps_serving_and_recovers_with_backoff() -> None:
         loop.run_once()
         assert fake.init_attempts == expected_attempts
     series = parse(render(loop))
-    assert value(series, m.NVML_UP) == 1
-    assert value(series, m.UP, gpu="1") == 1
-    assert value(series, m.ERRORS, call="nvmlInit", error="DriverNotLoaded") == 2
+    assert value(series, c.GPU_EXPORTER_NVML_UP) == 1
+    assert value(series, c.GPU_UP, gpu="1") == 1
+    assert value(series, c.GPU_EXPORTER_ERRORS, call="nvmlInit", error="DriverNotLoaded") == 2
 
 
 def test_init_backoff_grows_and_is_capped() -> None:
@@ -163,14 +167,14 @@ def test_driver_gone_mid_run_reports_known_gpus_down_then_reinitialises() -> Non
     fake.unload_driver()
     loop.run_once()
     series = parse(render(loop))
-    assert value(series, m.NVML_UP) == 0
-    assert values(series, m.UP) == [0.0, 0.0]
+    assert value(series, c.GPU_EXPORTER_NVML_UP) == 0
+    assert values(series, c.GPU_UP) == [0.0, 0.0]
     fake.update(lambda s: s.update(init_error=None))
     loop._next_init = 0.0
     loop.run_once()
     series = parse(render(loop))
-    assert value(series, m.NVML_UP) == 1
-    assert values(series, m.UP) == [1.0, 1.0]
+    assert value(series, c.GPU_EXPORTER_NVML_UP) == 1
+    assert values(series, c.GPU_UP) == [1.0, 1.0]
 
 
 def test_mig_devices_are_reported_when_enabled() -> None:
@@ -181,9 +185,9 @@ def test_mig_devices_are_reported_when_enabled() -> None:
     loop = make_loop(fake)
     loop.run_once()
     series = parse(render(loop))
-    assert value(series, m.MIG_ENABLED, gpu="0") == 1
-    assert value(series, m.MIG_MEMORY_USED, mig_index="2", mig_uuid="MIG-2") == 2 * 2**30
-    assert len(values(series, m.MIG_MEMORY_TOTAL)) == 3
+    assert value(series, c.GPU_MIG_ENABLED, gpu="0") == 1
+    assert value(series, c.GPU_MIG_MEMORY_USED, mig_index="2", mig_uuid="MIG-2") == 2 * 2**30
+    assert len(values(series, c.GPU_MIG_MEMORY_TOTAL)) == 3
 
 
 def test_clock_reasons_fall_back_to_the_pre_535_call() -> None:
@@ -194,8 +198,8 @@ def test_clock_reasons_fall_back_to_the_pre_535_call() -> None:
     loop = make_loop(fake)
     loop.run_once()
     series = parse(render(loop))
-    assert value(series, m.CLOCK_EVENT_REASON, gpu="1", reason="hw_slowdown") == 1
-    assert values(series, m.ERRORS) == []
+    assert value(series, c.GPU_CLOCK_EVENT_REASON, gpu="1", reason="hw_slowdown") == 1
+    assert values(series, c.GPU_EXPORTER_ERRORS) == []
 
 
 def test_both_clock_reason_calls_unsupported_means_absent() -> None:
@@ -204,4 +208,4 @@ def test_both_clock_reason_calls_unsupported_means_absent() -> None:
         "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"]))
     loop = make_loop(fake)
     loop.run_once()
-    assert values(parse(render(loop)), m.CLOCK_EVENT_REASON) == []
+    assert values(parse(render(loop)), c.GPU_CLOCK_EVENT_REASON) == []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from exporters.gpu import metrics as m
+from exporters import catalog as c
 from tests.gpu.helpers import (
     make_loop,
     normalise,
@@ -65,10 +65,10 @@ def test_cached_served_text_matches_a_plain_registry_render() -> None:
     loop.run_once()
     served = parse(render(loop))
     plain = parse(render_via_registry(loop))
-    volatile = {m.DATA_AGE}
+    volatile = {c.GPU_EXPORTER_DATA_AGE}
     assert {k: v for k, v in served.items() if k[0] not in volatile} == {
         k: v for k, v in plain.items() if k[0] not in volatile}
     loop.run_once()  # a new snapshot must not be served from the old cache
     fake.update(lambda s: s["gpus"][0].update(temperature=91))
     loop.run_once()
-    assert value(parse(render(loop)), m.TEMPERATURE, gpu="0") == 91
+    assert value(parse(render(loop)), c.GPU_TEMPERATURE, gpu="0") == 91

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from exporters import catalog as c
-from exporters.gpu import metrics as m
 from exporters.gpu.fake_nvml import FakeNvml
 from exporters.gpu.gpm import GPM_METRICS, GPM_NAMES
 from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
@@ -31,8 +30,8 @@ def test_supported_gpu_reports_the_h100_readings_as_ratios_and_bytes_per_second(
     assert value(series, c.GPU_FP16_ACTIVE, gpu="0") == 0  # measured 0: present, not absent
     assert value(series, c.GPU_PCIE_RX_RATE, gpu="0") == 900 * 2**20
     assert value(series, c.GPU_NVLINK_TX_RATE, gpu="0") == 20480 * 2**20
-    assert value(series, m.GPM_DURATION) >= 0
-    assert values(series, m.ERRORS) == []
+    assert value(series, c.GPU_EXPORTER_GPM_DURATION) >= 0
+    assert values(series, c.GPU_EXPORTER_ERRORS) == []
 
 
 def test_first_cycle_has_no_gpm_values_since_a_metric_needs_two_samples() -> None:
@@ -53,14 +52,14 @@ def test_unsupported_failing_and_mig_gpus_are_absent_and_the_others_go_on() -> N
     assert value(series, c.GPU_SM_ACTIVE, gpu="0") == pytest.approx(0.6227)
     for gpu in ("1", "2", "3", "4"):
         assert [n for n in GPM_NAMES if values(series, n, gpu=gpu)] == [], gpu
-        assert value(series, m.UP, gpu=gpu) == 1
-        assert value(series, m.TEMPERATURE, gpu=gpu) > 0
+        assert value(series, c.GPU_UP, gpu=gpu) == 1
+        assert value(series, c.GPU_TEMPERATURE, gpu=gpu) > 0
     assert value(series, c.GPU_GPM_SUPPORTED, gpu="1") == 0
     assert value(series, c.GPU_GPM_SUPPORTED, gpu="3") == 0  # MIG enabled
     assert value(series, c.GPU_GPM_SUPPORTED, gpu="4") == 0
     assert value(series, c.GPU_GPM_SUPPORTED, gpu="2") == 1  # supported, but failing now
-    assert value(series, m.ERRORS, call="nvmlGpmSampleGet", error="Unknown") == 3
-    assert values(series, m.ERRORS, call="nvmlGpmQueryDeviceSupport") == []
+    assert value(series, c.GPU_EXPORTER_ERRORS, call="nvmlGpmSampleGet", error="Unknown") == 3
+    assert values(series, c.GPU_EXPORTER_ERRORS, call="nvmlGpmQueryDeviceSupport") == []
 
 
 def test_a_failed_sample_restarts_the_pair_and_values_come_back() -> None:
@@ -94,7 +93,7 @@ def test_gpm_off_reads_nothing_and_exports_no_cost() -> None:
     loop.run_once()
     series = parse(render(loop))
     assert values(series, c.GPU_GPM_SUPPORTED) == []
-    assert values(series, m.GPM_DURATION) == []
+    assert values(series, c.GPU_EXPORTER_GPM_DURATION) == []
 
 
 def test_sample_buffers_are_freed_when_the_nvml_session_ends() -> None:
@@ -112,8 +111,9 @@ def test_sample_buffers_are_freed_when_the_nvml_session_ends() -> None:
 def test_every_gpm_row_has_help_a_dcgm_twin_and_a_catalog_name() -> None:
     names = {getattr(c, k) for k in dir(c) if k.startswith("GPU_")}
     for row in GPM_METRICS:
-        assert row.name in names and row.name in m.PER_GPU_METRICS
-        assert row.dcgm_field.startswith("DCGM_FI_PROF_")
+        assert row.name in names and c.METRICS[row.name].exporter == "gpu"
+        assert c.METRICS[row.name].dcgm[0].startswith("DCGM_FI_PROF_")
+        assert c.METRICS[row.name].help.endswith("GPM.")
 
 
 def test_request_is_built_on_the_real_pynvml_struct() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pynvml
 
-from exporters.gpu import metrics as m
+from exporters import catalog as c
 from exporters.gpu.compare_nvidia_smi import compare, per_gpu_values
 from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
 
@@ -30,19 +30,19 @@ def idle_h100(memory_v2: bool) -> dict:
 
 def test_v2_driver_reports_used_without_the_reservation_like_nvidia_smi() -> None:
     series = idle_h100(memory_v2=True)
-    assert value(series, m.MEMORY_USED, gpu="0") == 0
-    assert value(series, m.MEMORY_RESERVED, gpu="0") == H100_RESERVED
-    assert value(series, m.MEMORY_FREE, gpu="0") == 81079 * MIB
-    assert value(series, m.MEMORY_TOTAL, gpu="0") == H100_TOTAL
-    assert values(series, m.ERRORS) == []
+    assert value(series, c.GPU_MEMORY_USED, gpu="0") == 0
+    assert value(series, c.GPU_MEMORY_RESERVED, gpu="0") == H100_RESERVED
+    assert value(series, c.GPU_MEMORY_FREE, gpu="0") == 81079 * MIB
+    assert value(series, c.GPU_MEMORY_TOTAL, gpu="0") == H100_TOTAL
+    assert values(series, c.GPU_EXPORTER_ERRORS) == []
 
 
 def test_v1_only_driver_reports_v1_and_no_reserved_series() -> None:
     series = idle_h100(memory_v2=False)
-    assert value(series, m.MEMORY_USED, gpu="0") == H100_RESERVED  # v1 folds it into used
-    assert value(series, m.MEMORY_FREE, gpu="0") == 81079 * MIB
-    assert values(series, m.MEMORY_RESERVED) == []
-    assert values(series, m.ERRORS) == []  # a missing v2 symbol is not an error
+    assert value(series, c.GPU_MEMORY_USED, gpu="0") == H100_RESERVED  # v1 folds it into used
+    assert value(series, c.GPU_MEMORY_FREE, gpu="0") == 81079 * MIB
+    assert values(series, c.GPU_MEMORY_RESERVED) == []
+    assert values(series, c.GPU_EXPORTER_ERRORS) == []  # a missing v2 symbol is not an error
 
 
 def test_v1_only_driver_is_asked_for_v2_once_per_nvml_session() -> None:
@@ -69,9 +69,9 @@ def test_v2_not_supported_on_one_gpu_falls_back_to_v1_for_that_gpu_only() -> Non
     loop = make_loop(fake)
     loop.run_once()
     series = parse(render(loop))
-    assert value(series, m.MEMORY_RESERVED, gpu="0") == H100_RESERVED
-    assert values(series, m.MEMORY_RESERVED, gpu="1") == []
-    assert value(series, m.MEMORY_USED, gpu="1") == 61 * 2**30 + H100_RESERVED
+    assert value(series, c.GPU_MEMORY_RESERVED, gpu="0") == H100_RESERVED
+    assert values(series, c.GPU_MEMORY_RESERVED, gpu="1") == []
+    assert value(series, c.GPU_MEMORY_USED, gpu="1") == 61 * 2**30 + H100_RESERVED
 
 
 def test_v2_failing_is_counted_and_the_memory_series_are_absent_this_cycle() -> None:
@@ -80,9 +80,10 @@ def test_v2_failing_is_counted_and_the_memory_series_are_absent_this_cycle() -> 
     loop = make_loop(fake)
     loop.run_once()
     series = parse(render(loop))
-    assert values(series, m.MEMORY_USED) == []
-    assert value(series, m.ERRORS, call="nvmlDeviceGetMemoryInfo_v2", error="Unknown") == 1
-    assert value(series, m.UP, gpu="0") == 1
+    assert values(series, c.GPU_MEMORY_USED) == []
+    assert value(series, c.GPU_EXPORTER_ERRORS, call="nvmlDeviceGetMemoryInfo_v2",
+                 error="Unknown") == 1
+    assert value(series, c.GPU_UP, gpu="0") == 1
 
 
 def test_memory_used_agrees_with_the_real_nvidia_smi_reading() -> None:

@@ -1,14 +1,13 @@
-"""Every series the exporter serves is named in exporters/catalog.py, and vice versa."""
+"""The exporter serves exactly the GPU rows of the metric table (exporters/catalog.py): each
+name, type, HELP text and label set, and nothing else."""
 
 from __future__ import annotations
 
-from exporters import catalog
-from exporters.gpu import metrics as m
-from exporters.gpu.exposition import HELP
-from tests.gpu.helpers import make_loop, parse, render, static_fake
+from tests.gpu.helpers import make_loop, render, static_fake
+from tests.support import metric_table
 
 
-def test_served_names_and_catalog_agree() -> None:
+def test_served_families_are_the_tables_gpu_rows() -> None:
     fake = static_fake(2)
     devices = [{"uuid": "MIG-0", "memory_total": 2**30, "memory_used": 0}]
     fake.update(lambda s: s["gpus"][0].update(mig={"enabled": True, "devices": devices}))
@@ -17,9 +16,12 @@ def test_served_names_and_catalog_agree() -> None:
     loop.run_once()  # GPM values need two cycles
     loop.xid_counts.inc((loop.reader.identities[0], "79"))
     loop.errors.inc(("nvmlDeviceGetPowerUsage", "Unknown"))
-    served = {name for name, _ in parse(render(loop))}
-    catalog_names = {value for key, value in vars(catalog).items()
-                     if key.startswith("GPU_") and isinstance(value, str)
-                     and value.startswith(catalog.GPU_PREFIX) and not value.endswith("_")}
-    assert served == catalog_names == set(m.ALL_METRICS)
-    assert set(HELP) == set(m.ALL_METRICS)
+    assert metric_table.mismatches(render(loop), "gpu", complete=True) == []
+
+
+def test_the_check_notices_help_text_that_left_the_table() -> None:
+    text = ("# HELP trainwatch_gpu_up something else\n# TYPE trainwatch_gpu_up gauge\n"
+            'trainwatch_gpu_up{gpu="0",uuid="u",name="n"} 1\n')
+    assert metric_table.mismatches(text, "gpu", complete=False) == [
+        "trainwatch_gpu_up: served as gauge 'something else', table says gauge "
+        "'1 if the GPU answered NVML in the last cycle, 0 if it is lost or unreachable.'"]
