@@ -13,9 +13,25 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from exporters.catalog import REMEDIATION_PREFIX as P
+from exporters import catalog as c
 from remediation.config import Config
 from remediation.store import PRIORITIES, Store
+
+
+def _family(name: str, value: float | None = None) -> GaugeMetricFamily | CounterMetricFamily:
+    """A family as its row in the metric table (exporters/catalog.py) says: with `value`, the
+    single unlabelled sample; without, empty, to be filled by label."""
+    row = c.METRICS[name]
+    if row.type == c.COUNTER:
+        return CounterMetricFamily(name.removesuffix("_total"), row.help, labels=list(row.labels))
+    if value is not None:
+        return GaugeMetricFamily(name, row.help, value=value)
+    return GaugeMetricFamily(name, row.help, labels=list(row.labels))
+
+
+def _counter(name: str, registry: CollectorRegistry) -> Counter:
+    row = c.METRICS[name]
+    return Counter(name.removesuffix("_total"), row.help, list(row.labels), registry=registry)
 
 
 class StoreCollector(Collector):
@@ -24,59 +40,42 @@ class StoreCollector(Collector):
         self.config = config
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        decisions = CounterMetricFamily(
-            f"{P}decisions", "Audit records by decision (acted, refused, cooled_down, ...)",
-            labels=["decision"])
+        decisions = _family(c.REMEDIATION_DECISIONS)
         for decision, count in sorted(self.store.decision_counts().items()):
             decisions.add_metric([decision], count)
         yield decisions
-        actions = CounterMetricFamily(
-            f"{P}actions", "Playbook executions that finished, by result (succeeded|failed)",
-            labels=["playbook", "action", "result"])
+        actions = _family(c.REMEDIATION_ACTIONS)
         for playbook, action, decision, count in self.store.action_counts():
             result = "succeeded" if decision == "acted" else "failed"
             actions.add_metric([playbook, action, result], count)
         yield actions
-        states = GaugeMetricFamily(f"{P}intents", "Intents in the store by state",
-                                   labels=["state"])
+        states = _family(c.REMEDIATION_INTENTS)
         for state, count in sorted(self.store.state_counts().items()):
             states.add_metric([state], count)
         yield states
-        yield GaugeMetricFamily(f"{P}oldest_pending_age_seconds",
-                                "Age of the oldest intent not yet finished",
-                                value=self.store.oldest_pending_age())
+        yield _family(c.REMEDIATION_OLDEST_PENDING_AGE, self.store.oldest_pending_age())
         conn = self.store._conn()
         since = time.time() - self.config.breaker_window_seconds
-        by_priority = GaugeMetricFamily(
-            f"{P}circuit_breaker_priority_open",
-            "1 while the circuit breaker of this playbook priority refuses to act",
-            labels=["priority"])
+        by_priority = _family(c.REMEDIATION_CIRCUIT_BREAKER_PRIORITY_OPEN)
         for name, level in PRIORITIES.items():
             count, _ = Store.grants_since(conn, since, min_priority=level)
             by_priority.add_metric([name], 1.0 if count >= self.config.breaker_limit(name)
                                    else 0.0)
         granted, _ = Store.grants_since(conn, since, min_priority=PRIORITIES["normal"])
-        yield GaugeMetricFamily(f"{P}circuit_breaker_open",
-                                "1 while the circuit breaker of normal-priority playbooks "
-                                "refuses to act (see circuit_breaker_priority_open)",
-                                value=1.0 if granted >= self.config.breaker_limit("normal")
-                                else 0.0)
+        yield _family(c.REMEDIATION_CIRCUIT_BREAKER_OPEN,
+                      1.0 if granted >= self.config.breaker_limit("normal") else 0.0)
         yield by_priority
         total, _ = Store.grants_since(conn, since)
-        yield GaugeMetricFamily(f"{P}actions_in_breaker_window",
-                                "Actions granted inside the circuit breaker window",
-                                value=total)
+        yield _family(c.REMEDIATION_ACTIONS_IN_BREAKER_WINDOW, total)
 
 
 class WebhookMetrics:
     """Per-process request metrics (the HTTP layer, not the store)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter(f"{P}webhook_requests", "Webhook requests by HTTP status",
-                                ["code"], registry=registry)
-        self.latency = Histogram(f"{P}webhook_duration_seconds",
-                                 "Time to persist and answer a webhook request",
+        self.requests = _counter(c.REMEDIATION_WEBHOOK_REQUESTS, registry)
+        row = c.METRICS[c.REMEDIATION_WEBHOOK_DURATION]
+        self.latency = Histogram(row.name, row.help, list(row.labels),
                                  buckets=(.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5),
                                  registry=registry)
-        self.alerts = Counter(f"{P}webhook_alerts", "Alerts received, by outcome at intake",
-                              ["outcome"], registry=registry)
+        self.alerts = _counter(c.REMEDIATION_WEBHOOK_ALERTS, registry)

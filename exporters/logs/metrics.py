@@ -7,13 +7,15 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporters.catalog import LABEL_JOB, LABEL_RANK, LOG_EVENTS, LOG_XID_EVENTS, LOGSCAN_PREFIX
+from exporters import catalog as c
 from exporters.logs.scanner import Scanner
 
 
-def _counter_name(name: str) -> str:
-    """CounterMetricFamily adds `_total` itself."""
-    return name[: -len("_total")] if name.endswith("_total") else name
+def _counter(name: str) -> CounterMetricFamily:
+    """An empty counter family as its row in the metric table (exporters/catalog.py) says;
+    CounterMetricFamily adds `_total` itself."""
+    row = c.METRICS[name]
+    return CounterMetricFamily(name.removesuffix("_total"), row.help, labels=list(row.labels))
 
 
 class ScannerCollector(Collector):
@@ -24,22 +26,19 @@ class ScannerCollector(Collector):
         self.read_errors = read_errors
 
     def collect(self) -> Iterator[Metric]:
-        events = CounterMetricFamily(
-            _counter_name(LOG_EVENTS), "Failure events found in training logs, by class.",
-            labels=[LABEL_JOB, LABEL_RANK, "kind"])
+        events = _counter(c.LOG_EVENTS)
         for (job, rank, kind), count in sorted(self.scanner.events().items()):
             events.add_metric([job, rank, kind], count)
         yield events
-        xids = CounterMetricFamily(
-            _counter_name(LOG_XID_EVENTS), "NVIDIA driver Xid events in the kernel log.",
-            labels=["xid", "pci_bus_id"])
+        xids = _counter(c.LOG_XID_EVENTS)
         for (xid, pci), count in sorted(self.scanner.xid_events().items()):
             xids.add_metric([xid, pci], count)
         yield xids
-        yield CounterMetricFamily(f"{LOGSCAN_PREFIX}lines", "Log lines scanned.",
-                                  value=self.scanner.lines)
-        yield GaugeMetricFamily(f"{LOGSCAN_PREFIX}files_followed", "Log files being followed.",
+        lines = _counter(c.LOGSCAN_LINES)
+        lines.add_metric([], self.scanner.lines)
+        yield lines
+        yield GaugeMetricFamily(c.LOGSCAN_FILES_FOLLOWED, c.help_of(c.LOGSCAN_FILES_FOLLOWED),
                                 value=self.files_followed())
-        yield CounterMetricFamily(f"{LOGSCAN_PREFIX}read_errors",
-                                  "Errors opening or reading log sources.",
-                                  value=self.read_errors())
+        read_errors = _counter(c.LOGSCAN_READ_ERRORS)
+        read_errors.add_metric([], self.read_errors())
+        yield read_errors

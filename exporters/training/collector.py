@@ -21,6 +21,20 @@ def _base(name: str) -> str:
     return name[: -len("_total")] if name.endswith("_total") else name
 
 
+_FAMILIES = {c.GAUGE: GaugeMetricFamily, c.COUNTER: CounterMetricFamily,
+             c.HISTOGRAM: HistogramMetricFamily}
+# Per-rank series without labels of their own, by type (their rows in exporters/catalog.py).
+_PER_RANK = [row for row in c.metrics_of("training") if row.labels == c.TRAINING_LABELS]
+GAUGES = tuple(row.name for row in _PER_RANK if row.type == c.GAUGE)
+COUNTERS = tuple(row.name for row in _PER_RANK if row.type == c.COUNTER)
+
+
+def _family(name: str) -> Metric:
+    """An empty family named, typed, documented and labelled as its table row says."""
+    row = c.METRICS[name]
+    return _FAMILIES[row.type](_base(name), row.help, labels=list(row.labels))
+
+
 class TrainingCollector(Collector):
     """Yields one fresh set of families per scrape from a snapshot of the store."""
 
@@ -29,44 +43,10 @@ class TrainingCollector(Collector):
         self._node = node
 
     def collect(self) -> Iterator[Metric]:
-        labels = list(c.TRAINING_LABELS)
-        g = {name: GaugeMetricFamily(name, doc, labels=labels) for name, doc in (
-            (c.TRAINING_STEP, "Last step the rank reported."),
-            (c.TRAINING_LOSS, "Loss at the last reported step (NaN/Inf exported as is)."),
-            (c.TRAINING_LEARNING_RATE, "Learning rate at the last reported step."),
-            (c.TRAINING_GRAD_NORM, "Gradient norm at the last reported step."),
-            (c.TRAINING_LAST_STEP_TIMESTAMP, "Unix time of the last reported step."),
-            (c.TRAINING_WORLD_SIZE, "World size the rank's launcher reported."),
-            (c.TRAINING_RESTARTS, "Restart count the rank's launcher reported."),
-            (c.TRAINING_DATA_WAIT, "Seconds the last step waited for data."),
-            (c.TRAINING_CUDA_MEM_ALLOCATED, "CUDA memory allocated by the rank."),
-            (c.TRAINING_CUDA_MEM_RESERVED, "CUDA memory reserved by the rank's allocator."),
-            (c.TRAINING_PEAK_FLOPS, "Peak FLOP/s of the rank's GPU for its dtype (MFU's "
-                                    "denominator)."),
-            (c.TRAINING_HEARTBEAT_TIMESTAMP, "Unix time the rank's last datagram arrived."),
-            (c.TRAINING_FINISHED, "1 once the rank closed its monitor (a clean end)."),
-            (c.TRAINING_IN_COLLECTIVE, "1 while the rank is inside a collective."),
-            (c.TRAINING_COLLECTIVE_START,
-             "Unix time the rank entered the collective it is inside."),
-            (c.TRAINING_COLLECTIVE_SEQ,
-             "Sequence number of the last collective the rank entered on the job's group."),
-        )}
-        counters = {name: CounterMetricFamily(_base(name), doc, labels=labels) for name, doc in (
-            (c.TRAINING_SAMPLES, "Samples processed."),
-            (c.TRAINING_TOKENS, "Tokens processed."),
-            (c.TRAINING_NONFINITE_LOSS, "Steps whose loss was NaN or infinite."),
-            (c.TRAINING_DROPPED_SAMPLES, "Step reports the rank could not deliver."),
-            (c.TRAINING_ROLLBACKS, "Checkpoint rollbacks the rank applied."),
-            (c.TRAINING_MODEL_FLOPS, "Model FLOPs (forward + backward) of the samples or "
-                                     "tokens processed; rate() = achieved FLOP/s."),
-            (c.TRAINING_CHECKPOINT_FAILURES,
-             "Checkpoint saves that failed on this rank (not eligible for rollback)."),
-        )}
-        applied = CounterMetricFamily(_base(c.TRAINING_COMMANDS_APPLIED),
-                                      "Control commands the rank applied, by type.",
-                                      labels=[*labels, "command"])
-        histogram = HistogramMetricFamily(c.TRAINING_STEP_DURATION,
-                                          "Wall time of one training step.", labels=labels)
+        g = {name: _family(name) for name in GAUGES}
+        counters = {name: _family(name) for name in COUNTERS}
+        applied = _family(c.TRAINING_COMMANDS_APPLIED)
+        histogram = _family(c.TRAINING_STEP_DURATION)
         jobs = self._store.snapshot()
         for job, ranks in jobs.items():
             for rank, s in ranks.items():
@@ -111,15 +91,12 @@ class TrainingCollector(Collector):
         yield from counters.values()
         yield applied
         yield histogram
-        self_jobs = GaugeMetricFamily(c.TRAINING_EXPORTER_PREFIX + "jobs",
-                                      "Jobs currently reporting to this exporter.")
+        self_jobs = _family(c.TRAINING_EXPORTER_JOBS)
         self_jobs.add_metric([], float(len(jobs)))
         yield self_jobs
-        datagrams = CounterMetricFamily(c.TRAINING_EXPORTER_PREFIX + "datagrams",
-                                        "Datagrams received from ranks.")
+        datagrams = _family(c.TRAINING_EXPORTER_DATAGRAMS)
         datagrams.add_metric([], float(self._store.datagrams))
         yield datagrams
-        malformed = CounterMetricFamily(c.TRAINING_EXPORTER_PREFIX + "malformed_datagrams",
-                                        "Datagrams ignored because they broke the protocol.")
+        malformed = _family(c.TRAINING_EXPORTER_MALFORMED)
         malformed.add_metric([], float(self._store.malformed))
         yield malformed

@@ -8,15 +8,15 @@ from typing import Any
 
 import yaml
 
-from exporters import catalog
+from alert_rules.config import load_raw
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROOT / "alert_rules"
 GENERATED = RULES_DIR / "generated"
 UNIT_TESTS = RULES_DIR / "tests"
 PROFILES = ("production", "demo", "dcgm")
-CATALOG_ALERTS = [*catalog.ALERTS_GPU, *catalog.ALERTS_TRAINING, *catalog.ALERTS_NODE,
-                  *catalog.ALERTS_STACK]
+# The alert names: the keys of `alerts` in alert_rules/config.yml, the one list of them.
+CONFIG_ALERTS = sorted(load_raw()["defaults"]["alerts"])
 
 
 DCGM_COUNTERS_CSV = Path(__file__).parent / "fixtures" / "dcgm-exporter-default-counters.csv"
@@ -58,3 +58,9 @@ def alerts(profile: str) -> dict[str, dict[str, Any]]:
 
 def exprs(profile: str) -> list[str]:
     return [r["expr"] for r in rules(profile)]
+
+
+def alerts_of(profile: str, component: str) -> list[str]:
+    """The profile's alert names whose `component` label is `component` (gpu, training, ...)."""
+    return sorted(name for name, rule in alerts(profile).items()
+                  if rule.get("labels", {}).get("component") == component)

@@ -19,6 +19,7 @@ from exporters import catalog
 from tests.rules import promtool_cases
 from tests.rules.rulefiles import (
     UNIT_TESTS,
+    alerts_of,
     dcgm_counters_file,
     dcgm_field_names,
     exprs,
@@ -58,7 +59,7 @@ def test_promtool_cases_are_fed_by_series_named_as_dcgm_exporter_names_them() ->
 
 def test_every_gpu_alert_has_firing_pending_and_not_firing_cases_with_dcgm() -> None:
     coverage = promtool_cases.classify_files([UNIT_TESTS / "dcgm" / "gpu_test.yml"])
-    assert coverage.missing(list(catalog.ALERTS_GPU), {}) == {}
+    assert coverage.missing(alerts_of("dcgm", "gpu"), {}) == {}
 
 
 def test_gpu_alerts_read_only_mapped_names_or_dcgm_counters() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import requests
 
 from dashboards import check, promql_text
 from tests.dashboards.dashboard_files import load_all
@@ -22,13 +23,27 @@ from tests.rules.exposed_metrics import (
     names_in_exposition,
 )
 from tests.rules.rulefiles import PROFILES, dcgm_field_names, exprs, rules
+from tests.support import metric_table
 
 
 @pytest.fixture(scope="module")
-def exposed(real_binaries: dict[str, str],
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, set[str]]]:
+def exporter_urls(real_binaries: dict[str, str],
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     with exporters_running(tmp_path_factory.mktemp("exporters")) as urls:
-        yield exposed_names(urls)
+        yield urls
+
+
+@pytest.fixture(scope="module")
+def exposed(exporter_urls: dict[str, str]) -> dict[str, set[str]]:
+    return exposed_names(exporter_urls)
+
+
+@pytest.mark.parametrize("exporter", ["gpu", "training", "logscan", "remediation"])
+def test_trainwatch_exporters_serve_their_table_rows(exporter_urls: dict[str, str],
+                                                     exporter: str) -> None:
+    """Name, type, HELP text and labels of every family as the metric table says."""
+    page = requests.get(exporter_urls[exporter], timeout=10).text
+    assert metric_table.mismatches(page, exporter, complete=False) == []
 
 
 def recorded_names() -> set[str]:

@@ -13,7 +13,7 @@ from alert_rules import generate
 from alert_rules.config import load_raw, resolve
 from tests.rules import promtool_cases
 from tests.rules.rulefiles import (
-    CATALOG_ALERTS,
+    CONFIG_ALERTS,
     GENERATED,
     PROFILES,
     RULES_DIR,
@@ -73,7 +73,7 @@ def test_coverage_check_notices_a_missing_case() -> None:
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_alerts_are_exactly_the_catalog(profile: str) -> None:
-    assert sorted(alerts(profile)) == sorted(CATALOG_ALERTS)
+    assert sorted(alerts(profile)) == sorted(CONFIG_ALERTS)
 
 
 @pytest.mark.parametrize("profile", PROFILES)
