@@ -1,0 +1,107 @@
+"""Write the docs' metric and alert tables from their one source; `--check` only compares.
+
+The sections between `<!-- generated: KIND -->` and `<!-- end generated: KIND -->` in the
+pages below are this script's output: the metric table (exporters/catalog.py METRICS) and the
+alert names (the keys of `alerts` in alert_rules/config.yml). Edit those sources, then run
+
+    python -m scripts.metric_docs          # rewrite the sections
+    python -m scripts.metric_docs --check  # exit 1 and name the stale ones (tests run this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from alert_rules.config import load_raw
+from exporters import catalog as c
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPORTERS = {"training": "Training exporter (`training-exporter`)",
+             "logscan": "Log scanner (`trainwatch-logscan`)",
+             "gpu": "GPU exporter (`gpu-exporter`)",
+             "remediation": "Remediation service (`remediation-server`)"}
+
+
+def _code(items: tuple[str, ...] | list[str]) -> str:
+    return ", ".join(f"`{item}`" for item in items)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def gpu_table() -> str:
+    """docs/gpu_exporter.md: every GPU exporter row with its NVML source and DCGM twin."""
+    lines = ["| metric | type | unit | labels beyond `gpu`, `uuid`, `name` | source (NVML) | "
+             "dcgm-exporter twin |", "|---|---|---|---|---|---|"]
+    for row in c.metrics_of("gpu"):
+        per_gpu = row.labels[:len(c.GPU_LABELS)] == c.GPU_LABELS
+        extra = row.labels[len(c.GPU_LABELS):] if per_gpu else row.labels
+        labels = _code(extra) + ("" if per_gpu else " (no GPU labels)")
+        lines.append(f"| `{row.name}` | {row.type} | {row.unit} | {labels} | "
+                     f"{_cell(row.source)} | {_code(row.dcgm)} |")
+    return "\n".join(lines)
+
+
+def all_tables() -> str:
+    """docs/contracts.md: every exporter's rows: name, type, unit, labels, HELP."""
+    out = []
+    for exporter, title in EXPORTERS.items():
+        out += [f"{title}:", "", "| metric | type | unit | labels | help |",
+                "|---|---|---|---|---|"]
+        out += [f"| `{row.name}` | {row.type} | {row.unit} | {_code(row.labels)} | "
+                f"{_cell(row.help)} |" for row in c.metrics_of(exporter)]
+        out.append("")
+    return "\n".join(out).rstrip()
+
+
+def alert_names() -> str:
+    """docs/contracts.md: the alerts alert_rules/config.yml configures, in its order."""
+    return _code(list(load_raw()["defaults"]["alerts"])) + "."
+
+
+SECTIONS: dict[str, tuple[Path, Callable[[], str]]] = {
+    "gpu-metrics": (ROOT / "docs" / "gpu_exporter.md", gpu_table),
+    "metrics": (ROOT / "docs" / "contracts.md", all_tables),
+    "alerts": (ROOT / "docs" / "contracts.md", alert_names),
+}
+
+
+def _pattern(kind: str) -> re.Pattern[str]:
+    begin, end = f"<!-- generated: {kind} -->", f"<!-- end generated: {kind} -->"
+    return re.compile(rf"({begin}\n)(?:.*?\n)?({end})", re.DOTALL)
+
+
+def render(text: str, kind: str, body: str) -> str:
+    pattern = _pattern(kind)
+    if not pattern.search(text):
+        raise ValueError(f"no `<!-- generated: {kind} -->` section to fill")
+    return pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
+
+
+def stale() -> list[str]:
+    """The sections whose text differs from what the sources give."""
+    return [f"{path.relative_to(ROOT)} ({kind})" for kind, (path, build) in SECTIONS.items()
+            if render(path.read_text(), kind, build()) != path.read_text()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare only; exit 1 if stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        out_of_date = stale()
+        for where in out_of_date:
+            print(f"stale: {where}; run python -m scripts.metric_docs", file=sys.stderr)
+        return 1 if out_of_date else 0
+    for kind, (path, build) in SECTIONS.items():
+        path.write_text(render(path.read_text(), kind, build()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
