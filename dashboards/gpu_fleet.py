@@ -13,6 +13,7 @@ from dashboards.panels import (
     timeseries_panel,
     with_scope_variables,
 )
+from exporters import catalog as c
 
 UID = "trainwatch-gpu-fleet"
 G = 'cluster=~"$cluster",job=~"$job",instance=~"$instance",gpu=~"$gpu"'
@@ -24,25 +25,25 @@ def build() -> gd.Dashboard:
         with_scope_variables(new_dashboard(
             UID, "Trainwatch / GPU fleet",
             "All GPUs of the fleet: health, load, memory, heat and errors.", ["gpu"]),
-            "trainwatch_gpu_up")
+            c.GPU_UP)
         .with_variable(query_variable(
             "gpu", "GPU",
-            'label_values(trainwatch_gpu_up{job=~"$job",instance=~"$instance"}, gpu)'))
+            f'label_values({c.GPU_UP}{{job=~"$job",instance=~"$instance"}}, gpu)'))
     )
     return add_panels(
         dashboard,
-        stat_panel("GPUs healthy", "GPUs NVML can talk to (trainwatch_gpu_up == 1).", "none",
-                   Q(f"sum(trainwatch_gpu_up{{{G}}})")),
+        stat_panel("GPUs healthy", f"GPUs NVML can talk to ({c.GPU_UP} == 1).", "none",
+                   Q(f"sum({c.GPU_UP}{{{G}}})")),
         stat_panel("GPUs lost", "GPUs NVML lost (fell off the bus, failed reset). Anything "
                    "above 0 is a GpuLost alert.", "none",
-                   Q(f"count(trainwatch_gpu_up{{{G}}} == 0) or vector(0)")),
+                   Q(f"count({c.GPU_UP}{{{G}}} == 0) or vector(0)")),
         stat_panel("Mean utilization", "Average busy fraction over all selected GPUs.",
-                   "percentunit", Q(f"avg(trainwatch_gpu_utilization_ratio{{{G}}})")),
+                   "percentunit", Q(f"avg({c.GPU_UTILIZATION}{{{G}}})")),
         stat_panel("Hottest GPU", "Highest GPU temperature right now.", "celsius",
-                   Q(f"max(trainwatch_gpu_temperature_celsius{{{G}}})")),
+                   Q(f"max({c.GPU_TEMPERATURE}{{{G}}})")),
         timeseries_panel("GPU utilization", "Fraction of time a kernel was running, per GPU. "
                          "Low while a job trains means an input or straggler problem.",
-                         "percentunit", Q(f"trainwatch_gpu_utilization_ratio{{{G}}}", WHO),
+                         "percentunit", Q(f"{c.GPU_UTILIZATION}{{{G}}}", WHO),
                          min_value=0),
         timeseries_panel("GPU memory used", "Used / total device memory per GPU. PyTorch's "
                          "caching allocator keeps memory reserved, so high is normal; a plateau "
@@ -51,24 +52,24 @@ def build() -> gd.Dashboard:
                          min_value=0),
         timeseries_panel("GPU temperature", "Core temperature per GPU; thermal slowdown starts "
                          "around 87-90 C.", "celsius",
-                         Q(f"trainwatch_gpu_temperature_celsius{{{G}}}", WHO)),
+                         Q(f"{c.GPU_TEMPERATURE}{{{G}}}", WHO)),
         timeseries_panel("GPU power", "Power draw per GPU.", "watt",
-                         Q(f"trainwatch_gpu_power_usage_watts{{{G}}}", WHO), min_value=0),
+                         Q(f"{c.GPU_POWER_USAGE}{{{G}}}", WHO), min_value=0),
         timeseries_panel("Throttled GPUs by reason", "Number of GPUs with each clock-event "
                          "(throttle) reason active. sw_power_cap is normal at full load; thermal "
                          "and power-brake reasons are not.", "none",
-                         Q(f"sum by (reason) (trainwatch_gpu_clock_event_reason_active{{{G}}})",
+                         Q(f"sum by (reason) ({c.GPU_CLOCK_EVENT_REASON}{{{G}}})",
                            "{{reason}}"), min_value=0),
         timeseries_panel("Uncorrectable ECC errors", "New uncorrectable ECC errors per GPU "
                          "(volatile counter). Any non-zero value means corrupted memory.",
                          "none",
-                         Q(f'increase(trainwatch_gpu_ecc_errors_total{{{G},error_type="uncorrected",'
+                         Q(f'increase({c.GPU_ECC_ERRORS}{{{G},error_type="uncorrected",'
                            f'counter="volatile"}}[$__rate_interval])', WHO), min_value=0),
         timeseries_panel("XID errors", "XID events reported by the driver, per GPU and XID code.",
                          "none",
-                         Q(f"increase(trainwatch_gpu_xid_errors_total{{{G}}}[$__rate_interval])",
+                         Q(f"increase({c.GPU_XID_ERRORS}{{{G}}}[$__rate_interval])",
                            "{{instance}} GPU {{gpu}} XID {{xid}}"), min_value=0),
         timeseries_panel("Energy use", "Energy drawn per node (sum of its GPUs).", "watt",
-                         Q(f"sum by (instance) (rate(trainwatch_gpu_energy_joules_total{{{G}}}"
+                         Q(f"sum by (instance) (rate({c.GPU_ENERGY}{{{G}}}"
                            f"[$__rate_interval]))", "{{instance}}"), min_value=0),
     )

@@ -13,11 +13,11 @@ from dashboards.panels import (
     timeseries_panel,
     with_scope_variables,
 )
+from exporters import catalog as c
 
 UID = "trainwatch-remediation-alerts"
 R = 'cluster=~"$cluster",job=~"$job",instance=~"$instance"'
 C = 'cluster=~"$cluster"'
-P = "trainwatch_remediation_"
 
 
 def build() -> gd.Dashboard:
@@ -26,7 +26,7 @@ def build() -> gd.Dashboard:
             UID, "Trainwatch / Remediation and alerts",
             "Firing alerts and the remediation service's decisions, actions and "
             "safety switches.",
-            ["remediation", "alerts"]), f"{P}circuit_breaker_open")
+            ["remediation", "alerts"]), c.REMEDIATION_CIRCUIT_BREAKER_OPEN)
     )
     return add_panels(
         dashboard,
@@ -35,13 +35,13 @@ def build() -> gd.Dashboard:
                    Q(f'count(ALERTS{{{C},alertstate="firing"}})')),
         stat_panel("Circuit breaker", "1 = open: the remediation service stopped acting "
                    "automatically (RemediationCircuitBreakerOpen).", "bool_on_off",
-                   Q(f"max({P}circuit_breaker_open{{{R}}})")),
+                   Q(f"max({c.REMEDIATION_CIRCUIT_BREAKER_OPEN}{{{R}}})")),
         stat_panel("Actions in breaker window", "Actions granted inside the circuit breaker's "
                    "window; the breaker opens at its configured maximum.", "none",
-                   Q(f"max({P}actions_in_breaker_window{{{R}}})")),
+                   Q(f"max({c.REMEDIATION_ACTIONS_IN_BREAKER_WINDOW}{{{R}}})")),
         stat_panel("Oldest unfinished intent", "Age of the oldest remediation intent not yet "
                    "finished (waiting for approval or still running).", "s",
-                   Q(f"max({P}oldest_pending_age_seconds{{{R}}})")),
+                   Q(f"max({c.REMEDIATION_OLDEST_PENDING_AGE}{{{R}}})")),
         table_panel("Firing alerts", "Every firing alert with its labels.", "none",
                     Q(f'ALERTS{{{C},alertstate="firing"}}')),
         timeseries_panel("Firing alerts by severity", "Firing alerts over time, by severity.",
@@ -54,30 +54,31 @@ def build() -> gd.Dashboard:
         timeseries_panel("Webhook alerts by outcome", "Alerts the remediation webhook received, "
                          "by what intake did with them (accepted, deduplicated, refused, "
                          "resolved, unmatched).", "none",
-                         Q(f"sum by (outcome) (increase({P}webhook_alerts_total{{{R}}}"
+                         Q(f"sum by (outcome) (increase({c.REMEDIATION_WEBHOOK_ALERTS}{{{R}}}"
                            f"[$__rate_interval]))", "{{outcome}}"), min_value=0),
         timeseries_panel("Webhook latency p99", "Time to persist and answer one Alertmanager "
                          "webhook call.", "s",
                          Q(f"histogram_quantile(0.99, sum by (le) (rate("
-                           f"{P}webhook_duration_seconds_bucket{{{R}}}[$__rate_interval])))",
+                           f"{c.REMEDIATION_WEBHOOK_DURATION}_bucket{{{R}}}[$__rate_interval])))",
                            "p99")),
         timeseries_panel("Decisions", "Remediation decisions by kind (acted, refused, "
                          "cooled_down, ...).", "none",
-                         Q(f"sum by (decision) (increase({P}decisions_total{{{R}}}"
+                         Q(f"sum by (decision) (increase({c.REMEDIATION_DECISIONS}{{{R}}}"
                            f"[$__rate_interval]))", "{{decision}}"), min_value=0),
         timeseries_panel("Actions by result", "Playbook actions that finished, by playbook, "
                          "action and result.", "none",
-                         Q(f"sum by (playbook, action, result) (increase({P}actions_total{{{R}}}"
-                           f"[$__rate_interval]))", "{{playbook}} {{action}} {{result}}"),
+                         Q(f"sum by (playbook, action, result) "
+                           f"(increase({c.REMEDIATION_ACTIONS}{{{R}}}[$__rate_interval]))",
+                           "{{playbook}} {{action}} {{result}}"),
                          min_value=0),
         timeseries_panel("Intents by state", "Remediation intents in the store by state.",
-                         "none", Q(f"sum by (state) ({P}intents{{{R}}})", "{{state}}"),
+                         "none", Q(f"sum by (state) ({c.REMEDIATION_INTENTS}{{{R}}})", "{{state}}"),
                          min_value=0),
         timeseries_panel("Alertmanager notifications", "Notifications Alertmanager sent and "
                          "failed, per integration (webhook = remediation).", "ops",
-                         Q(f"sum by (integration) (rate(alertmanager_notifications_total{{{C}}}"
+                         Q(f"sum by (integration) (rate({c.AM_NOTIFICATIONS}{{{C}}}"
                            f"[$__rate_interval]))", "{{integration}} sent"),
                          Q(f"sum by (integration) (rate("
-                           f"alertmanager_notifications_failed_total{{{C}}}[$__rate_interval]))",
+                           f"{c.AM_NOTIFICATIONS_FAILED}{{{C}}}[$__rate_interval]))",
                            "{{integration}} failed"), min_value=0),
     )

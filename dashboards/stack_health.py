@@ -13,6 +13,7 @@ from dashboards.panels import (
     timeseries_panel,
     with_scope_variables,
 )
+from exporters import catalog as c
 
 UID = "trainwatch-stack-health"
 S = 'cluster=~"$cluster",job=~"$job",instance=~"$instance"'
@@ -68,21 +69,21 @@ def build() -> gd.Dashboard:
                          min_value=0),
         timeseries_panel("Filesystem space free", "Free fraction of each real filesystem "
                          "(NodeDiskFilling below 10%).", "percentunit",
-                         Q(f'node_filesystem_avail_bytes{{{C},fstype!~"tmpfs|ramfs|overlay|'
+                         Q(f'{c.NODE_FS_AVAIL}{{{C},fstype!~"tmpfs|ramfs|overlay|'
                            f'squashfs|nsfs|fuse.lxcfs|autofs|devtmpfs"}}\n/\n'
-                           f'node_filesystem_size_bytes{{{C},fstype!~"tmpfs|ramfs|overlay|'
+                           f'{c.NODE_FS_SIZE}{{{C},fstype!~"tmpfs|ramfs|overlay|'
                            f'squashfs|nsfs|fuse.lxcfs|autofs|devtmpfs"}}',
                            "{{instance}} {{mountpoint}}"), min_value=0),
         timeseries_panel("Training exporter intake", "Datagrams the training exporters received "
                          "from ranks, and malformed ones they ignored.", "ops",
-                         Q(f"sum by (instance) (rate(trainwatch_training_exporter_datagrams_total"
+                         Q(f"sum by (instance) (rate({c.TRAINING_EXPORTER_DATAGRAMS}"
                            f"{{{C}}}[$__rate_interval]))", "{{instance}} received"),
                          Q(f"sum by (instance) (rate("
-                           f"trainwatch_training_exporter_malformed_datagrams_total{{{C}}}"
+                           f"{c.TRAINING_EXPORTER_MALFORMED}{{{C}}}"
                            f"[$__rate_interval]))", "{{instance}} malformed"), min_value=0),
         timeseries_panel("GPU exporter collections", "NVML collection cycles per second by "
                          "result (success, overrun, nvml_down).", "ops",
                          Q(f"sum by (instance, result) (rate("
-                           f"trainwatch_gpu_exporter_collections_total{{{C}}}[$__rate_interval]))",
+                           f"{c.GPU_EXPORTER_COLLECTIONS}{{{C}}}[$__rate_interval]))",
                            "{{instance}} {{result}}"), min_value=0),
     )

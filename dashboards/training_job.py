@@ -14,6 +14,7 @@ from dashboards.panels import (
     timeseries_panel,
     with_scope_variables,
 )
+from exporters import catalog as c
 
 UID = "trainwatch-training-job"
 # training-exporter series
@@ -32,38 +33,39 @@ def build() -> gd.Dashboard:
             UID, "Trainwatch / Training job",
             "One training job per rank: loss, learning rate, gradient norm, "
             "throughput, step time and stragglers.",
-            ["training"]), "training_step")
+            ["training"]), c.TRAINING_STEP)
         .with_variable(query_variable(
             "training_job", "Training job",
-            'label_values(training_step{job=~"$job",instance=~"$instance"}, training_job)'))
+            f'label_values({c.TRAINING_STEP}{{job=~"$job",instance=~"$instance"}}, training_job)'))
         .with_variable(query_variable(
-            "rank", "Rank", 'label_values(training_step{training_job=~"$training_job"}, rank)'))
+            "rank", "Rank",
+            f'label_values({c.TRAINING_STEP}{{training_job=~"$training_job"}}, rank)'))
     )
     return add_panels(
         dashboard,
         stat_panel("Step", "Highest step any selected rank reported.", "none",
-                   Q(f"max(training_step{{{T}}})")),
+                   Q(f"max({c.TRAINING_STEP}{{{T}}})")),
         stat_panel("World size", "Ranks the launcher started (WORLD_SIZE).", "none",
-                   Q(f"max(training_world_size{{{T}}})")),
+                   Q(f"max({c.TRAINING_WORLD_SIZE}{{{T}}})")),
         stat_panel("Restarts", "Restarts of the job reported by its launcher.", "none",
-                   Q(f"max(training_restarts{{{T}}})")),
+                   Q(f"max({c.TRAINING_RESTARTS}{{{T}}})")),
         stat_panel("Since last step", "Seconds since the newest step of any selected rank; "
                    "TrainingStalled fires when this stays high.", "s",
-                   Q(f"time() - max(training_last_step_timestamp_seconds{{{T}}})")),
+                   Q(f"time() - max({c.TRAINING_LAST_STEP_TIMESTAMP}{{{T}}})")),
         timeseries_panel("Loss per rank", "Training loss each rank reported at its last step. "
                          "A spike on all ranks is divergence; on one rank, its data or GPU.",
-                         "none", Q(f"training_loss{{{T}}}", RANK)),
+                         "none", Q(f"{c.TRAINING_LOSS}{{{T}}}", RANK)),
         timeseries_panel("Learning rate", "Learning rate per rank; Trainwatch's lr_reduction "
                          "playbook shows as a step down on every rank at the same step.", "sci",
-                         Q(f"training_learning_rate{{{T}}}", RANK)),
+                         Q(f"{c.TRAINING_LEARNING_RATE}{{{T}}}", RANK)),
         timeseries_panel("Gradient norm", "Global gradient norm per rank; explosions usually "
                          "come before loss spikes.", "none",
-                         Q(f"training_grad_norm{{{T}}}", RANK)),
+                         Q(f"{c.TRAINING_GRAD_NORM}{{{T}}}", RANK)),
         timeseries_panel("Throughput", "Samples and tokens per second over all selected ranks.",
                          "short",
-                         Q(f"sum by (training_job) (rate(training_samples_total{{{T}}}"
+                         Q(f"sum by (training_job) (rate({c.TRAINING_SAMPLES}{{{T}}}"
                            f"[$__rate_interval]))", "{{training_job}} samples/s"),
-                         Q(f"sum by (training_job) (rate(training_tokens_total{{{T}}}"
+                         Q(f"sum by (training_job) (rate({c.TRAINING_TOKENS}{{{T}}}"
                            f"[$__rate_interval]))", "{{training_job}} tokens/s")),
         timeseries_panel("Model FLOP/s per rank", "Achieved model FLOP/s (forward + backward "
                          "FLOPs of the samples or tokens processed, as the job declared them "
@@ -78,13 +80,13 @@ def build() -> gd.Dashboard:
                          Q(f"{recording.MFU_PER_JOB}{{{J}}}", "{{training_job}} job"),
                          min_value=0),
         timeseries_panel("Step time per rank", "Mean wall time of one step per rank.", "s",
-                         Q(f"rate(training_step_duration_seconds_sum{{{T}}}[$__rate_interval])\n"
-                           f"/\nrate(training_step_duration_seconds_count{{{T}}}"
+                         Q(f"rate({c.TRAINING_STEP_DURATION}_sum{{{T}}}[$__rate_interval])\n"
+                           f"/\nrate({c.TRAINING_STEP_DURATION}_count{{{T}}}"
                            f"[$__rate_interval])", RANK)),
         timeseries_panel("Step time p90 per rank", "90th percentile step time per rank, from the "
                          "step-duration histogram.", "s",
                          Q(f"histogram_quantile(0.9, sum by (training_job, rank, le) "
-                           f"(rate(training_step_duration_seconds_bucket{{{T}}}"
+                           f"(rate({c.TRAINING_STEP_DURATION}_bucket{{{T}}}"
                            f"[$__rate_interval])))", RANK)),
         timeseries_panel("Straggler view: step time / job median", "Each rank's mean step time "
                          "divided by the median rank of its job. 1 = typical; "
@@ -94,28 +96,28 @@ def build() -> gd.Dashboard:
                            f"{recording.STEP_TIME_MEDIAN_RANK}{{{J}}}", RANK)),
         timeseries_panel("Data wait", "Seconds the last step waited for its input batch; high "
                          "means the input pipeline is the bottleneck.", "s",
-                         Q(f"training_data_wait_seconds{{{T}}}", RANK)),
+                         Q(f"{c.TRAINING_DATA_WAIT}{{{T}}}", RANK)),
         timeseries_panel("CUDA memory", "Memory allocated by tensors and reserved by PyTorch's "
                          "caching allocator, per rank.", "bytes",
-                         Q(f"training_cuda_memory_allocated_bytes{{{T}}}", RANK + " allocated"),
-                         Q(f"training_cuda_memory_reserved_bytes{{{T}}}", RANK + " reserved")),
+                         Q(f"{c.TRAINING_CUDA_MEM_ALLOCATED}{{{T}}}", RANK + " allocated"),
+                         Q(f"{c.TRAINING_CUDA_MEM_RESERVED}{{{T}}}", RANK + " reserved")),
         timeseries_panel("Non-finite losses", "Steps whose loss was NaN or infinite, per rank "
                          "(TrainingNonFiniteLoss).", "none",
-                         Q(f"increase(training_nonfinite_loss_total{{{T}}}[$__rate_interval])",
+                         Q(f"increase({c.TRAINING_NONFINITE_LOSS}{{{T}}}[$__rate_interval])",
                            RANK), min_value=0),
         timeseries_panel("Log events", "Anomalies the log scanner found in the ranks' logs, by "
                          "kind (CUDA OOM, NCCL timeout/error, XID, ...).", "none",
-                         Q(f"sum by (training_job, rank, kind) (increase(training_log_events_total"
+                         Q(f"sum by (training_job, rank, kind) (increase({c.LOG_EVENTS}"
                            f"{{{LOGS}}}[$__rate_interval]))", RANK + " {{kind}}"), min_value=0),
         timeseries_panel("Commands applied and rollbacks", "Control commands (scale_lr, "
                          "rollback, ...) applied per rank, and checkpoint rollbacks.", "none",
                          Q(f"sum by (training_job, rank, command) (increase("
-                           f"training_commands_applied_total{{{T}}}[$__rate_interval]))",
+                           f"{c.TRAINING_COMMANDS_APPLIED}{{{T}}}[$__rate_interval]))",
                            RANK + " {{command}}"),
-                         Q(f"increase(training_rollbacks_total{{{T}}}[$__rate_interval])",
+                         Q(f"increase({c.TRAINING_ROLLBACKS}{{{T}}}[$__rate_interval])",
                            RANK + " rollbacks"), min_value=0),
         timeseries_panel("Dropped step reports", "Step reports a rank could not hand to the "
                          "exporter (buffer full or exporter down); training never waits.", "ops",
-                         Q(f"rate(training_dropped_samples_total{{{T}}}[$__rate_interval])",
+                         Q(f"rate({c.TRAINING_DROPPED_SAMPLES}{{{T}}}[$__rate_interval])",
                            RANK), min_value=0),
     )
