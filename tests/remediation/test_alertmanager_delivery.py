@@ -195,6 +195,18 @@ def applied(env: Env, command_type: str, count: int = 2) -> list[dict[str, Any]]
                       + env.job.log_text()[-1500:])
 
 
+def test_an_alert_without_a_playbook_is_delivered_and_recorded_unmatched(env: Env) -> None:
+    """Every alert reaches the webhook (no route lists the playbooks' alerts), so a new
+    playbook needs no Alertmanager change; the others are recorded, not lost."""
+    fire(env, {"alertname": "TargetDown", "job": "logscan", "instance": "h1:9447",
+               "severity": "warning", "component": "stack"})
+    def recorded() -> list[dict[str, Any]]:
+        return [r for r in env.service.actions(limit=5000)["audit"]
+                if r["decision"] == "unmatched" and r["alertname"] == "TargetDown"]
+
+    wait_until(recorded, timeout=60, what="TargetDown recorded as unmatched")
+
+
 def test_lr_reduction_cuts_lr_on_both_ranks_at_the_same_step(env: Env) -> None:
     fire(env, {"alertname": "TrainingLossSpike", "training_job": JOB, "severity": "warning",
                "component": "training"})
