@@ -130,12 +130,14 @@ class Metric(NamedTuple):
     exporter: str  # gpu | training | logscan | remediation
     source: str = ""  # where the value comes from (the NVML call, for GPU metrics)
     dcgm: tuple[str, ...] = ()  # dcgm-exporter fields with the same meaning (maybe other units)
-    # A plain NVML device getter: the reader calls `nvml(handle)`, multiplies by `scale` and
-    # emits the row; the fake NVML answers `nvml` with `simulated` (NVML's units) unless a
-    # scenario's gpus[i].nvml gives the call another value. Rows without it are read by code.
+    # The NVML device call the row is read with. The fake NVML answers it with `simulated`
+    # (NVML's units and shape; a mapping becomes an object with those attributes) unless a
+    # scenario's gpus[i].nvml gives the call another value, or the fake has code for it.
     nvml: str = ""
-    scale: float = 1.0
-    simulated: float = 0.0
+    simulated: Any = None
+    # With a scale the row is a plain getter: the reader calls `nvml(handle)`, multiplies by
+    # `scale` and emits it, with no code of its own. Without, code in exporters/gpu/ reads it.
+    scale: float | None = None
 
 
 METRICS: dict[str, Metric] = {}
@@ -349,14 +351,14 @@ GPU_ROW_REMAP_FAILURE = _gpu("row_remap_failure", GAUGE,
                              dcgm=("DCGM_FI_DEV_ROW_REMAP_FAILURE",))
 GPU_PCIE_LINK_GENERATION = _gpu("pcie_link_generation", GAUGE, "Current PCIe link generation.",
                                 source="`nvmlDeviceGetCurrPcieLinkGeneration`",
-                                nvml="nvmlDeviceGetCurrPcieLinkGeneration", simulated=5)
+                                nvml="nvmlDeviceGetCurrPcieLinkGeneration", simulated=5, scale=1.0)
 GPU_PCIE_LINK_WIDTH = _gpu("pcie_link_width", GAUGE, "Current PCIe link width (lanes).",
                            source="`nvmlDeviceGetCurrPcieLinkWidth`",
-                           nvml="nvmlDeviceGetCurrPcieLinkWidth", simulated=16)
+                           nvml="nvmlDeviceGetCurrPcieLinkWidth", simulated=16, scale=1.0)
 GPU_PCIE_REPLAYS = _gpu("pcie_replays_total", COUNTER, "PCIe replay counter.",
                         source="`nvmlDeviceGetPcieReplayCounter`",
                         dcgm=("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",),
-                        nvml="nvmlDeviceGetPcieReplayCounter", simulated=0)
+                        nvml="nvmlDeviceGetPcieReplayCounter", simulated=0, scale=1.0)
 GPU_NVLINK_UP = _gpu("nvlink_up", GAUGE, "1 if the NVLink link is active.", ("link",),
                      source="`nvmlDeviceGetNvLinkState` (links 0.. until NVML refuses one)")
 GPU_NVLINK_ERRORS = _gpu("nvlink_errors_total", COUNTER, "NVLink data-link error counters.",

@@ -47,8 +47,9 @@ from exporters import catalog
 # Defined beside load_nvml (a real host never imports this module); re-exported here.
 from exporters.gpu.nvml_source import ENV_FAKE_NVML, ScenarioError, load_nvml  # noqa: F401
 
-# The plain NVML getters the metric table names, by function name: the fake answers them all.
-PLAIN_GETTERS = {row.nvml: row for row in catalog.metrics_of("gpu") if row.nvml}
+# The NVML calls the metric table names (Metric.nvml), by function name: the fake answers every
+# one it has no code for with the scenario's gpus[i].nvml[call], else the row's `simulated`.
+TABLE_CALLS = {row.nvml: row for row in reversed(catalog.metrics_of("gpu")) if row.nvml}
 GIB = 1024**3
 MIB = 1024**2
 _TOP_KEYS = frozenset({"driver_version", "cuda_version", "init_error", "init_failures", "hang",
@@ -115,9 +116,9 @@ def validate_scenario(scenario: Any) -> dict[str, Any]:
             raise ScenarioError(f"gpus[{i}]: unknown keys {sorted(unknown)}")
         for name in gpu.get("errors", {}).values():
             _error_class(name)
-        unknown = set(gpu.get("nvml", {})) - set(PLAIN_GETTERS)
+        unknown = set(gpu.get("nvml", {})) - set(TABLE_CALLS)
         if unknown:
-            raise ScenarioError(f"gpus[{i}].nvml: {sorted(unknown)} are not plain getters of the "
+            raise ScenarioError(f"gpus[{i}].nvml: {sorted(unknown)} are not NVML calls of the "
                                 f"metric table (exporters/catalog.py, Metric.nvml)")
         gpm = gpu.get("gpm")
         if gpm is not None:
@@ -451,14 +452,15 @@ class FakeNvml:
         return (int(rows[0]), int(rows[1]), int(rows[2]), int(rows[3]))
 
     def __getattr__(self, name: str) -> Any:
-        """The metric table's plain getters (catalog.Metric.nvml): the scenario's
-        gpus[i].nvml[name], else the row's simulated value, in NVML's units."""
-        row = PLAIN_GETTERS.get(name)
+        """A device call the metric table names and this class has no code for: the
+        scenario's gpus[i].nvml[name], else the row's simulated value (NVML's units; a
+        mapping answers as an object with those attributes, like pynvml's structs)."""
+        row = TABLE_CALLS.get(name)
         if row is None:
             raise AttributeError(name)
 
         def getter(h: FakeHandle, *args: Any) -> Any:
-            return self._enter(name, h).get("nvml", {}).get(name, row.simulated)
+            return _as_nvml(self._enter(name, h).get("nvml", {}).get(name, row.simulated))
         return getter
 
     def _link(self, fn: str, h: FakeHandle, link: int) -> dict[str, Any]:
@@ -584,6 +586,15 @@ class FakeNvml:
                     if proc.get("pid") == pid and "environ" in proc:
                         return dict(proc["environ"])
         return None
+
+
+def _as_nvml(value: Any) -> Any:
+    """JSON as pynvml returns it: objects for mappings (structs), lists of them, numbers."""
+    if isinstance(value, dict):
+        return SimpleNamespace(**{k: _as_nvml(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_as_nvml(v) for v in value]
+    return value
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -57,7 +57,7 @@ NVLINK_COUNTERS = (
 
 
 # Rows of the metric table read by one plain NVML getter each (catalog.Metric.nvml).
-PLAIN_GETTERS = tuple(row for row in c.metrics_of("gpu") if row.nvml)
+PLAIN_GETTERS = tuple(row for row in c.metrics_of("gpu") if row.nvml and row.scale is not None)
 POWER_READINGS = (
     (c.GPU_POWER_USAGE, "nvmlDeviceGetPowerUsage"),
     (c.GPU_POWER_LIMIT, "nvmlDeviceGetEnforcedPowerLimit"),
@@ -278,7 +278,7 @@ class DeviceReader:
                 continue
             value = self.call(row.nvml, h)
             if value is not None:
-                emit(Sample(row.name, float(value) * row.scale))
+                emit(Sample(row.name, float(value) * (row.scale or 1.0)))
 
     def _nvlink(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
         """Links are numbered from 0; the first link NVML refuses ends the list."""

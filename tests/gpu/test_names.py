@@ -3,7 +3,11 @@ name, type, HELP text and label set, and nothing else."""
 
 from __future__ import annotations
 
-from tests.gpu.helpers import make_loop, render, static_fake
+import pytest
+
+from exporters import catalog as c
+from exporters.gpu.fake_nvml import FakeNvml, ScenarioError
+from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
 from tests.support import metric_table
 
 
@@ -25,3 +29,22 @@ def test_the_check_notices_help_text_that_left_the_table() -> None:
     assert metric_table.mismatches(text, "gpu", complete=False) == [
         "trainwatch_gpu_up: served as gauge 'something else', table says gauge "
         "'1 if the GPU answered NVML in the last cycle, 0 if it is lost or unreachable.'"]
+
+
+def test_a_plain_getter_row_is_read_and_faked_from_the_table_alone() -> None:
+    """pcie_link_width has no reader or fake code: its row names the NVML call and scale."""
+    fake = static_fake(2)
+    fake.update(lambda s: s["gpus"][1].update(nvml={"nvmlDeviceGetCurrPcieLinkWidth": 8},
+                                              not_supported=["nvmlDeviceGetPcieReplayCounter"]))
+    loop = make_loop(fake, watch_xid=False)
+    loop.run_once()
+    series = parse(render(loop))
+    assert value(series, c.GPU_PCIE_LINK_WIDTH, gpu="0") == 16  # the row's simulated value
+    assert value(series, c.GPU_PCIE_LINK_WIDTH, gpu="1") == 8  # the scenario's
+    assert values(series, c.GPU_PCIE_REPLAYS, gpu="1") == []  # NotSupported: absent
+
+
+def test_a_scenario_naming_a_call_outside_the_table_is_refused() -> None:
+    scenario = {"gpus": [{"nvml": {"nvmlDeviceGetMadeUp": 1}}]}
+    with pytest.raises(ScenarioError, match="nvmlDeviceGetMadeUp"):
+        FakeNvml(scenario)
