@@ -211,7 +211,8 @@ def test_health_ready_metrics(service_factory) -> None:
 
 def test_shipped_playbooks_validate_and_cover_the_contract() -> None:
     books = load_playbooks(REPO / "remediation" / "playbooks")
-    assert set(books) == {"lr_reduction", "checkpoint_rollback", "disk_cleanup",
+    # the contract's playbooks; more may ship (a new playbook is one file, CONTRIBUTING.md)
+    assert set(books) >= {"lr_reduction", "checkpoint_rollback", "disk_cleanup",
                           "gpu_power_limit", "stalled_job_diagnostics"}
     assert books["lr_reduction"].alertnames == {"TrainingLossSpike", "TrainingGradNormExplosion"}
     assert books["gpu_power_limit"].on_resolve
