@@ -359,11 +359,6 @@ GPU_PCIE_REPLAYS = _gpu("pcie_replays_total", COUNTER, "PCIe replay counter.",
                         source="`nvmlDeviceGetPcieReplayCounter`",
                         dcgm=("DCGM_FI_DEV_PCIE_REPLAY_COUNTER",),
                         nvml="nvmlDeviceGetPcieReplayCounter", simulated=0, scale=1.0)
-GPU_ENCODER_UTILIZATION = _gpu("encoder_utilization_ratio", GAUGE,
-                               "Fraction of time the video encoder was busy (0-1).",
-                               unit="ratio", source="`nvmlDeviceGetEncoderUtilization`",
-                               dcgm=("DCGM_FI_DEV_ENC_UTIL",),
-                               nvml="nvmlDeviceGetEncoderUtilization", simulated=[12, 167000])
 GPU_NVLINK_UP = _gpu("nvlink_up", GAUGE, "1 if the NVLink link is active.", ("link",),
                      source="`nvmlDeviceGetNvLinkState` (links 0.. until NVML refuses one)")
 GPU_NVLINK_ERRORS = _gpu("nvlink_errors_total", COUNTER, "NVLink data-link error counters.",

@@ -171,7 +171,7 @@ class DeviceReader:
 
     def _parts(self) -> tuple[Callable[..., None], ...]:
         parts = [self._info, self._utilization, self._memory, self._thermal_power, self._clocks,
-                 self._ecc, self._plain, self._encoder, self._mig]
+                 self._ecc, self._plain, self._mig]
         if self.read_nvlink:
             parts.append(self._nvlink)
         if self.attributor is not None:
@@ -279,12 +279,6 @@ class DeviceReader:
             value = self.call(row.nvml, h)
             if value is not None:
                 emit(Sample(row.name, float(value) * (row.scale or 1.0)))
-
-    def _encoder(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
-        """NVML answers [percent busy, sampling period in us]: the period is not a metric."""
-        answer = self.call("nvmlDeviceGetEncoderUtilization", h)
-        if answer is not None:
-            emit(Sample(c.GPU_ENCODER_UTILIZATION, answer[0] / 100.0))
 
     def _nvlink(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
         """Links are numbered from 0; the first link NVML refuses ends the list."""
