@@ -461,6 +461,7 @@ class FakeNvml:
 
         def getter(h: FakeHandle, *args: Any) -> Any:
             return _as_nvml(self._enter(name, h).get("nvml", {}).get(name, row.simulated))
+        setattr(self, name, getter)  # found directly from now on: no lookup per call
         return getter
 
     def _link(self, fn: str, h: FakeHandle, link: int) -> dict[str, Any]:

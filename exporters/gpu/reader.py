@@ -101,6 +101,8 @@ class DeviceReader:
         self._index, self._mig_enabled = 0, False
         self.memory_v2 = True  # until the driver says it has only v1 (a driver-wide fact)
         self.identities: dict[int, GpuIdentity] = {}
+        # a getter this pynvml lacks (an older pynvml) leaves its series absent
+        self.plain_getters = tuple(row for row in PLAIN_GETTERS if hasattr(nvml, row.nvml))
 
     def call(self, fn_name: str, *args: Any) -> Any:
         """Call NVML; None means 'absent this cycle'. Lost / gone errors propagate."""
@@ -272,10 +274,8 @@ class DeviceReader:
 
     def _plain(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
         """The metric table's plain-getter rows: one NVML call each, scaled, no code of their
-        own. A getter this pynvml lacks (an older pynvml) leaves its series absent."""
-        for row in PLAIN_GETTERS:
-            if not hasattr(self.nvml, row.nvml):
-                continue
+        own."""
+        for row in self.plain_getters:
             value = self.call(row.nvml, h)
             if value is not None:
                 emit(Sample(row.name, float(value) * (row.scale or 1.0)))
