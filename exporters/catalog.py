@@ -1,7 +1,9 @@
 """One source of truth for the names other parts of Trainwatch rely on.
 
 Alert rules, dashboards, Ansible defaults and tests all refer to these names; a test checks
-that every metric used in a rule or a panel is one that an exporter really emits. Keep this
+that every metric used in a rule or a panel is one that an exporter really emits. The metric
+table (`METRICS`, below) defines each metric once, with its type, HELP text, labels, unit and
+sources; CONTRIBUTING.md says how to add one. Keep this
 module dependency-free so any part (including the training client) can import it cheaply.
 See docs/contracts.md for the prose version.
 """
