@@ -6,13 +6,16 @@ job is known and the script-registered command type is advertised the way a rank
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from exporters import catalog
 from exporters.training.client import TrainingMonitor
@@ -243,3 +246,23 @@ def test_an_overlapping_restart_keeps_the_new_exporters_socket(tmp_path: Path) -
             assert new.socket.exists()
         finally:
             monitor.close()
+
+
+def test_clients_that_never_finish_their_request_do_not_starve_scrapes(tmp_path: Path) -> None:
+    """More clients than handler threads send half a request and stall: a scrape and a
+    control call are still answered (exporters.serving reads requests in its I/O loop; under
+    gunicorn's gthread worker each such client held a handler thread until it timed out)."""
+    with exporter(tmp_path, extra=("--threads", "2")) as exp:
+        port = int(exp.url.rsplit(":", 1)[1])
+        stalled: list[socket.socket] = []
+        try:
+            for _ in range(8):
+                conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+                conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never end
+                stalled.append(conn)
+            assert requests.get(exp.url + "/metrics", timeout=20).status_code == 200
+            assert exp.api("GET", "/v1/jobs").status_code == 200
+        finally:
+            for conn in stalled:
+                with contextlib.suppress(OSError):
+                    conn.close()
