@@ -1,6 +1,6 @@
 """`trainwatch-logscan`: follow training logs (and the kernel log), export failure counters.
 
-    trainwatch-logscan --bind 0.0.0.0 --port 9447 --state-file /opt/trainwatch/data/logscan.json \
+    trainwatch-logscan --bind 0.0.0.0 --port PORT --state-file /opt/trainwatch/data/logscan.json \
         [--kernel-log | --kernel-log-file FILE] [--job NAME] [--interval 1] PATH_OR_GLOB...
     trainwatch-logscan --once [--json] FILE...
 

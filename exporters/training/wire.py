@@ -132,7 +132,7 @@ def decode(data: bytes) -> RankReport:
         raise WireError("bad applied list")
     for event in applied:
         if (not isinstance(event, dict) or not isinstance(event.get("id"), str)
-                or not COMMAND_ID_PATTERN.match(event["id"])
+                or not COMMAND_ID_PATTERN.fullmatch(event["id"])
                 or not isinstance(event.get("type"), str)
                 or not COMMAND_TYPE_PATTERN.match(event["type"])
                 or not isinstance(event.get("args", {}), dict)
