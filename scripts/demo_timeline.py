@@ -31,6 +31,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from exporters.catalog import TOKEN_FILES  # noqa: E402 - after the repo is on the path
+from exporters.tokens import read_secret_file  # noqa: E402
 
 ALERT = "TrainingLossSpike"
 LOCAL_INVENTORY_VARS = REPO / "ansible" / "inventories" / "local" / "group_vars" / "all.yml"
@@ -238,10 +239,6 @@ def print_summary(result: DemoResult, endpoints: Endpoints, echo: Callable[[str]
     return delay is not None
 
 
-def _read(path: Path) -> str:
-    return path.read_text().strip()
-
-
 def _local_url(port_variable: str) -> str:
     """A service of the local deployment: the demo ports are the local inventory's."""
     port = yaml.safe_load(LOCAL_INVENTORY_VARS.read_text())[port_variable]
@@ -270,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     endpoints = Endpoints(
         prometheus=args.prometheus, alertmanager=args.alertmanager,
         training_exporter=args.training_exporter, remediation=args.remediation,
-        remediation_token=_read(webhook_token),
+        remediation_token=read_secret_file(webhook_token),
         job_env={
             "TRAINWATCH_JOB": args.job,
             "TRAINWATCH_EXPORTER_SOCKET": str(args.prefix / "run" / "training.sock"),
