@@ -65,6 +65,6 @@ def test_each_token_file_path_is_written_once(token: str) -> None:
 
 def test_the_job_name_pattern_is_written_once() -> None:
     pattern = _contract()["job_name_pattern"]
-    assert catalog.JOB_NAME_PATTERN == pattern
+    assert pattern == catalog.JOB_NAME_PATTERN
     # without its anchors, so that a copy written with \A or fullmatch is found too
     assert _where(pattern.strip("^$"), word=False) == {"exporters/contract.json"}
