@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from alert_rules import generate  # noqa: E402
 from alert_rules.config import CONFIG_PATH, load_raw, resolve  # noqa: E402
+from exporters.catalog import PORTS  # noqa: E402
 from tests.support.net import free_port, wait_until  # noqa: E402
 from tests.support.procs import running  # noqa: E402
 
@@ -65,9 +66,9 @@ def _series(nodes: int) -> Iterator[tuple[str, str, str, str]]:
     """(type line, sample name, labels, value kind) for every synthetic series."""
     for n in range(nodes):
         host = f"node{n:04d}"
-        node = f'job="node",instance="{host}:9100"'
-        gpu_inst = f'job="gpu",instance="{host}:9445"'
-        train_inst = f'job="training",instance="{host}:9446"'
+        node = f'job="node",instance="{host}:{PORTS["node_exporter"]}"'
+        gpu_inst = f'job="gpu",instance="{host}:{PORTS["gpu_exporter"]}"'
+        train_inst = f'job="training",instance="{host}:{PORTS["training_exporter"]}"'
         for inst in (node, gpu_inst, train_inst):
             yield "up gauge", "up", inst, "one"
         fs = f'{node},device="/dev/nvme0n1",fstype="ext4",mountpoint="/data"'

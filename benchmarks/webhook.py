@@ -51,6 +51,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from exporters.catalog import PORTS  # noqa: E402
 from tests.support.net import free_port, wait_until  # noqa: E402
 
 TOKEN = secrets.token_hex(16)
@@ -115,15 +116,16 @@ def _payload(n_alerts: int) -> bytes:
                "labels": {"alertname": "TrainingLossSpike",
                           "training_job": f"job{secrets.randbelow(50)}",
                           "severity": "warning", "component": "training",
-                          "instance": "10.0.0.7:9446", "rank": "0", "node": "gpu-node-07"},
+                          "instance": f"10.0.0.7:{PORTS['training_exporter']}", "rank": "0",
+                          "node": "gpu-node-07"},
                "annotations": {"summary": "loss spiked", "runbook_url": "https://runbooks/x"},
                "startsAt": "2026-11-21T18:03:15.119Z", "endsAt": "0001-01-01T00:00:00Z",
-               "generatorURL": "http://monitor-01:9090/graph?g0.expr=x",
+               "generatorURL": f"http://monitor-01:{PORTS['prometheus']}/graph?g0.expr=x",
                "fingerprint": secrets.token_hex(8)} for _ in range(n_alerts)]
     return json.dumps({"receiver": "remediation", "status": "firing", "alerts": alerts,
                        "groupLabels": {"alertname": "TrainingLossSpike"},
                        "commonLabels": {"alertname": "TrainingLossSpike"},
-                       "commonAnnotations": {}, "externalURL": "http://monitor-01:9093",
+                       "commonAnnotations": {}, "externalURL": f"http://monitor-01:{PORTS['alertmanager']}",
                        "version": "4", "groupKey": "{}:{alertname=\"TrainingLossSpike\"}",
                        "truncatedAlerts": 0}).encode()
 

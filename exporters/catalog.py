@@ -10,20 +10,19 @@ See docs/contracts.md for the prose version.
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Mapping
+import json
+from pathlib import Path
 from typing import Any, NamedTuple
 
-# --- default ports (production). The local inventory and the tests override them. ---------
-PORTS: dict[str, int] = {
-    "prometheus": 9090,
-    "alertmanager": 9093,
-    "node_exporter": 9100,
-    "gpu_exporter": 9445,
-    "training_exporter": 9446,
-    "logscan": 9447,
-    "remediation": 9448,
-}
+# --- facts shared with Ansible and the docs: defined once in contract.json -------------------
+_CONTRACT = json.loads(Path(__file__).with_name("contract.json").read_text())
+# Default ports (production). The local inventory and the tests override them.
+PORTS: dict[str, int] = dict(_CONTRACT["ports"])
+# Token files, relative to the deployment's prefix (Ansible's trainwatch_prefix).
+TOKEN_FILES: dict[str, str] = dict(_CONTRACT["token_files"])
+# What a job name must look like: it becomes a label value, a path component (log files) and
+# part of control-API paths (exporters.identity validates it).
+JOB_NAME_PATTERN: str = _CONTRACT["job_name_pattern"]
 
 # --- label names ----------------------------------------------------------------------------
 LABEL_JOB = "training_job"
@@ -46,80 +45,7 @@ ENV_SYNC_EVERY = "TRAINWATCH_SYNC_EVERY"
 ENV_DIAGNOSTICS_DIR = "TRAINWATCH_DIAGNOSTICS_DIR"
 DEFAULT_EXPORTER_SOCKET = "/run/trainwatch/training.sock"
 
-# Where the training_job label comes from when not given: the first of these that is set.
-# Launcher job ids: torchrun's rendezvous id, Slurm, Open MPI (4.x orte, 5.x PRRTE/PMIx).
-JOB_ENV_VARIABLES = (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_orte_ess_jobid",
-                     "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE")
-# torchrun sets TORCHELASTIC_RUN_ID to "none" when no --rdzv-id is given: not a job name.
-PLACEHOLDER_JOB_NAMES = frozenset({"none"})
-# Prefix of a job id derived from the rendezvous endpoint (no launcher job id).
-DERIVED_JOB_PREFIX = "tw-"
-_JOB_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
-
-
-def _label_safe(value: str) -> str:
-    """A launcher's id as a label-safe job name (e.g. PMIx's `prterun-host-1@1`)."""
-    safe = "".join(ch if ch in _JOB_CHARS else "-" for ch in value)[:128]
-    return safe if safe[:1].isalnum() else "j" + safe[:127]
-
-
-def torchelastic_agent_dir(env: Mapping[str, str]) -> str:
-    """The torchelastic agent's private directory of this launch ('' outside torchrun): the
-    part of TORCHELASTIC_ERROR_FILE before `/attempt_<n>/`, the same for every rank and every
-    restart of one launch on a node, and different for every other launch."""
-    error_file = env.get("TORCHELASTIC_ERROR_FILE", "")
-    return error_file.split("/attempt_", 1)[0] if "/attempt_" in error_file else ""
-
-
-def _derived_job(env: Mapping[str, str]) -> str | None:
-    """A job id every rank of one launch derives alike, and no concurrent launch shares.
-
-    Without a launcher job id, torchrun's static rendezvous still gives every worker the
-    rendezvous endpoint (MASTER_ADDR:MASTER_PORT, a port only one live job can hold on its
-    host) and TORCHELASTIC_ERROR_FILE, a path inside the agent's private temporary directory
-    (`mkdtemp`, kept across restarts, so a restarted job keeps its id):
-    `/tmp/torchelastic_XXXX/<run_id>_YYYY/attempt_<n>/<local_rank>/error.json`. That directory
-    with the host name names one launch on a node (the c10d rendezvous gives every restart
-    round a new MASTER_PORT, so the endpoint is used only without it; a loopback endpoint then
-    takes the host name too, since every node has its own 127.0.0.1). On several nodes the
-    agents' directories differ, so the training client makes rank 0's id the job's
-    (exporters.training.sync.Agreement); parts that only see the environment (log files,
-    GPU process attribution) name a multi-node unnamed job per node: give such jobs a name
-    (--rdzv-id, TRAINWATCH_JOB).
-    """
-    addr, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
-    if not (addr and port):
-        return None
-    agent_dir = torchelastic_agent_dir(env)
-    host = ""
-    if agent_dir or addr in ("localhost", "::1") or addr.startswith("127."):
-        host = socket.gethostname()
-    import hashlib  # lazy: it loads OpenSSL's libcrypto (~3.6 MiB RSS), rarely needed here
-
-    # The agent's directory already names one launch on this host; the c10d rendezvous hands
-    # each restart round a new MASTER_PORT, so the endpoint only counts without it.
-    launch = f"{agent_dir}|{host}" if agent_dir else f"{addr}:{port}|{host}"
-    digest = hashlib.sha256(launch.encode()).hexdigest()
-    return DERIVED_JOB_PREFIX + digest[:12]
-
-
-def job_from_env(env: Mapping[str, str]) -> str | None:
-    """The job's id from the launcher: an explicit name, the launcher's job id (placeholders
-    skipped, made label-safe), else one derived from the rendezvous; None outside a launcher.
-    """
-    for name in JOB_ENV_VARIABLES:
-        value = env.get(name, "")
-        if value and value not in PLACEHOLDER_JOB_NAMES:
-            return value if name == ENV_JOB else _label_safe(value)
-    return _derived_job(env)
-
-# === The metric table ==========================================================================
-# Every metric a Trainwatch exporter serves is one `_define` call below: name, type, HELP text,
-# labels, base unit, and (GPU) where it comes from and its dcgm-exporter twin. The exporters'
-# HELP/TYPE lines, the GPU exporter's family order, the fake NVML's plain getters, the rule
-# generator's names, the docs' metric tables (scripts/metric_docs.py) and the name cross-checks
-# are all read from this table; a constant below is the same string as its row's name.
-
+# === The metric table ===================================================================
 
 class Metric(NamedTuple):
     """One row of the metric table (the shape of dcgm-exporter's default-counters.csv)."""

@@ -15,7 +15,6 @@ that token. The webhook token is refused there (403).
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import threading
@@ -27,6 +26,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from exporters.tokens import bearer, token_matches
 from remediation.committer import CommitFailed, GroupCommitter
 from remediation.config import Config
 from remediation.engine import cancel_if_resolved
@@ -107,14 +107,11 @@ def services() -> Services:
 
 
 def _bearer() -> str | None:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else None
+    return bearer(request.headers.get("Authorization"))
 
 
 def _is_webhook_token(token: str | None) -> bool:
-    # compare_digest on bytes of both: constant time whatever the supplied length or content
-    return token is not None and hmac.compare_digest(
-        token.encode("utf-8", "replace"), services().config.webhook_token.encode())
+    return token_matches(token, services().config.webhook_token)
 
 
 def _authorized() -> bool:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import requests
 
+from exporters.tokens import SecretFileError, read_secret_file
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainwatch-remediation",
@@ -29,13 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("id", type=int)
     args = parser.parse_args(argv)
     try:
-        token = args.token_file.read_text().strip()
-    except OSError as exc:
-        print(f"trainwatch-remediation: cannot read {args.token_file}: {exc.strerror}",
-              file=sys.stderr)
-        return 2
-    if not token:
-        print(f"trainwatch-remediation: {args.token_file} is empty", file=sys.stderr)
+        token = read_secret_file(args.token_file)
+    except SecretFileError as exc:
+        print(f"trainwatch-remediation: {exc}", file=sys.stderr)
         return 2
     headers = {"Authorization": f"Bearer {token}"}
     base = args.url.rstrip("/")

@@ -8,6 +8,7 @@ from pathlib import Path
 import yaml
 
 from exporters.catalog import PORTS
+from exporters.tokens import MIN_TOKEN_LENGTH, SecretFileError, read_secret_file
 from remediation.approvers import ApproverError, Approvers, load_approvers
 from remediation.durations import seconds
 from remediation.schemas import first_error
@@ -30,7 +31,7 @@ class PgSettings:
     dbname: str
     user: str
     password: str = field(repr=False)
-    port: int = 5432
+    port: int = PORTS["postgresql"]
     sslmode: str = "prefer"
     connect_timeout: int = 10
 
@@ -97,14 +98,11 @@ class Config:
         return dict(self.breaker_max_by_priority).get(priority, self.breaker_max_actions)
 
 
-def _read_secret(path: Path, key: str, source: Path) -> str:
+def _read_secret(path: Path, key: str, source: Path, *, min_length: int = 1) -> str:
     try:
-        value = path.read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"{source}: {key}: cannot read {path}: {exc.strerror}") from exc
-    if not value:
-        raise ConfigError(f"{source}: {key}: {path} is empty")
-    return value
+        return read_secret_file(path, min_length=min_length)
+    except SecretFileError as exc:
+        raise ConfigError(f"{source}: {key}: {exc}") from None
 
 
 def _resolve(base: Path, value: str) -> Path:
@@ -179,7 +177,7 @@ def config_from_dict(raw: object, source: Path) -> Config:
         optional["breaker_max_by_priority"] = tuple(sorted(
             breaker.get("max_actions_by_priority", {}).items()))
     webhook_token = _read_secret(_resolve(base, raw["webhook_token_file"]),
-                                 "webhook_token_file", source)
+                                 "webhook_token_file", source, min_length=MIN_TOKEN_LENGTH)
     if "approvers_file" in optional:
         try:
             optional["approvers"] = load_approvers(Path(str(optional["approvers_file"])),
@@ -189,7 +187,8 @@ def config_from_dict(raw: object, source: Path) -> Config:
     return Config(
         webhook_token=webhook_token,
         training_exporter_token=_read_secret(_resolve(base, raw["training_exporter_token_file"]),
-                                             "training_exporter_token_file", source),
+                                             "training_exporter_token_file", source,
+                                             min_length=MIN_TOKEN_LENGTH),
         store_path=store_path,
         prometheus_url=raw["prometheus_url"].rstrip("/"),
         alertmanager_url=raw["alertmanager_url"].rstrip("/"),

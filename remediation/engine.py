@@ -38,10 +38,6 @@ class LostLease(RuntimeError):
     """Another process took this intent over (our lease expired): stop touching it."""
 
 
-class Cancelled(RuntimeError):
-    """The alert resolved: this firing intent's remaining steps were cancelled (audited)."""
-
-
 def _ids(intent: Intent) -> dict[str, Any]:
     return {"intent_id": intent.id, "fingerprint": intent.fingerprint,
             "playbook": intent.playbook, "alertname": intent.alertname,

@@ -1,34 +1,19 @@
-"""`remediation-server --config FILE`: the app under waitress, with the worker threads that run
-actions in the same process (the store is shared with any other instance through SQLite on one
-host or PostgreSQL across hosts, so running two servers on one store is also safe).
-
-Why waitress and not gunicorn's gthread worker: gthread hands every new connection to a handler
-thread at once, and that thread blocks reading the request, so eight clients that send their
-headers slowly held all eight threads and stopped every intake and health request. Waitress
-reads requests in one non-blocking I/O loop and gives a handler thread only a request that has
-fully arrived (headers and body), so slow or idle connections cost a socket, never a thread.
-On top of that: a request must arrive completely within `request_timeout_seconds` (a client
-trickling a byte at a time is cut off), an idle connection is closed after
-`idle_timeout_seconds`, and at most `max_connections` are open at once (poll(), not select(),
-so that is not capped at 1024 descriptors).
+"""`remediation-server --config FILE`: the app under exporters.serving (waitress), with the
+worker threads that run actions in the same process (the store is shared with any other
+instance through SQLite on one host or PostgreSQL across hosts, so running two servers on one
+store is also safe). Why waitress, and the request and connection limits: exporters/serving.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from waitress.adjustments import Adjustments
-from waitress.channel import HTTPChannel
-from waitress.server import TcpWSGIServer
-from waitress.task import ThreadedTaskDispatcher
-
+from exporters import serving
 from remediation.app import create_app
 from remediation.config import Config, ConfigError, load_config
 from remediation.marker import StoreResetError, check_store, write_marker
@@ -39,46 +24,15 @@ from remediation.worker import Worker
 log = logging.getLogger("remediation.server")
 
 
-class _DeadlineChannel(HTTPChannel):  # type: ignore[misc]
-    """Remembers when the request being read began, for the server's deadline sweep."""
-
-    request_began: float | None = None
-
-    def received(self, data: bytes) -> bool:
-        if self.request is None and data:
-            self.request_began = time.monotonic()
-        return bool(super().received(data))
-
-
-class _Server(TcpWSGIServer):  # type: ignore[misc]
-    channel_class = _DeadlineChannel
-    request_timeout = 10.0
-
-    def maintenance(self, now: float) -> None:
-        """waitress closes idle channels; also close those whose request has been arriving for
-        longer than request_timeout (slow headers or body), unless it is being served."""
-        super().maintenance(now)
-        cutoff = time.monotonic() - self.request_timeout
-        for channel in list(self.active_channels.values()):
-            began = getattr(channel, "request_began", None)
-            if (channel.request is not None and not channel.requests and began is not None
-                    and began < cutoff):
-                channel.will_close = True
-
-
-def make_server(app: Any, config: Config) -> _Server:
-    """A waitress server bound to the config's address, accepting once run() is called."""
-    adj = Adjustments(
-        host=config.bind, port=config.port, threads=config.http_threads,
-        connection_limit=config.max_connections,
-        channel_timeout=max(int(config.idle_timeout_seconds), 1), cleanup_interval=1,
-        asyncore_use_poll=True, max_request_header_size=65536,
-        max_request_body_size=config.max_body_bytes + 65536, ident="trainwatch-remediation")
-    dispatcher = ThreadedTaskDispatcher()
-    dispatcher.set_thread_count(adj.threads)
-    server = _Server(app, map={}, dispatcher=dispatcher, adj=adj, sockinfo=adj.listen[0])
-    server.request_timeout = config.request_timeout_seconds
-    return server
+def make_server(app: Any, config: Config) -> serving.Server:
+    """The app's server, bound to the config's address, accepting once run() is called."""
+    return serving.make_server(app, config.bind, config.port, ident="trainwatch-remediation",
+                               limits=serving.Limits(
+                                   threads=config.http_threads,
+                                   max_connections=config.max_connections,
+                                   request_timeout_seconds=config.request_timeout_seconds,
+                                   idle_timeout_seconds=config.idle_timeout_seconds,
+                                   max_body_bytes=config.max_body_bytes))
 
 
 def serve(config: Config) -> None:
@@ -88,18 +42,8 @@ def serve(config: Config) -> None:
     app = create_app(config, worker=worker, store=store, books=books)
     server = make_server(app, config)
     worker.start()
-
-    def stop(signum: int, _frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     log.info("listening on %s:%d", config.bind, config.port)
-    try:
-        server.run()
-    finally:
-        worker.stop()
-        server.close()
+    serving.serve_until_signal(server, on_stop=worker.stop)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,9 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import requests
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from exporters.catalog import TOKEN_FILES  # noqa: E402 - after the repo is on the path
+from exporters.tokens import read_secret_file  # noqa: E402
+
 ALERT = "TrainingLossSpike"
+LOCAL_INVENTORY_VARS = REPO / "ansible" / "inventories" / "local" / "group_vars" / "all.yml"
 
 
 @dataclass
@@ -229,41 +235,44 @@ def print_summary(result: DemoResult, endpoints: Endpoints, echo: Callable[[str]
     echo(f"Alertmanager:        {endpoints.alertmanager}")
     echo(f"Training exporter:   {endpoints.training_exporter}/metrics")
     echo(f"Remediation service: {endpoints.remediation}/v1/actions "
-         "(bearer token: the stack's etc/remediation-webhook.token)")
+         f"(bearer token: the stack's {TOKEN_FILES['webhook']})")
     return delay is not None
 
 
-def _read(path: Path) -> str:
-    return path.read_text().strip()
+def _local_url(port_variable: str) -> str:
+    """A service of the local deployment: the demo ports are the local inventory's."""
+    port = yaml.safe_load(LOCAL_INVENTORY_VARS.read_text())[port_variable]
+    return f"http://127.0.0.1:{port}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prefix", type=Path, default=REPO / ".stack",
                         help="the local deployment's prefix (trainwatch_prefix)")
-    parser.add_argument("--prometheus", default="http://127.0.0.1:19090")
-    parser.add_argument("--alertmanager", default="http://127.0.0.1:19093")
-    parser.add_argument("--training-exporter", default="http://127.0.0.1:19446")
-    parser.add_argument("--remediation", default="http://127.0.0.1:19448")
+    parser.add_argument("--prometheus", default=_local_url("prometheus_port"))
+    parser.add_argument("--alertmanager", default=_local_url("alertmanager_port"))
+    parser.add_argument("--training-exporter", default=_local_url("training_exporter_port"))
+    parser.add_argument("--remediation", default=_local_url("remediation_port"))
     parser.add_argument("--job", default=f"demo-{int(time.time())}")
     parser.add_argument("--spike-at-step", type=int, default=300)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--step-time", type=float, default=0.1)
     args = parser.parse_args(argv)
-    etc = args.prefix / "etc"
-    for name in ("remediation-webhook.token", "control.token"):
-        if not (etc / name).is_file():
-            parser.error(f"{etc / name} not found: deploy the stack first "
+    webhook_token, control_token = (args.prefix / TOKEN_FILES[name]
+                                    for name in ("webhook", "control"))
+    for path in (webhook_token, control_token):
+        if not path.is_file():
+            parser.error(f"{path} not found: deploy the stack first "
                          "(ansible-playbook -i ansible/inventories/local ansible/deploy.yml)")
     endpoints = Endpoints(
         prometheus=args.prometheus, alertmanager=args.alertmanager,
         training_exporter=args.training_exporter, remediation=args.remediation,
-        remediation_token=_read(etc / "remediation-webhook.token"),
+        remediation_token=read_secret_file(webhook_token),
         job_env={
             "TRAINWATCH_JOB": args.job,
             "TRAINWATCH_EXPORTER_SOCKET": str(args.prefix / "run" / "training.sock"),
             "TRAINWATCH_EXPORTER_URL": args.training_exporter,
-            "TRAINWATCH_CONTROL_TOKEN_FILE": str(etc / "control.token"),
+            "TRAINWATCH_CONTROL_TOKEN_FILE": str(control_token),
         })
     print(f"Running job {args.job}: 2 ranks (torchrun, gloo), loss spike at step "
           f"{args.spike_at_step} of {args.steps}")

@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             results["compare_diffs"] = [r for r in summary.get("results", []) if not r["ok"]]
             checks["nvidia_smi_agrees"] = compare.returncode == 0
 
-        token = work / "control.token"
+        token = work / "token"
         token.write_text(secrets.token_hex(16))
         token.chmod(0o600)
         sock = work / "training.sock"

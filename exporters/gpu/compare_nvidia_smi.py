@@ -1,6 +1,6 @@
 """Compare a gpu-exporter scrape with `nvidia-smi --query-gpu` on a real GPU host.
 
-    python -m exporters.gpu.compare_nvidia_smi --url http://127.0.0.1:9445/metrics [--json]
+    python -m exporters.gpu.compare_nvidia_smi [--url http://127.0.0.1:PORT/metrics] [--json]
 
 For each GPU and field, prints the nvidia-smi value, the exporter value (converted to
 nvidia-smi's units) and whether they agree within the field's tolerance: rounding for
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporters import catalog as c
+from exporters.catalog import PORTS
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def compare(smi_rows: list[dict[str, str]], scraped: dict,
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:9445/metrics")
+    parser.add_argument("--url", default=f"http://127.0.0.1:{PORTS['gpu_exporter']}/metrics")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:

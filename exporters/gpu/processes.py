@@ -4,7 +4,7 @@ NVML reports only a pid and its memory. The launcher (torchrun, Slurm, Trainwatc
 wrapper) puts the job and rank into the process environment, which Linux exposes read-only in
 /proc/<pid>/environ. That file is untrusted input: we read at most `MAX_ENVIRON_BYTES`, keep
 only the variables we know, and drop values that do not look like a job name or a rank (a
-label value must stay short and bounded). The job is named by exporters.catalog.job_from_env,
+label value must stay short and bounded). The job is named by exporters.identity.job_from_env,
 the one identity function the training client and the log handler use too (explicit
 TRAINWATCH_JOB, else the launcher's job id, else an id derived from the rendezvous), so a GPU
 process is attributed to the job its training metrics carry. Unreadable environments
@@ -18,14 +18,15 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from exporters.catalog import JOB_ENV_VARIABLES, job_from_env
+from exporters.identity import JOB_ENV_VARIABLES, RANK_VARIABLES, is_job_name, job_from_env
 
 MAX_ENVIRON_BYTES = 256 * 1024
 # What job_from_env reads: the job variables, then the rendezvous a job id is derived from.
 JOB_VARIABLES = (*JOB_ENV_VARIABLES, "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE")
-RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-_WANTED = frozenset(JOB_VARIABLES + RANK_VARIABLES)
-_VALID_JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:@+-]{0,127}")
+# The launchers' rank variables, then MPICH/Intel MPI's (their processes are attributed a rank
+# even though the training client does not read it).
+PROCESS_RANK_VARIABLES = (*RANK_VARIABLES, "PMI_RANK")
+_WANTED = frozenset(JOB_VARIABLES + PROCESS_RANK_VARIABLES)
 _VALID_RANK = re.compile(r"[0-9]{1,7}")
 UNATTRIBUTED = ("", "")
 
@@ -62,10 +63,10 @@ def job_and_rank(env: Mapping[str, str] | None) -> tuple[str, str]:
     # An invalid explicit name is not skipped for the next variable: the training client
     # refuses it, so any other name would be a job no training metrics carry.
     job = job_from_env(env) or ""
-    if not _VALID_JOB.fullmatch(job):
+    if not is_job_name(job):
         job = ""
     rank = ""
-    for name in RANK_VARIABLES:
+    for name in PROCESS_RANK_VARIABLES:
         value = env.get(name, "")
         if _VALID_RANK.fullmatch(value):
             rank = str(int(value))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from exporters.logs.identity import JOB_NAME_PATTERN
+from exporters.identity import is_job_name
 from exporters.logs.scanner import Source
 
 _RANK_FILE = re.compile(r"^rank-(\d{1,6})\.jsonl(?:\.\d+)?$")
@@ -29,7 +29,7 @@ def source_for(path: str, key: str, default_job: str = "", kernel: bool = False)
         return Source(name=key, kernel=True)
     p = Path(path)
     match = _RANK_FILE.match(p.name)
-    if match and JOB_NAME_PATTERN.match(p.parent.name):
+    if match and is_job_name(p.parent.name):
         return Source(name=key, job=p.parent.name, rank=match.group(1))
     return Source(name=key, job=default_job)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporters.catalog import LOG_EVENT_KINDS
-from exporters.logs.identity import JOB_NAME_PATTERN
+from exporters.identity import is_job_name
 from exporters.logs.patterns import (
     CHAIN_MARKERS,
     PREFILTER,
@@ -86,7 +86,7 @@ def _split_rank(line: str) -> tuple[str, str]:
 
 def _label_job(value: Any) -> str:
     """A job label from a log line: bounded, label-safe, else 'unknown'."""
-    if isinstance(value, str) and JOB_NAME_PATTERN.match(value):
+    if is_job_name(value):
         return value
     return "unknown" if value else ""
 

@@ -1,6 +1,6 @@
 """`trainwatch-logscan`: follow training logs (and the kernel log), export failure counters.
 
-    trainwatch-logscan --bind 0.0.0.0 --port 9447 --state-file /opt/trainwatch/data/logscan.json \
+    trainwatch-logscan --bind 0.0.0.0 --port PORT --state-file /opt/trainwatch/data/logscan.json \
         [--kernel-log | --kernel-log-file FILE] [--job NAME] [--interval 1] PATH_OR_GLOB...
     trainwatch-logscan --once [--json] FILE...
 
@@ -20,11 +20,12 @@ from pathlib import Path
 from types import FrameType
 from typing import BinaryIO
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from exporters import serving
 from exporters.catalog import PORTS
+from exporters.identity import JOB_NAME_PATTERN, is_job_name
 from exporters.logs.follower import FileFollower, source_for
-from exporters.logs.identity import JOB_NAME_PATTERN
 from exporters.logs.kmsg import KMSG_PATH, KmsgReader
 from exporters.logs.metrics import ScannerCollector
 from exporters.logs.scanner import Scanner, Source
@@ -57,7 +58,7 @@ def _interval(text: str) -> float:
 
 
 def _job(text: str) -> str:
-    if not JOB_NAME_PATTERN.match(text):
+    if not is_job_name(text):
         raise argparse.ArgumentTypeError(f"job name must match {JOB_NAME_PATTERN.pattern}")
     return text
 
@@ -174,11 +175,13 @@ def serve(args: argparse.Namespace) -> int:
     registry.register(ScannerCollector(
         scanner, lambda: sum(f.followed for f in followers), lambda: errors["count"]))
     try:
-        server, _thread = start_http_server(args.port, addr=args.bind, registry=registry)
+        server = serving.make_server(make_wsgi_app(registry), args.bind, args.port,
+                                     ident=PROG, limits=serving.Limits(threads=2))
     except OSError as exc:
         print(f"{PROG}: cannot listen on {args.bind}:{args.port}: {exc.strerror or exc}",
               file=sys.stderr)
         return 2
+    http = serving.Background(server)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -206,8 +209,7 @@ def serve(args: argparse.Namespace) -> int:
             if stop.wait(args.interval):
                 break
     finally:
-        server.shutdown()
-        server.server_close()
+        http.stop()
         for follower in followers:
             follower.close()
         if kmsg is not None:

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporters import catalog
+from exporters import catalog, identity
+from exporters.tokens import SecretFileError, read_secret_file
 from exporters.training import commands as cmd
 from exporters.training import flops as flops_table
 from exporters.training import sync
@@ -66,9 +67,9 @@ def _read_token(env: Mapping[str, str]) -> str | None:
     path = env.get(catalog.ENV_CONTROL_TOKEN_FILE)
     if path:
         try:
-            return Path(path).read_text().strip() or None
-        except OSError as exc:
-            log.warning("cannot read %s: %s", catalog.ENV_CONTROL_TOKEN_FILE, exc.strerror)
+            return read_secret_file(Path(path))
+        except SecretFileError as exc:  # commands stay off; training goes on
+            log.warning("%s: %s", catalog.ENV_CONTROL_TOKEN_FILE, exc)
             return None
     return env.get(catalog.ENV_CONTROL_TOKEN) or None
 
@@ -81,7 +82,7 @@ def _launch_incarnation(info: RankInfo, env: Mapping[str, str]) -> str:
     if info.world_size <= 1:
         return uuid.uuid4().hex
     launch = "|".join((info.job, str(info.world_size), str(info.restarts),
-                       catalog.torchelastic_agent_dir(env),
+                       identity.torchelastic_agent_dir(env),
                        env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", ""),
                        env.get("SLURM_JOB_ID", ""), env.get("SLURM_RESTART_COUNT", "")))
     return uuid.uuid5(uuid.NAMESPACE_OID, launch).hex
@@ -110,7 +111,7 @@ class TrainingMonitor:
         # Collective when distributed: every rank constructs the monitor at the same point.
         self._agreement = sync.Agreement(process_group)
         # One identity and one incarnation for the whole launch, both rank 0's: a job id
-        # derived per node (exporters.catalog.job_from_env) becomes the job's, and the
+        # derived per node (exporters.identity.job_from_env) becomes the job's, and the
         # exporter tells this launch's ranks from a previous launch's (a restart, another
         # world size) by the incarnation.
         job_id, self.incarnation = self._agreement.broadcast(

@@ -14,7 +14,10 @@ from typing import Any
 import jsonschema
 import referencing.exceptions
 
-COMMAND_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+from exporters.identity import JOB_NAME_PATTERN
+
+# A command id has a job name's shape: both are URL path segments and label-safe ids.
+COMMAND_ID_PATTERN = JOB_NAME_PATTERN
 COMMAND_TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 SCALE_LR = "scale_lr"
@@ -89,7 +92,7 @@ def validate(payload: Any, schemas: dict[str, dict[str, Any]]) -> Command:
         raise CommandError(f"unknown fields: {sorted(unknown)}")
     command_id = payload.get("id", "")
     if command_id != "" and (not isinstance(command_id, str)
-                             or not COMMAND_ID_PATTERN.match(command_id)):
+                             or not COMMAND_ID_PATTERN.fullmatch(command_id)):
         raise CommandError(f"id must match {COMMAND_ID_PATTERN.pattern}")
     command_type = payload.get("type")
     if not isinstance(command_type, str) or not COMMAND_TYPE_PATTERN.match(command_type):

@@ -7,7 +7,6 @@ Routes (see docs/contracts.md): POST/GET /v1/jobs/<job>/commands, GET
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -17,6 +16,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
+from exporters.tokens import bearer, token_matches
 from exporters.training.store import ApiError, Store
 
 MAX_BODY_BYTES = 16 * 1024
@@ -36,7 +36,7 @@ class ControlApp:
 
     def __init__(self, store: Store, registry: CollectorRegistry, token: str | None) -> None:
         self._store = store
-        self._token = token.encode() if token else None
+        self._token = token or None
         self._metrics = make_wsgi_app(registry)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
@@ -48,11 +48,7 @@ class ControlApp:
         return self._handle(request)(environ, start_response)
 
     def _authorized(self, request: Request) -> bool:
-        header = request.headers.get("Authorization", "")
-        scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer" or not presented or self._token is None:
-            return False
-        return hmac.compare_digest(presented.strip().encode(), self._token)
+        return token_matches(bearer(request.headers.get("Authorization")), self._token)
 
     def _handle(self, request: Request) -> Response:
         try:

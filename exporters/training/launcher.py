@@ -1,27 +1,19 @@
 """Who am I in the job? Rank, local rank, world size and restart count from the launcher.
 
-Launchers export these under different names; reading them here means a training script
-never has to pass them by hand. Order of precedence: torchrun/torchelastic, Slurm, Open MPI
-(also what Horovod's mpirun sets), then a single-process default.
+Launchers export these under different names (exporters.identity.LAUNCHERS); reading them
+here means a training script never has to pass them by hand. Order of precedence:
+torchrun/torchelastic, Slurm, Open MPI (also what Horovod's mpirun sets), then a
+single-process default.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporters.catalog import job_from_env
-
-# (rank, local rank, world size, restart count) variable names per launcher.
-_LAUNCHERS: tuple[tuple[str, str, str, str | None], ...] = (
-    ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"),
-    ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_RESTART_COUNT"),
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", None),
-)
-JOB_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+from exporters.identity import LAUNCHERS, detect_job, validate_job
 
 
 @dataclass(frozen=True)
@@ -53,16 +45,15 @@ def detect(env: Mapping[str, str] | None = None, job: str | None = None,
     value and part of control-API paths; anything else is refused with ValueError.
     """
     env = os.environ if env is None else env
-    names = next((n for n in _LAUNCHERS if n[0] in env), None)
+    names = next((n for n in LAUNCHERS if n[0] in env), None)
     if names is not None:
         rank = _int(env, names[0], 0) if rank is None else rank
         local_rank = _int(env, names[1], 0) if local_rank is None else local_rank
         world_size = _int(env, names[2], 1) if world_size is None else world_size
         restarts = _int(env, names[3], 0) if restarts is None else restarts
     if job is None:
-        job = job_from_env(env) or "default"
-    if not JOB_NAME_PATTERN.match(job):
-        raise ValueError(f"job name {job!r} must match {JOB_NAME_PATTERN.pattern}")
+        job = detect_job(env)
+    validate_job(job)
     info = RankInfo(job=job, rank=rank or 0, local_rank=local_rank or 0,
                     world_size=world_size or 1, restarts=restarts or 0)
     if not 0 <= info.rank < info.world_size:

@@ -1,10 +1,8 @@
 """`training-exporter`: the node training exporter (datagram receiver + /metrics + control API).
 
-Served by gunicorn with one gthread worker: a production HTTP server (timeouts, graceful
-SIGTERM, a master that restarts a crashed worker) while the datagram receiver and the HTTP
-handlers share one process's memory, which they must because the store is in memory.
-More workers would split the store, so the worker count is fixed at 1; threads serve the
-concurrent scrapes and control calls.
+Served by exporters.serving (waitress) in one process: the datagram receiver thread and the
+HTTP handlers share the in-memory store, and a client that sends its request slowly holds a
+socket, never one of the handler threads that answer scrapes and control calls.
 """
 
 from __future__ import annotations
@@ -13,17 +11,16 @@ import argparse
 import ipaddress
 import logging
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from gunicorn.app.base import BaseApplication
 from prometheus_client import CollectorRegistry
 
+from exporters import serving
 from exporters.catalog import DEFAULT_EXPORTER_SOCKET, PORTS
+from exporters.tokens import SecretFileError, read_token_file
 from exporters.training.collector import TrainingCollector
 from exporters.training.command_log import CommandLog
-from exporters.training.control_api import ControlApp
+from exporters.training.control_api import MAX_BODY_BYTES, ControlApp
 from exporters.training.launcher import node_name
 from exporters.training.receiver import Receiver, bind_socket
 from exporters.training.store import Store
@@ -36,14 +33,9 @@ def read_token(path: Path | None) -> str | None:
     if path is None:
         return None
     try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise SystemExit(f"--token-file {path}: cannot read: {exc.strerror}") from None
-    if len(token) < 16:
-        raise SystemExit(f"--token-file {path}: token must be at least 16 characters")
-    if path.stat().st_mode & 0o004:
-        log.warning("--token-file %s is world-readable; use mode 0600 or 0640", path)
-    return token
+        return read_token_file(path)
+    except SecretFileError as exc:
+        raise SystemExit(f"--token-file: {exc}") from None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -82,22 +74,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-class _GunicornApp(BaseApplication):
-    """gunicorn configured from code (it must not read our argv)."""
-
-    def __init__(self, factory: Callable[[], Any], options: dict[str, Any]) -> None:
-        self._factory = factory
-        self._options = options
-        super().__init__()
-
-    def load_config(self) -> None:
-        for key, value in self._options.items():
-            self.cfg.set(key, value)
-
-    def load(self) -> Any:
-        return self._factory()
-
-
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -105,49 +81,36 @@ def main(argv: list[str] | None = None) -> int:
     token = read_token(args.token_file)
     if token is None:
         log.warning("no --token-file: control API answers 503 (fail closed)")
-    state: dict[str, Any] = {}
+    store = Store(args.job_expiry_seconds)
+    registry = CollectorRegistry()
+    registry.register(TrainingCollector(store, args.node))
+    try:
+        server = serving.make_server(
+            ControlApp(store, registry, token), args.bind, args.port, ident="training-exporter",
+            limits=serving.Limits(threads=args.threads, max_body_bytes=MAX_BODY_BYTES))
+    except OSError as exc:
+        raise SystemExit(f"training-exporter: cannot listen on {args.bind}:{args.port}: "
+                         f"{exc.strerror or exc}") from None
+    if args.command_log is not None:
+        store.attach_log(CommandLog(args.command_log))
+    sock = bind_socket(args.socket)
+    inode = args.socket.stat().st_ino
+    receiver = Receiver(sock, store)
+    receiver.start()
 
-    def build_app() -> ControlApp:
-        """Runs in the worker: the socket, receiver thread and store live there."""
-        store = Store(args.job_expiry_seconds)
-        if args.command_log is not None:
-            store.attach_log(CommandLog(args.command_log))
-        sock = bind_socket(args.socket)
-        receiver = Receiver(sock, store)
-        receiver.start()
-        state.update(receiver=receiver, sock=sock, inode=args.socket.stat().st_ino)
-        registry = CollectorRegistry()
-        registry.register(TrainingCollector(store, args.node))
-        log.info("receiving on %s, serving on %s:%d", args.socket, args.bind, args.port)
-        return ControlApp(store, registry, token)
+    def on_stop() -> None:
+        receiver.stop()
+        sock.close()
+        # A new exporter may already have bound its own socket file at this path (a restart
+        # that overlapped this one's exit): remove the file only if it is still ours.
+        try:
+            if args.socket.stat().st_ino == inode:
+                args.socket.unlink()
+        except FileNotFoundError:
+            pass
 
-    def on_worker_exit(server: Any, worker: Any) -> None:
-        if "receiver" in state:
-            state["receiver"].stop()
-            state["sock"].close()
-            # On a reload (SIGHUP) the next worker has already bound its own socket file at
-            # this path: remove the file only if it is still ours.
-            try:
-                if args.socket.stat().st_ino == state["inode"]:
-                    args.socket.unlink()
-            except FileNotFoundError:
-                pass
-
-    host = f"[{args.bind}]" if ":" in args.bind else args.bind
-    _GunicornApp(build_app, {
-        "bind": f"{host}:{args.port}",
-        "workers": 1,
-        "worker_class": "gthread",
-        "threads": args.threads,
-        "timeout": 30,
-        "graceful_timeout": 5,
-        "keepalive": 5,
-        "accesslog": None,
-        "errorlog": "-",
-        "loglevel": "warning",
-        "worker_exit": on_worker_exit,
-        "proc_name": "training-exporter",
-    }).run()
+    log.info("receiving on %s, serving on %s:%d", args.socket, args.bind, args.port)
+    serving.serve_until_signal(server, on_stop=on_stop)
     return 0
 
 

@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporters.identity import is_job_name
 from exporters.training.commands import COMMAND_ID_PATTERN, COMMAND_TYPE_PATTERN
-from exporters.training.launcher import JOB_NAME_PATTERN
 
 VERSION = 1
 MAX_DATAGRAM_BYTES = 60_000  # below the default Unix socket send buffer with room to spare
@@ -101,7 +101,7 @@ def decode(data: bytes) -> RankReport:
     if not isinstance(obj, dict) or obj.get("v") != VERSION:
         raise WireError("not a version-1 object")
     job = obj.get("job")
-    if not isinstance(job, str) or not JOB_NAME_PATTERN.match(job):
+    if not is_job_name(job):
         raise WireError("bad job name")
     world_size = _int(obj, "world_size", 1, 1 << 20)
     rank = _int(obj, "rank", 0, world_size - 1)
@@ -132,7 +132,7 @@ def decode(data: bytes) -> RankReport:
         raise WireError("bad applied list")
     for event in applied:
         if (not isinstance(event, dict) or not isinstance(event.get("id"), str)
-                or not COMMAND_ID_PATTERN.match(event["id"])
+                or not COMMAND_ID_PATTERN.fullmatch(event["id"])
                 or not isinstance(event.get("type"), str)
                 or not COMMAND_TYPE_PATTERN.match(event["type"])
                 or not isinstance(event.get("args", {}), dict)

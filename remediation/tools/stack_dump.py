@@ -3,7 +3,7 @@
     python -m remediation.tools.stack_dump --job JOB [--py-spy PATH] [--timeout 30]
 
 A rank process is one that carries RANK (as torchrun sets for its workers) and whose
-environment names the job the way every Trainwatch part does (exporters.catalog
+environment names the job the way every Trainwatch part does (exporters.identity
 job_from_env), or whose flight-recorder dump is filed under the job (the training client's
 agreed id, which on several nodes can differ from what a node's environment derives).
 
@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from exporters.catalog import ENV_DIAGNOSTICS_DIR, job_from_env
+from exporters.catalog import ENV_DIAGNOSTICS_DIR
+from exporters.identity import job_from_env
 from remediation.labels import SAFE_VALUE
 
 MAX_DUMP_BYTES = 16 << 20

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters import catalog
+from exporters import identity
 from exporters.gpu.processes import (
     MAX_ENVIRON_BYTES,
     ProcessAttributor,
@@ -50,9 +50,9 @@ TORCHRUN_NO_RDZV_ID = {
     {"TRAINWATCH_JOB": "named", **TORCHRUN_NO_RDZV_ID},
 ])
 def test_gpu_processes_name_the_job_the_training_client_names(env, tmp_path: Path) -> None:
-    """One identity function (catalog.job_from_env) for training metrics and GPU processes,
+    """One identity function (identity.job_from_env) for training metrics and GPU processes,
     also after the environment went through /proc/<pid>/environ."""
-    expected = catalog.job_from_env(env)
+    expected = identity.job_from_env(env)
     assert expected
     assert job_and_rank(env)[0] == expected
     write_environ(tmp_path, 20, b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items()))

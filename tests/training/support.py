@@ -7,7 +7,7 @@ import secrets
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,16 @@ class Exporter:
     token: str
     token_file: Path
     proc: ManagedProcess
+    argv: list[str] = field(default_factory=list)
+
+    def restart(self) -> None:
+        """Stop the exporter (its memory is lost) and start it again with the same arguments
+        (port, socket, token, command log), as its supervisor would."""
+        self.proc.stop()
+        self.proc = ManagedProcess(self.argv, self.proc.log_path)
+        wait_until(lambda: _answers(self.url + "/metrics"), timeout=30,
+                   what="exporter back after restart")
+        wait_until(self.socket.exists, timeout=10, what="exporter socket after restart")
 
     def api(self, method: str, path: str, token: str | bool | None = True,
             **kwargs: Any) -> requests.Response:
@@ -81,7 +91,18 @@ def exporter(workdir: Path, name: str = "exporter", *, node: str = "node-a",
     url = f"http://127.0.0.1:{port}"
     with running(argv, workdir / f"{name}.log", ready_url=f"{url}/metrics") as proc:
         wait_until(socket.exists, timeout=10, what="exporter socket")
-        yield Exporter(url, socket, token_value, token_file, proc)
+        exp = Exporter(url, socket, token_value, token_file, proc, argv)
+        try:
+            yield exp
+        finally:
+            exp.proc.stop()  # the process restart() started, if any
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def events(proc: ManagedProcess) -> list[dict[str, Any]]:

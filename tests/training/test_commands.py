@@ -6,7 +6,6 @@ command does to real torch objects and what the exporter reports back per rank.
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -115,14 +114,12 @@ def test_builtin_and_registered_commands_apply_and_report_status(tmp_path: Path)
                                   "rollback": 1}
             assert exp.by_rank(catalog.TRAINING_ROLLBACKS, JOB) == {"0": 1.0}
 
-            # The exporter reloads (memory lost) and the same command is posted again: the
+            # The exporter restarts (memory lost) and the same command is posted again: the
             # rank must not apply it twice, and must report its earlier outcome again.
-            inode = exp.socket.stat().st_ino
-            exp.proc.proc.send_signal(signal.SIGHUP)
-            wait_until(lambda: exp.socket.stat().st_ino != inode, timeout=20, what="reload")
+            exp.restart()
             wait_until(lambda: exp.api("GET", f"/v1/jobs/{JOB}/commands").ok, timeout=20,
                        what="job known again after reload")
-            # (202, or 200 when the rank's recent applied reports reached the new worker first)
+            # (202, or 200 when the rank's recent applied reports reached the new process first)
             again = exp.api("POST", f"/v1/jobs/{JOB}/commands", json={
                 "id": "lr-1", "type": "scale_lr", "args": {"factor": 0.001, "floor": 0.01}})
             assert again.status_code in (200, 202), again.text

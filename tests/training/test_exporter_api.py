@@ -6,13 +6,16 @@ job is known and the script-registered command type is advertised the way a rank
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 
 from exporters import catalog
 from exporters.training.client import TrainingMonitor
@@ -217,28 +220,49 @@ def test_malformed_datagrams_are_counted_not_fatal(node: tuple[Exporter, Trainin
     assert exp.proc.alive()
 
 
-def test_reload_keeps_the_socket_and_keeps_receiving(tmp_path: Path) -> None:
-    """SIGHUP makes gunicorn start a fresh worker before stopping the old one: the old one
-    must not delete the socket file the new one has just bound."""
-    with exporter(tmp_path) as exp:
-        before = exp.socket.stat().st_ino
-        exp.proc.proc.send_signal(signal.SIGHUP)
-        wait_until(lambda: exp.socket.exists() and exp.socket.stat().st_ino != before,
-                   timeout=20, what="new worker bound the socket")
-        monitor = TrainingMonitor(rank_info=RankInfo("after-reload", 0, 0, 1, 0),
-                                  socket_path=str(exp.socket), control=False,
+def test_an_overlapping_restart_keeps_the_new_exporters_socket(tmp_path: Path) -> None:
+    """A new exporter bound the socket path while the old one still ran (a restart that
+    overlapped the old one's exit, or SIGHUP from a `reload`): the old one must leave the new
+    one's socket file in place when it exits, and the new one keeps receiving."""
+    with exporter(tmp_path, "old") as old, \
+            exporter(tmp_path, "new", socket=old.socket) as new:
+        old.proc.proc.send_signal(signal.SIGHUP)  # reload: the old process exits cleanly
+        wait_until(lambda: not old.proc.alive(), timeout=20, what="old exporter exited")
+        assert old.proc.proc.returncode is not None
+        assert new.socket.exists()
+        monitor = TrainingMonitor(rank_info=RankInfo("after-restart", 0, 0, 1, 0),
+                                  socket_path=str(new.socket), control=False,
                                   flush_interval=0.05)
         try:
-            # Keep reporting until it shows: the old worker may still hold the path briefly.
             step = 0
 
             def visible() -> bool:
                 nonlocal step
                 step += 1
                 monitor.report(step, loss=1.0)
-                return bool(exp.samples(catalog.TRAINING_STEP, "after-reload"))
+                return bool(new.samples(catalog.TRAINING_STEP, "after-restart"))
 
-            wait_until(visible, timeout=20, what="datagrams received after reload")
-            assert exp.socket.exists()
+            wait_until(visible, timeout=20, what="datagrams received by the new exporter")
+            assert new.socket.exists()
         finally:
             monitor.close()
+
+
+def test_clients_that_never_finish_their_request_do_not_starve_scrapes(tmp_path: Path) -> None:
+    """More clients than handler threads send half a request and stall: a scrape and a
+    control call are still answered (exporters.serving reads requests in its I/O loop; under
+    gunicorn's gthread worker each such client held a handler thread until it timed out)."""
+    with exporter(tmp_path, extra=("--threads", "2")) as exp:
+        port = int(exp.url.rsplit(":", 1)[1])
+        stalled: list[socket.socket] = []
+        try:
+            for _ in range(8):
+                conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+                conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # headers never end
+                stalled.append(conn)
+            assert requests.get(exp.url + "/metrics", timeout=20).status_code == 200
+            assert exp.api("GET", "/v1/jobs").status_code == 200
+        finally:
+            for conn in stalled:
+                with contextlib.suppress(OSError):
+                    conn.close()

@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from exporters import catalog
+from exporters import catalog, identity
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess, running
 from tests.training.support import JOB_BASE_ENV, Exporter, events, exporter, of
@@ -51,27 +51,27 @@ def start_ids(proc: ManagedProcess, count: int) -> set[str]:
 def test_job_ids_from_the_environment() -> None:
     torchrun = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "none",
                 "TORCHELASTIC_ERROR_FILE": "/tmp/torchelastic_ab/none_cd/attempt_0/1/error.json"}
-    derived = catalog.job_from_env(torchrun)
-    assert derived is not None and derived.startswith(catalog.DERIVED_JOB_PREFIX)
+    derived = identity.job_from_env(torchrun)
+    assert derived is not None and derived.startswith(identity.DERIVED_JOB_PREFIX)
     # every rank and every restart of one launch derives the same id ...
     restarted = {**torchrun, "TORCHELASTIC_ERROR_FILE":
                  "/tmp/torchelastic_ab/none_cd/attempt_1/0/error.json"}
-    assert catalog.job_from_env(restarted) == derived
+    assert identity.job_from_env(restarted) == derived
     # ... another launch (another agent directory or endpoint) another one
     other = {**torchrun, "TORCHELASTIC_ERROR_FILE":
              "/tmp/torchelastic_xy/none_zz/attempt_0/1/error.json"}
-    assert catalog.job_from_env(other) != derived
+    assert identity.job_from_env(other) != derived
     # the c10d rendezvous gives each restart round a new MASTER_PORT: same launch, same id
-    assert catalog.job_from_env({**restarted, "MASTER_PORT": "29501"}) == derived
+    assert identity.job_from_env({**restarted, "MASTER_PORT": "29501"}) == derived
     # without the agent's directory the endpoint tells launches apart
     bare = {k: v for k, v in torchrun.items() if k != "TORCHELASTIC_ERROR_FILE"}
-    assert catalog.job_from_env(bare) != catalog.job_from_env({**bare, "MASTER_PORT": "29501"})
+    assert identity.job_from_env(bare) != identity.job_from_env({**bare, "MASTER_PORT": "29501"})
     # launcher job ids win, made label-safe; an explicit name wins over everything
-    assert catalog.job_from_env({**torchrun, "TORCHELASTIC_RUN_ID": "run-7"}) == "run-7"
-    assert catalog.job_from_env({"PMIX_NAMESPACE": "prterun-h-12@1"}) == "prterun-h-12-1"
-    assert catalog.job_from_env({"OMPI_MCA_ess_base_jobid": "3298361345"}) == "3298361345"
-    assert catalog.job_from_env({**torchrun, catalog.ENV_JOB: "named"}) == "named"
-    assert catalog.job_from_env({}) is None
+    assert identity.job_from_env({**torchrun, "TORCHELASTIC_RUN_ID": "run-7"}) == "run-7"
+    assert identity.job_from_env({"PMIX_NAMESPACE": "prterun-h-12@1"}) == "prterun-h-12-1"
+    assert identity.job_from_env({"OMPI_MCA_ess_base_jobid": "3298361345"}) == "3298361345"
+    assert identity.job_from_env({**torchrun, catalog.ENV_JOB: "named"}) == "named"
+    assert identity.job_from_env({}) is None
 
 
 def test_two_unnamed_jobs_get_distinct_ids_and_a_command_reaches_only_one(
