@@ -363,8 +363,8 @@ class AsyncEcsHandler(logging.Handler):
                     self._write_blocks(parts)
                 elif self._write_block is not None:
                     self._write_block(b"".join(parts))
-                elif parts:
-                    self._writer.write_lines(b"".join(parts)[:-1].split(b"\n"))
+                elif block := b"".join(parts):
+                    self._writer.write_lines(block[:-1].split(b"\n"))
                 if not taken and not self._queue:
                     self._writer.flush()
                 self.written += count
