@@ -63,7 +63,8 @@ class LineWriter(Protocol):
     """Where encoded lines go; RotatingJsonlWriter in production, injectable for tests."""
 
     def write_lines(self, lines: list[bytes]) -> None: ...
-    # Optional: `write_block(data)`, newline-terminated lines in one buffer (saves a copy).
+    # Optional: `write_block(data)`, newline-terminated lines in one buffer (saves a copy), and
+    # `write_blocks(blocks)`, several such buffers at once (writev: saves joining them).
     def flush(self) -> None: ...
     def close(self) -> None: ...
 
@@ -121,6 +122,8 @@ class AsyncEcsHandler(logging.Handler):
             self.path = Path(path) if path is not None else None
         self._writer = writer
         self._write_block: Callable[[bytes], None] | None = getattr(writer, "write_block", None)
+        self._write_blocks: Callable[[list[bytes]], None] | None = getattr(
+            writer, "write_blocks", None)
         self._capacity = capacity
         self._block = overflow == "block"
         self._batch_size = batch_size
@@ -355,11 +358,12 @@ class AsyncEcsHandler(logging.Handler):
             summary = self._drop_summary()
             if summary is not None:
                 parts.append(summary + b"\n")
-            block = b"".join(parts)
             try:
-                if self._write_block is not None:
-                    self._write_block(block)
-                elif block:
+                if self._write_blocks is not None:
+                    self._write_blocks(parts)
+                elif self._write_block is not None:
+                    self._write_block(b"".join(parts))
+                elif block := b"".join(parts):
                     self._writer.write_lines(block[:-1].split(b"\n"))
                 if not taken and not self._queue:
                     self._writer.flush()
