@@ -6,7 +6,10 @@ dir (--root/--runroot/--tmpdir, the vfs driver: no overlay mount needed),
 --cgroup-manager=cgroupfs and --events-backend=none (no systemd journal; `file` would write
 under /run), --runtime=runc, and explicit low ulimits (the host
 may lack CAP_SYS_RESOURCE, so runc cannot set the container's nofile/nproc to podman's
-defaults: "error setting rlimits ... operation not permitted").
+defaults: "error setting rlimits ... operation not permitted"). `podman build` and `pull` keep a
+blob-info cache outside --root (/var/lib/containers/cache as root, ~/.local/share as a
+user), so as root every podman call runs in a private mount namespace with a tmp dir bound
+over /var/lib/containers, and as a user with HOME in the tmp dir: nothing is written outside.
 
 Building a compose image needs its base image from a registry. Where none is reachable (as
 on the development machine: no DNS for docker.io) those tests skip and say so; the podman
@@ -40,16 +43,23 @@ FROM_LINE = re.compile(r"^FROM\s+(\S+)", re.MULTILINE | re.IGNORECASE)
 VERSION_SMOKE = {"prometheus": ["--version"], "alertmanager": ["--version"]}
 
 
+SYSTEM_CACHE = Path("/var/lib/containers")
+# Binds the tmp dir ($0) over the system cache for this podman process only.
+IN_PRIVATE_MOUNTS = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                     'mount --bind "$0" /var/lib/containers && exec "$@"']
+
+
 @dataclass
 class Podman:
     argv: list[str]
+    env: dict[str, str]
 
     def __call__(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([*self.argv, *args], capture_output=True, text=True,
-                              timeout=timeout, check=False)
+                              timeout=timeout, env=self.env, check=False)
 
-    def run_argv(self, *args: str) -> list[str]:
-        return [*self.argv, "run", *ULIMITS, *args]
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        return self("run", *ULIMITS, *args, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +69,18 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
     if missing:
         pytest.skip(f"{missing} not installed (Debian packages podman, runc; scripts/setup.sh)")
     store = tmp_path_factory.mktemp("podman")
-    tool = Podman(["podman", "--root", str(store / "root"), "--runroot", str(store / "run"),
-                   "--tmpdir", str(store / "tmp"), "--storage-driver", "vfs",
-                   "--cgroup-manager", "cgroupfs", "--events-backend", "none",
-                   "--runtime", "runc"])
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(store / "home")}
+    wrapper: list[str] = []
+    if os.geteuid() == 0:
+        if not SYSTEM_CACHE.is_dir():
+            pytest.skip(f"{SYSTEM_CACHE} is missing, so it cannot be shadowed for the test: "
+                        "run scripts/setup.sh")
+        (store / "system-cache").mkdir()
+        wrapper = [*IN_PRIVATE_MOUNTS, str(store / "system-cache")]
+    tool = Podman([*wrapper, "podman", "--root", str(store / "root"),
+                   "--runroot", str(store / "run"), "--tmpdir", str(store / "tmp"),
+                   "--storage-driver", "vfs", "--cgroup-manager", "cgroupfs",
+                   "--events-backend", "none", "--runtime", "runc"], env)
     info = tool("info", timeout=60)
     if info.returncode != 0:
         pytest.skip(f"podman cannot run on this host: {info.stderr.strip()[-500:]}")
@@ -119,17 +137,15 @@ def test_podman_builds_and_runs_an_image_on_this_host(podman: Podman, tmp_path: 
     built = podman("build", "--quiet", "--tag", "localhost/trainwatch-fieldcheck:test",
                    str(context))
     assert built.returncode == 0, built.stderr
-    version = subprocess.run(podman.run_argv("--rm", "--network", "none",
-                                             "localhost/trainwatch-fieldcheck:test", "--version"),
-                             capture_output=True, text=True, timeout=120, check=False)
+    version = podman.run("--rm", "--network", "none", "localhost/trainwatch-fieldcheck:test",
+                         "--version")
     assert version.returncode == 0, version.stderr
     assert "node_exporter" in version.stdout + version.stderr
     port = free_port()
-    started = subprocess.run(podman.run_argv(
-        "--detach", "--name", "fieldcheck-node", "--network", "host",
-        "localhost/trainwatch-fieldcheck:test", f"--web.listen-address=127.0.0.1:{port}",
-        "--collector.disable-defaults", "--collector.loadavg"),
-        capture_output=True, text=True, timeout=120, check=False)
+    started = podman.run("--detach", "--name", "fieldcheck-node", "--network", "host",
+                         "localhost/trainwatch-fieldcheck:test",
+                         f"--web.listen-address=127.0.0.1:{port}",
+                         "--collector.disable-defaults", "--collector.loadavg")
     assert started.returncode == 0, started.stderr
     try:
         body = wait_until(lambda: requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text,
@@ -156,9 +172,8 @@ def test_compose_image_builds_and_answers(podman: Podman, name: str) -> None:
     built = podman("build", "--quiet", "--tag", service["image"], "--file", str(dockerfile),
                    str(context), timeout=600)
     assert built.returncode == 0, built.stderr
-    smoke = subprocess.run(podman.run_argv("--rm", "--network", "none", "--entrypoint",
-                                           "remediation-server", service["image"], "--help"),
-                           capture_output=True, text=True, timeout=120, check=False)
+    smoke = podman.run("--rm", "--network", "none", "--entrypoint", "remediation-server",
+                       service["image"], "--help")
     assert smoke.returncode == 0, smoke.stderr
     assert "--config" in smoke.stdout
 
@@ -166,8 +181,6 @@ def test_compose_image_builds_and_answers(podman: Podman, name: str) -> None:
 @pytest.mark.parametrize("name", sorted(VERSION_SMOKE))
 def test_compose_pulled_image_starts(podman: Podman, name: str) -> None:
     image = pull_or_skip(podman, compose_services()[name]["image"])
-    proc = subprocess.run(podman.run_argv("--rm", "--network", "none", image,
-                                          *VERSION_SMOKE[name]),
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = podman.run("--rm", "--network", "none", image, *VERSION_SMOKE[name])
     assert proc.returncode == 0, proc.stderr
     assert "version" in proc.stdout + proc.stderr
