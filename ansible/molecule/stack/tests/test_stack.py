@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,15 @@ def get(host, address: str) -> str:
                    ".read().decode())' %s", address)
     assert cmd.rc == 0, f"{address}: {cmd.stderr}"
     return cmd.stdout
+
+
+def poll(check: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    """Until `check()` holds; services that just started need a few scrapes and evaluations."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.5)
 
 
 def test_every_program_runs_under_the_dedicated_supervisord(host) -> None:
@@ -82,7 +93,36 @@ def test_prometheus_writes_to_victoriametrics(host) -> None:
     assert url("victoriametrics_port", "/api/v1/write") in urls
 
 
-def test_prometheus_scrapes_every_exporter(host) -> None:
-    targets = json.loads(get(host, url("prometheus_port", "/api/v1/targets")))
-    jobs = {t["labels"]["job"] for t in targets["data"]["activeTargets"]}
-    assert {"node", "gpu", "training", "logscan", "remediation"} <= jobs
+def test_prometheus_scrapes_every_exporter_and_every_target_is_up(host) -> None:
+    def targets() -> list[dict]:
+        return json.loads(get(host, url("prometheus_port", "/api/v1/targets")))[
+            "data"]["activeTargets"]
+
+    poll(lambda: bool(targets()) and all(t["health"] == "up" for t in targets()),
+         "every Prometheus target up")
+    jobs = {t["labels"]["job"] for t in targets()}
+    assert jobs == {"prometheus", "alertmanager", "node", "gpu", "training", "logscan",
+                    "remediation"}
+
+
+def test_every_installed_alert_rule_is_loaded(host) -> None:
+    rules_dir = PREFIX / "etc" / "prometheus" / "rules"
+    installed = set()
+    for path in host.file(str(rules_dir)).listdir():
+        if path.endswith((".yml", ".yaml")):
+            content = yaml.safe_load(host.file(str(rules_dir / path)).content_string)
+            installed |= {rule["alert"] for group in content["groups"]
+                          for rule in group["rules"] if "alert" in rule}
+    groups = json.loads(get(host, url("prometheus_port", "/api/v1/rules")))["data"]["groups"]
+    loaded = {rule["name"] for group in groups for rule in group["rules"]
+              if rule["type"] == "alerting"}
+    assert "Watchdog" in installed
+    assert installed <= loaded
+
+
+def test_the_watchdog_alert_reaches_alertmanager(host) -> None:
+    def watchdog() -> bool:
+        alerts = json.loads(get(host, url("alertmanager_port", "/api/v2/alerts")))
+        return any(a["labels"].get("alertname") == "Watchdog" for a in alerts)
+
+    poll(watchdog, "the Watchdog alert in Alertmanager")
