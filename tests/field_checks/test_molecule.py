@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from tests.ansible.runner import ANSIBLE, VENV_BIN, ansible_env, run_playbook
-from tests.support.net import free_port
+from tests.ansible.test_local_deploy import processes_under
+from tests.support.net import free_port, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -53,4 +54,12 @@ def test_molecule_stack_scenario(tmp_path: Path, real_binaries: dict[str, str]) 
         assert f"[stack > {step}] Executed: Successful" in output, step
     for token_file in ("control.token", "remediation-webhook.token"):
         token = (tmp_path / "prefix" / "etc" / token_file).read_text().strip()
-        assert token and token not in output
+        assert len(token) >= 32
+        assert token not in output
+    # destroy (stop.yml) left nothing of the deployment running
+    prefix = tmp_path / "prefix"
+    try:
+        wait_until(lambda: not processes_under(prefix), timeout=30,
+                   what="every process of the deployment to exit")
+    except TimeoutError:
+        pytest.fail(f"processes left after destroy: {processes_under(prefix)}")
