@@ -87,10 +87,6 @@ def dcgm_labels(expr: str) -> str:
     return out
 
 
-def _with(expr: str, label: str, value: str) -> str:
-    return f'label_replace({expr}, "{label}", "{value}", "", "")'
-
-
 def groups(p: Profile) -> list[Group]:
     """The mapping group for the dcgm source; nothing for Trainwatch's own exporter."""
     if source(p) != DCGM:
@@ -100,8 +96,8 @@ def groups(p: Profile) -> list[Group]:
     def d(name: str) -> str:
         return sel(name, g)
 
-    def rec(name: str, expr: str) -> Record:
-        return SourceRecord(name, dcgm_labels(expr))
+    def rec(name: str, expr: str, **labels: str) -> Record:
+        return SourceRecord(name, dcgm_labels(expr), labels)
 
     rules = [
         rec(c.GPU_TEMPERATURE, d(GPU_TEMP)),
@@ -119,21 +115,19 @@ def groups(p: Profile) -> list[Group]:
         rec(c.GPU_MEMORY_CLOCK, f"{d(MEM_CLOCK)} * 1e6"),
         rec(c.GPU_PCIE_REPLAYS, d(PCIE_REPLAY)),
         rec(c.GPU_ROW_REMAP_FAILURE, d(ROW_REMAP_FAILURE)),
-        rec(c.GPU_REMAPPED_ROWS, _with(d(CORRECTABLE_REMAPPED_ROWS), "cause", "correctable")),
-        rec(c.GPU_REMAPPED_ROWS, _with(d(UNCORRECTABLE_REMAPPED_ROWS), "cause",
-                                       "uncorrectable")),
+        rec(c.GPU_REMAPPED_ROWS, d(CORRECTABLE_REMAPPED_ROWS), cause="correctable"),
+        rec(c.GPU_REMAPPED_ROWS, d(UNCORRECTABLE_REMAPPED_ROWS), cause="uncorrectable"),
         # Uncorrectable ECC: the DBE counter where enabled; else a new uncorrectable row
         # remap, which the driver performs for every uncorrectable HBM error (on by default).
-        rec(c.GPU_ECC_ERRORS, _with(_with(f"{d(ECC_DBE_VOLATILE)}\nor\n"
-                                          f"{d(UNCORRECTABLE_REMAPPED_ROWS)}",
-                                          "error_type", "uncorrected"), "counter", "volatile")),
+        rec(c.GPU_ECC_ERRORS, f"{d(ECC_DBE_VOLATILE)}\nor\n{d(UNCORRECTABLE_REMAPPED_ROWS)}",
+            error_type="uncorrected", counter="volatile"),
         rec(c.GPU_UP, _gpu_up(p)),
         # identity (dcgm-exporter puts pci_bus_id on every series): the inventory panel
         rec(c.GPU_INFO, f"{d(GPU_TEMP)} * 0 + 1"),
     ]
     for label, bit in CLOCK_EVENT_REASONS:
         rules.append(rec(c.GPU_CLOCK_EVENT_REASON,
-                         _with(f"floor({d(CLOCKS_EVENT_REASONS)} / {bit}) % 2", "reason", label)))
+                         f"floor({d(CLOCKS_EVENT_REASONS)} / {bit}) % 2", reason=label))
     for row in GPM_METRICS:  # DCGM's profiling fields are already ratios and bytes/s
         rules.append(rec(row.name, d(_twin(row.name))))
     return [Group("trainwatch-gpu-source.rules", rules)]

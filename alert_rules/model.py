@@ -51,13 +51,19 @@ class Record:
 
     name: str
     expr: str
+    # Static labels that tell apart several rules recording one name (promtool's
+    # duplicate-rules lint compares the name and these labels, not the expression).
+    labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.name.count(":") != 2:
             raise ValueError(f"recording rule {self.name!r} must be level:metric:operations")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"record": self.name, "expr": self.expr}
+        rule: dict[str, Any] = {"record": self.name, "expr": self.expr}
+        if self.labels:
+            rule["labels"] = dict(self.labels)
+        return rule
 
 
 @dataclass(frozen=True)

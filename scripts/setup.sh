@@ -14,6 +14,9 @@ DEB_PACKAGES+=(ruby)
 DEB_PACKAGES+=(postgresql)
 # victoria-metrics: the long-term store Prometheus remote-writes to (tests/rules/test_victoriametrics.py)
 DEB_PACKAGES+=(victoria-metrics)
+# docker-compose (`config -q` on compose/), podman + runc (build and run the compose images
+# without a Docker engine or systemd): tests/field_checks/
+DEB_PACKAGES+=(docker-compose podman runc)
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -31,6 +34,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# As root, podman keeps a blob-info cache in /var/lib/containers whatever --root says;
+# tests/field_checks/test_images.py binds a tmp dir over it (the mount point must exist).
+if [ "$(id -u)" -eq 0 ]; then mkdir -p /var/lib/containers; fi
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

@@ -24,7 +24,8 @@ def test_syntax_check(playbook, inventory) -> None:
 
 def test_ansible_lint_production_profile() -> None:
     targets = [str(p.relative_to(REPO)) for p in PLAYBOOKS] + ["ansible/roles",
-                                                              "ansible/inventories"]
+                                                              "ansible/inventories",
+                                                              "ansible/molecule"]
     proc = subprocess.run([str(VENV_BIN / "ansible-lint"), "--offline", "--profile", "production",
                            "--nocolor", *targets],
                           cwd=REPO, env=ansible_env(), capture_output=True, text=True,
