@@ -190,6 +190,19 @@ def _clone(value: Any) -> Any:
     return value
 
 
+def _describe(exc: BaseException) -> str:
+    """One line per failing rank: DCP's CheckpointException carries each rank's exception and
+    its traceback, whose text would bury the cause."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        causes = []
+        for rank, failure in sorted(failures.items()):
+            inner = failure[0] if isinstance(failure, tuple) and failure else failure
+            causes.append(f"rank {rank}: {type(inner).__name__}: {inner}")
+        return "; ".join(causes)[:500]
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
 def _finite(loss: Any) -> bool:
     if loss is None:
         return True
@@ -449,7 +462,7 @@ class CheckpointManager:
                 job_body = json.dumps(job).encode()
                 atomic_write(target / JOB_FILE, lambda f: f.write(job_body))
         except (Exception, CheckpointException) as exc:  # reported below; stays uncommitted
-            error = f"{type(exc).__name__}: {exc}"[:500]
+            error = _describe(exc)
         try:
             flags = torch.tensor([0 if error else 1, 1 if healthy else 0], dtype=torch.int32)
             if self._multi:
