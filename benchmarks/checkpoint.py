@@ -1,6 +1,7 @@
 """What a checkpoint costs the training thread: asynchronous vs synchronous save, same state.
 
     .venv/bin/python benchmarks/checkpoint.py [--saves 5] [--rounds 12] [--every 50]
+                                              [--writers process,thread] [--threads N]
 
 One process, one run, the same ~200 MB training state (an MLP of 25 M float32 parameters
 plus SGD momentum) through the same CheckpointManager:
@@ -10,16 +11,21 @@ plus SGD momentum) through the same CheckpointManager:
      written and committed in the background): for asynchronous, the time in save() plus the
      time the next step's optimizer.step() waited; each timed `--saves` times, interleaved,
      medians compared;
-  2. a training loop (forward/backward/step of that model, torch on one thread, so the
-     background writer has the other core as it would beside a GPU job) in chunks of
-     `--every` steps with and without an asynchronous checkpoint, plus a second chunk without
-     (the noise floor), in a random order per round; reported: the median over rounds of the
-     paired overhead ratio (on vs off of the same round) in wall time, in CPU time of the
-     training thread and in CPU time of the process, each with its quartiles and the
-     off-vs-off noise floor, the load average, and the share of time the training thread was
-     blocked inside save(). On a shared machine the wall figure is noise; the thread CPU time
-     is not taken by other processes and says what the save costs the training thread.
-Goals (issue 12): asynchronous blocking <= 10 % of synchronous; overhead <= 2 %.
+  2. a training loop (forward/backward/step of that model, torch on `--threads` threads,
+     by default cores - 1, so the background writer has a core as it would beside a GPU job
+     whose host cores are mostly idle) in chunks of `--every` steps: without a checkpoint
+     ("off"), with an asynchronous one written by each writer of `--writers` (the writer
+     process, the default, and the training process's own thread, the old way), and a
+     second chunk without (the noise floor), in a random order per round. Reported: the
+     median over rounds of the paired overhead ratio (on vs off of the same round) in wall
+     time, in wall time less the time the training thread waited for a core (run-queue
+     delay from /proc/thread-self/schedstat: the other sessions' share of a shared machine),
+     in CPU time of the training thread and of the training process, each with its quartiles
+     and the off-vs-off noise floor; the writer process's CPU time per save; the load
+     average; the share of time the training thread was blocked inside save(); and the
+     seconds per chunk it was off a core without waiting for one (GIL, waits).
+Goals (issue 12): asynchronous blocking <= 10 % of synchronous; overhead <= 2 % (judged on
+the first writer listed).
 The last line printed is a JSON object with every figure and ratio.
 """
 
@@ -184,9 +190,18 @@ def bench_loop(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
         return [100 * (x - off) / off for x, off in
                 zip(times[mode][clock], times["off"][clock], strict=True)]
 
+    def off_cpu_unqueued(mode: str) -> float:
+        """Median seconds per chunk the training thread was neither on a core nor waiting
+        for one: blocked on the GIL or on the save (what a background writer thread costs it
+        beyond CPU time, and what the machine's load does not inflate)."""
+        return round(statistics.median(
+            x - cpu for x, cpu in zip(times[mode]["wall_on_or_off_cpu"],
+                                      times[mode]["thread_cpu"], strict=True)), 4)
+
     result: dict[str, Any] = {
         "rounds": rounds,
-        "step_ms_off": round(1000 * statistics.median(times["off"]["wall"]) / every, 2)}
+        "step_ms_off": round(1000 * statistics.median(times["off"]["wall"]) / every, 2),
+        "blocked_off_cpu_s_off": off_cpu_unqueued("off")}
     for clock in CLOCKS:
         noise = paired("off2", clock)
         result[f"{clock}_noise_floor_pct"] = round(statistics.median(noise), 2)
@@ -196,6 +211,7 @@ def bench_loop(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimi
             "step_ms": round(1000 * statistics.median(times[mode]["wall"]) / every, 2),
             "blocking_pct": round(100 * blocked[mode] / sum(times[mode]["wall"]), 2),
             "failed_saves": manager.failed_saves,
+            "blocked_off_cpu_s": off_cpu_unqueued(mode),
             # CPU seconds of the writer process per save (0 for the thread writer: its
             # time is in process_cpu)
             "writer_cpu_s_per_save": round(statistics.median(times[mode]["writer_cpu"]), 3)}
@@ -287,7 +303,9 @@ def main() -> int:
     for writer in writers:
         on = loop[f"on_{writer}"]
         print(f" {writer} writer: {on['step_ms']} ms/step, blocked in save() "
-              f"{on['blocking_pct']} % of the time, writer process "
+              f"{on['blocking_pct']} % of the time, off a core but not queued for one "
+              f"{on['blocked_off_cpu_s']} s per chunk (without saves "
+              f"{loop['blocked_off_cpu_s_off']} s), writer process "
               f"{on['writer_cpu_s_per_save']} CPU s per save")
         for clock in CLOCKS:
             print(f"  {clock:18} overhead {on[f'{clock}_overhead_pct']:+.2f} % "
