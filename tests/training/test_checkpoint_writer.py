@@ -15,6 +15,7 @@ import sys
 import termios
 from pathlib import Path
 
+import pytest
 import torch
 
 from exporters.training.checkpoint import CheckpointManager, weights_digest
@@ -110,6 +111,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow  # two interpreters importing torch: ~10 s quiet, 100 s at load 10
 def test_a_training_process_killed_with_sigkill_leaves_no_writer_behind(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], env=env,
