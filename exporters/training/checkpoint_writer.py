@@ -204,19 +204,34 @@ class WriterProcess:
             described[index] = ("shared", key, data.storage_offset(), tuple(data.shape),
                                 tuple(data.stride()), data.dtype)
         self._owners[owner] = mine
-        keep = set().union(*self._owners.values())
-        for key in [k for k in self._sent if k not in keep]:
-            del self._sent[key]
+        keep = self._prune()
         _send(self._sock, ("write", path, plan, new_keys, keep, described, options), fds)
         reply, _ = _recv(self._sock)
         if reply[0] != "ok":
             raise WriterError(reply[1])
         return reply[1]
 
+    def _prune(self) -> set[int]:
+        """Drop the storages no owner stages into any more; returns those kept."""
+        keep: set[int] = set().union(*self._owners.values())
+        for key in [k for k in self._sent if k not in keep]:
+            del self._sent[key]
+        return keep
+
     def release(self, owner: int) -> None:
-        """Forget an owner's staged storages (its manager closed)."""
+        """Forget an owner's staged storages (its manager closed), here and in the writer,
+        so their shared memory is freed."""
         with self._lock:
-            self._owners.pop(owner, None)
+            if self._owners.pop(owner, None) is None:
+                return
+            keep = self._prune()
+            if self._sock is None or not self._ready:
+                return
+            try:
+                _send(self._sock, ("keep", keep))
+                _recv(self._sock)
+            except (OSError, EOFError):
+                self._stop()
 
     def close(self) -> None:
         with self._lock:
@@ -308,6 +323,11 @@ def main(argv: list[str]) -> int:
             return 0
         if message[0] == "close":
             return 0
+        if message[0] == "keep":
+            for key in [k for k in storages if k not in message[1]]:
+                del storages[key]
+            _send(sock, ("ok", None))
+            continue
         try:
             reply: tuple[str, Any] = ("ok", _write(message, fds, storages))
         except BaseException as exc:  # reported to the training process, which fails the save
