@@ -22,9 +22,12 @@ contributes (wrote my part, my losses were finite) to an all-reduce, and only wh
 succeeded does rank 0 write COMMITTED and then name the checkpoint in the manifest. A crash
 anywhere before that leaves the previous manifest in force; leftovers are removed at start.
 
-Asynchronous saves (the default) copy the state to CPU memory on the training thread (the
-only part the loop waits for) and write it on a background thread over a process group of
-their own, so the write never interleaves with the training job's collectives. At most one
+Asynchronous saves (the default) copy the state to CPU memory (in the background when there
+is an optimizer: its next step waits for the copy) and save that copy from a background
+thread over a process group of their own, so the save never interleaves with the training
+job's collectives; the shard files themselves are written by a writer process
+(checkpoint_writer.py), so serialising and writing them takes neither the training
+process's GIL nor its CPU time (`writer="thread"` writes them on that thread instead). At most one
 save is in flight: the next save, a rollback or `close()` waits for it. The CPU copy is kept
 between saves (one extra copy of this rank's state in host memory, as torchtitan keeps). A
 failed background write leaves that checkpoint out of the manifest and is logged and counted
