@@ -22,9 +22,12 @@ contributes (wrote my part, my losses were finite) to an all-reduce, and only wh
 succeeded does rank 0 write COMMITTED and then name the checkpoint in the manifest. A crash
 anywhere before that leaves the previous manifest in force; leftovers are removed at start.
 
-Asynchronous saves (the default) copy the state to CPU memory on the training thread (the
-only part the loop waits for) and write it on a background thread over a process group of
-their own, so the write never interleaves with the training job's collectives. At most one
+Asynchronous saves (the default) copy the state to CPU memory (in the background when there
+is an optimizer: its next step waits for the copy) and save that copy from a background
+thread over a process group of their own, so the save never interleaves with the training
+job's collectives; the shard files themselves are written by a writer process
+(checkpoint_writer.py), so serialising and writing them takes neither the training
+process's GIL nor its CPU time (`writer="thread"` writes them on that thread instead). At most one
 save is in flight: the next save, a rollback or `close()` waits for it. The CPU copy is kept
 between saves (one extra copy of this rank's state in host memory, as torchtitan keeps). A
 failed background write leaves that checkpoint out of the manifest and is logged and counted
@@ -49,6 +52,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +61,7 @@ import numpy
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict import (
@@ -68,12 +73,16 @@ from torch.distributed.checkpoint.state_dict import (
 
 from exporters.atomic_file import atomic_write
 from exporters.training import train_state as ts
+from exporters.training.checkpoint_writer import WriterProcess, shared_writer
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
 COMMITTED = "COMMITTED"
 JOB_FILE = "job.json"
 PROBE_PREFIX = ".layout-probe-"
+# Where an asynchronous save's shards are written: a writer process of its own (default; see
+# checkpoint_writer.py) or a thread of the training process.
+WRITERS = ("process", "thread")
 # DCP's CheckpointException derives from BaseException: name it wherever failures are caught.
 
 
@@ -184,6 +193,19 @@ def _clone(value: Any) -> Any:
     return value
 
 
+def _describe(exc: BaseException) -> str:
+    """One line per failing rank: DCP's CheckpointException carries each rank's exception and
+    its traceback, whose text would bury the cause."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        causes = []
+        for rank, failure in sorted(failures.items()):
+            inner = failure[0] if isinstance(failure, tuple) and failure else failure
+            causes.append(f"rank {rank}: {type(inner).__name__}: {inner}")
+        return "; ".join(causes)[:500]
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
 def _finite(loss: Any) -> bool:
     if loss is None:
         return True
@@ -191,6 +213,24 @@ def _finite(loss: Any) -> bool:
         return math.isfinite(float(loss))
     except (TypeError, ValueError, RuntimeError):
         return True
+
+
+class _OffloadedWriter(FileSystemWriter):
+    """DCP's FileSystemWriter whose write_data runs in the writer process: the plan, the
+    collectives and the metadata stay with DCP in this process, unchanged."""
+
+    def __init__(self, path: Path, process: WriterProcess, owner: int) -> None:
+        super().__init__(path)
+        self._process = process
+        self._owner = owner
+
+    def write_data(self, plan: Any, planner: Any) -> torch.futures.Future[Any]:
+        items = {item.index: planner.resolve_data(item) for item in plan.items}
+        options = {"sync_files": self.sync_files, "thread_count": self.thread_count,
+                   "single_file_per_rank": self.single_file_per_rank}
+        done: torch.futures.Future[Any] = torch.futures.Future()
+        done.set_result(self._process.write(self._owner, str(self.path), plan, items, options))
+        return done
 
 
 class CheckpointManager:
@@ -205,9 +245,12 @@ class CheckpointManager:
 
     def __init__(self, directory: str | Path, model: torch.nn.Module, optimizer: Any = None,
                  scheduler: Any = None, *, scaler: Any = None, data: Any = None, keep: int = 3,
-                 asynchronous: bool = True, process_group: Any = None) -> None:
+                 asynchronous: bool = True, writer: str = "process",
+                 process_group: Any = None) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
+        if writer not in WRITERS:
+            raise ValueError(f"writer must be one of {WRITERS}, not {writer!r}")
         self.directory = Path(directory)
         self.model = model
         self.optimizer = optimizer
@@ -233,10 +276,15 @@ class CheckpointManager:
         # staging): the weights only change in optimizer.step(), and a step pre-hook waits for
         # the copy there, so the loop's forward and backward overlap it (torchtitan's pinned
         # memory path does the same with the device-to-host copy).
+        # With the process writer the copy lives in shared memory, which the writer process
+        # maps once and reads at every save (no second copy).
         self._async_staging = asynchronous and optimizer is not None
-        self._stager = (DefaultStager(StagingOptions(False, False, self._async_staging, False))
+        self._writer: WriterProcess | None = (shared_writer() if asynchronous
+                                              and writer == "process" else None)
+        self._stager = (DefaultStager(StagingOptions(False, self._writer is not None,
+                                                     self._async_staging, False))
                         if asynchronous else None)
-        self._staging: Any = None
+        self._staging: Future[Any] | None = None
         if self._async_staging:
             optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
         # DCP's collectives (and the commit all-reduce) run on a group of their own, so a
@@ -381,16 +429,14 @@ class CheckpointManager:
         loss_value = float(loss) if loss is not None and _finite(loss) else None
         entry = {"step": step, "dir": name, "loss": loss_value, "world_size": self.world_size}
         state = self._state_dict()
-        if self.asynchronous:
-            response = dcp.async_save(state, checkpoint_id=str(target),
-                                      process_group=self._group, async_stager=self._stager)
-            if hasattr(response, "staging_completion"):
-                self._staging, upload = response.staging_completion, response.upload_completion
-            else:
-                upload = response
+        if self._stager is not None:
+            staged = self._stager.stage(state)
+            if isinstance(staged, Future):
+                self._staging = staged
             thread = threading.Thread(
                 target=self._finish, name="trainwatch-checkpoint-commit", daemon=True,
-                args=(upload.result, target, job, rng, entry, mine_healthy))
+                args=(lambda: self._write_staged(staged, target), target, job, rng, entry,
+                      mine_healthy))
             self._inflight = thread
             thread.start()
         else:
@@ -398,6 +444,14 @@ class CheckpointManager:
                                           process_group=self._group),
                          target, job, rng, entry, mine_healthy)
         return name
+
+    def _write_staged(self, staged: Any, target: Path) -> None:
+        """The background half of an asynchronous save: DCP's save of the staged copy, its
+        planning and collectives here, the shard write in the writer process (or here)."""
+        state = staged.result() if isinstance(staged, Future) else staged
+        storage = (_OffloadedWriter(target, self._writer, id(self)) if self._writer is not None
+                   else FileSystemWriter(target))
+        dcp.save(state, storage_writer=storage, process_group=self._group)
 
     def _finish(self, write: Callable[[], Any], target: Path, job: dict[str, Any],
                 rng: dict[str, Any], entry: dict[str, Any], healthy: bool) -> None:
@@ -411,7 +465,7 @@ class CheckpointManager:
                 job_body = json.dumps(job).encode()
                 atomic_write(target / JOB_FILE, lambda f: f.write(job_body))
         except (Exception, CheckpointException) as exc:  # reported below; stays uncommitted
-            error = f"{type(exc).__name__}: {exc}"[:500]
+            error = _describe(exc)
         try:
             flags = torch.tensor([0 if error else 1, 1 if healthy else 0], dtype=torch.int32)
             if self._multi:
@@ -461,6 +515,8 @@ class CheckpointManager:
         if self._stager is not None:
             self._stager.close()
             self._stager = None
+        if self._writer is not None:
+            self._writer.release(id(self))
 
     # --- restore ----------------------------------------------------------------------------
     def _read(self, entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any],
