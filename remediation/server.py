@@ -55,12 +55,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="start even though the store is missing, empty or another one "
                              "than the marker file names (it was reset or replaced): alerts "
                              "already acted on may be acted on again")
+    parser.add_argument("--check-config", action="store_true",
+                        help="validate the config, the files it names and the playbooks, then "
+                             "exit (0 valid, 2 not) without opening the store: the deploy "
+                             "checks a config this way before it replaces the running one")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config)
         load_playbooks(config.playbooks_dir)  # fail before binding, with a clear message
+        if args.check_config:
+            print(f"remediation-server: {args.config}: valid")
+            return 0
         check_store(config, accept_new=args.accept_new_store)
         store = open_store(config)
         write_marker(config, store)

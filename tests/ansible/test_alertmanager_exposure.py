@@ -60,7 +60,7 @@ def _render(root: Path, **extra: object):  # -> (PlaybookRun, prefix, ports)
         "trainwatch_service_group": grp.getgrgid(os.getgid()).gr_name,
         "trainwatch_scrape_address": "127.0.0.1",
         "trainwatch_generate_tokens": True,
-        "_trainwatch_supervisorctl": ["true"],
+        "trainwatch_supervisorctl": ["true"],
         "alertmanager_amtool_config_file": str(root / "home/.config/prometheus/amtool.yml"),
         "alertmanager_group_wait": "1s", "alertmanager_group_interval": "1s",
         "prometheus_evaluation_interval": "1s", "prometheus_resend_delay": "1s",

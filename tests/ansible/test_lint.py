@@ -9,7 +9,8 @@ import pytest
 
 from tests.ansible.runner import ANSIBLE, LOCAL_INVENTORY, REPO, VENV_BIN, ansible_env
 
-PLAYBOOKS = [ANSIBLE / "deploy.yml", ANSIBLE / "stop.yml", REPO / "tests/ansible/render.yml"]
+PLAYBOOKS = [ANSIBLE / "deploy.yml", ANSIBLE / "stop.yml", REPO / "tests/ansible/render.yml",
+             REPO / "compose/render.yml"]
 EXAMPLE = ANSIBLE / "inventories" / "example-cluster"
 
 

@@ -76,7 +76,7 @@ def test_postgresql_role_converges_and_the_remediation_role_uses_it(scratch: Pat
         "remediation_store_backend": "postgresql",
         "remediation_postgresql_sslmode": "disable",
         "postgresql_major": server_bin().parent.name,
-        "_trainwatch_supervisorctl": ["true"],
+        "trainwatch_supervisorctl": ["true"],
     }
     inv = inventory(scratch, free_port())
     first = run_playbook(CONVERGE, variables, scratch, inventory=inv)

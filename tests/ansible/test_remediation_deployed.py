@@ -109,8 +109,8 @@ def test_deployed_service_runs_a_host_playbook_with_a_read_only_home(tmp_path: P
         "trainwatch_service_user": getpass.getuser(),
         "trainwatch_service_group": grp.getgrgid(os.getgid()).gr_name,
         "trainwatch_generate_tokens": True,
-        "_trainwatch_bin": str(VENV_BIN),  # the project's virtualenv is this one
-        "_trainwatch_supervisorctl": ["true"],  # handlers have no supervisord to talk to
+        "trainwatch_bin_dir": str(VENV_BIN),  # the project's virtualenv is this one
+        "trainwatch_supervisorctl": ["true"],  # handlers have no supervisord to talk to
         "remediation_port": port,
         "remediation_bind_address": "127.0.0.1",
         "remediation_approvers": {"alice": f"sha256:{approver_digest(APPROVER_TOKEN)}"},

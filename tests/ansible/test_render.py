@@ -63,7 +63,7 @@ def render_vars(root: Path, vault: dict[str, str]) -> dict:
         "alertmanager_amtool_config_file": f"{host_root}/etc/prometheus/amtool.yml",
         "trainwatch_service_user": user,
         "trainwatch_service_group": group,
-        "_trainwatch_supervisorctl": ["true"],  # handlers have no supervisord to talk to here
+        "trainwatch_supervisorctl": ["true"],  # handlers have no supervisord to talk to here
         "grafana_config_dir": f"{host_root}/etc/grafana",
         "grafana_data_dir": f"{host_root}/var/lib/grafana",
         "elasticsearch_config_dir": f"{host_root}/etc/elasticsearch",

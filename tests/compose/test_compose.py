@@ -1,6 +1,6 @@
 """compose/: the docker-compose file checked against the Compose Specification JSON schema
 (vendored, see data/SOURCE.md), pinned images, healthchecks, named volumes, required secrets,
-and compose/render.py rendering the Ansible roles' templates into valid configs (promtool,
+and compose/render.yml (Ansible) rendering the roles' templates into valid configs (promtool,
 amtool, JSON). No Docker engine here: `docker compose up` is verified on real hosts only
 (docs/deploy.md gives the commands).
 """
@@ -10,15 +10,16 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.ansible.runner import REPO, VENV_BIN, ansible_env
+
 COMPOSE_DIR = REPO / "compose"
+RENDER = COMPOSE_DIR / "render.yml"
 COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
 SCHEMA = Path(__file__).with_name("data") / "compose_spec.json"
 ONE_SHOT = {"elasticsearch-setup", "kibana-setup"}
@@ -102,13 +103,19 @@ def test_env_example_holds_no_values_for_secrets() -> None:
             assert line.endswith("="), line
 
 
+def render(out: Path, gpu_nodes: str = "") -> subprocess.CompletedProcess[str]:
+    """compose/render.yml as docs/deploy.md runs it (no inventory: the play adds its hosts)."""
+    return subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", str(RENDER),
+         "-e", json.dumps({"compose_out": str(out), "compose_gpu_nodes": gpu_nodes})],
+        cwd=REPO, env=ansible_env(), capture_output=True, text=True, check=False, timeout=600)
+
+
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def rendered(tmp_path_factory: pytest.TempPathFactory, real_binaries: dict[str, str]) -> Path:
     out = tmp_path_factory.mktemp("compose") / "rendered"
-    proc = subprocess.run([sys.executable, str(COMPOSE_DIR / "render.py"), "--out", str(out),
-                           "--gpu-nodes", "gpu-01.example.internal,gpu-02.example.internal"],
-                          capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
+    proc = render(out, "gpu-01.example.internal,gpu-02.example.internal")
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr
     return out
 
 
@@ -155,41 +162,44 @@ def test_every_rendered_mount_exists(compose: dict, rendered: Path) -> None:
 @pytest.mark.parametrize("nodes", ["gpu-01;rm -rf /", "../etc", "host:9445"])
 def test_render_rejects_bad_host_names_and_writes_nothing(tmp_path: Path, nodes: str) -> None:
     out = tmp_path / "rendered"
-    proc = subprocess.run([sys.executable, str(COMPOSE_DIR / "render.py"), "--out", str(out),
-                           "--gpu-nodes", nodes], capture_output=True, text=True, check=False)
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("render.py: ")
-    assert not out.exists()
+    proc = render(out, nodes)
+    assert proc.returncode != 0
+    assert f"not a host name: {nodes}" in proc.stdout + proc.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_render_uses_the_ansible_templates() -> None:
-    sys.path.insert(0, str(COMPOSE_DIR))
-    try:
-        import render  # compose/render.py is a script, not a package
-    finally:
-        sys.path.remove(str(COMPOSE_DIR))
-    for template in render.TEMPLATES.values():
-        assert template.startswith(("ansible/roles/", "alert_rules/")), template
-        assert (REPO / template).is_file()
+def test_render_uses_the_role_templates_and_defaults() -> None:
+    """No variable is given a second value here: compose/vars.yml holds only what differs
+    for the containers, the rest is read from the roles' defaults and vars."""
+    play = yaml.safe_load(RENDER.read_text())[0]
+    for path in play["vars_files"][:-1]:
+        assert path.startswith("../ansible/roles/"), path
+    templates = play["vars"]["_compose_templates"].values()
+    assert all((REPO / "ansible/roles" / t).is_file() for t in templates)
+    assert not (COMPOSE_DIR / "render.py").exists()
+    overrides = yaml.safe_load((COMPOSE_DIR / "vars.yml").read_text())
+    role_values = {}
+    for path in play["vars_files"][:-1]:
+        role_values.update(yaml.safe_load((COMPOSE_DIR / path).read_text()) or {})
+    same = sorted(k for k, v in overrides.items() if role_values.get(k) == v)
+    assert not same, f"compose/vars.yml repeats role values: {same}"
 
 
 def test_a_failed_render_keeps_the_previous_one_and_foreign_folders_are_refused(
-        tmp_path: Path) -> None:
-    out = tmp_path / "rendered"
-    ok = subprocess.run([sys.executable, str(COMPOSE_DIR / "render.py"), "--out", str(out)],
-                        capture_output=True, text=True, check=False)
-    assert ok.returncode == 0, ok.stderr
-    before = sorted(p.relative_to(out) for p in out.rglob("*"))
-    bad = subprocess.run([sys.executable, str(COMPOSE_DIR / "render.py"), "--out", str(out),
-                          "--gpu-nodes", "../etc"], capture_output=True, text=True, check=False)
-    assert bad.returncode == 2
-    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+        rendered: Path, tmp_path: Path) -> None:
+    before = {p.relative_to(rendered): p.read_bytes() for p in rendered.rglob("*") if p.is_file()}
+    bad = render(rendered, "../etc")
+    assert bad.returncode != 0
+    after = {p.relative_to(rendered): p.read_bytes() for p in rendered.rglob("*") if p.is_file()}
+    assert after == before
+    assert [p.name for p in rendered.parent.iterdir() if p.name.startswith(".rendered")] == []
     foreign = tmp_path / "home"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
-    refused = subprocess.run([sys.executable, str(COMPOSE_DIR / "render.py"), "--out",
-                              str(foreign)], capture_output=True, text=True, check=False)
-    assert refused.returncode == 2 and "not an earlier render" in refused.stderr
+    refused = render(foreign)
+    assert refused.returncode != 0
+    assert "not an earlier render" in refused.stdout + refused.stderr
+    assert [p.name for p in foreign.iterdir()] == ["notes.txt"]
     assert (foreign / "notes.txt").read_text() == "mine"
 
 
@@ -217,8 +227,11 @@ def test_rendered_remediation_inventory_names_the_gpu_nodes_as_alerts_do(
     assert config["ansible_inventory"] == "/etc/trainwatch/inventory.yml"  # the mounted dir
     inventory = rendered / "remediation/inventory.yml"
     hosts = yaml.safe_load(inventory.read_text())["all"]["hosts"]
-    assert hosts == {"gpu-01": {"ansible_host": "gpu-01.example.internal"},
-                     "gpu-02": {"ansible_host": "gpu-02.example.internal"}}
+    python = "/opt/trainwatch/venv/bin/python"  # the GPU nodes' venv (trainwatch role)
+    assert hosts == {"gpu-01": {"ansible_host": "gpu-01.example.internal",
+                                "trainwatch_python": python},
+                     "gpu-02": {"ansible_host": "gpu-02.example.internal",
+                                "trainwatch_python": python}}
     assert resolve_hosts(inventory, ["gpu-02"], tmp_path) == ["gpu-02"]
     with pytest.raises(TargetError):
         resolve_hosts(inventory, ["all"], tmp_path)

@@ -25,7 +25,6 @@ import pytest
 import requests
 import yaml
 
-from alert_rules.alertmanager import render as render_alertmanager
 from tests.remediation.helpers import (
     CONTROL_TOKEN,
     REPO,
@@ -36,6 +35,7 @@ from tests.remediation.helpers import (
     write_config,
 )
 from tests.remediation.processes import RunningService, start_service
+from tests.support.alertmanager_config import render_one
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess, alertmanager, prometheus, running
 from tests.support.stack import torchrun_argv
@@ -130,12 +130,11 @@ def env(tmp_path_factory: pytest.TempPathFactory, real_binaries: dict) -> Iterat
         port = free_port()
         token_file = workdir / "webhook.token"
         token_file.write_text(TOKEN)
-        am_cfg = workdir / "alertmanager.yml"
-        am_cfg.write_text(render_alertmanager({
+        am_cfg = render_one({
             "alertmanager_remediation_url": f"http://127.0.0.1:{port}/v1/alerts",
             "alertmanager_remediation_token_file": str(token_file),
             "alertmanager_group_wait": "1s", "alertmanager_group_interval": "1s",
-            "alertmanager_repeat_interval": "1h"}))
+            "alertmanager_repeat_interval": "1h"}, workdir / "alertmanager-render")
         am_url = stack.enter_context(alertmanager(workdir, am_cfg))
         inventory = workdir / "inventory.yml"
         inventory.write_text(yaml.safe_dump({"all": {"hosts": {NODE: {

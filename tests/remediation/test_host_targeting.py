@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import requests
 
-from alert_rules.alertmanager import render as render_alertmanager
 from remediation.inventory import TargetError, resolve_hosts
 from tests.remediation.helpers import (
     CONTROL_TOKEN,
@@ -37,6 +36,7 @@ from tests.remediation.host_inventory import (
     write_inventory,
     write_mark_playbook,
 )
+from tests.support.alertmanager_config import render_one
 from tests.support.net import free_port, wait_until
 from tests.support.procs import alertmanager, running
 
@@ -156,12 +156,11 @@ def test_node_all_posted_to_a_real_alertmanager_acts_nowhere(tmp_path: Path,
     book = {**REMEDIATION_PLAYBOOK, "match": {"alertname": ["NodeDiskFilling"]}}
     token_file = tmp_path / "am-webhook.token"
     token_file.write_text(TOKEN)
-    am_config = tmp_path / "alertmanager.yml"
-    am_config.write_text(render_alertmanager({
+    am_config = render_one({
         "alertmanager_remediation_url": f"http://127.0.0.1:{port}/v1/alerts",
         "alertmanager_remediation_token_file": str(token_file),
         "alertmanager_group_wait": "1s", "alertmanager_group_interval": "1s",
-        "alertmanager_repeat_interval": "1h"}))
+        "alertmanager_repeat_interval": "1h"}, tmp_path / "alertmanager-render")
     url = f"http://127.0.0.1:{port}"
     with _start_service(tmp_path, inventory, book, port, {}), \
             alertmanager(tmp_path, am_config) as am_url:

@@ -1,13 +1,13 @@
 """The Alertmanager template: valid for amtool, routes pinned per alert, inhibition real.
 
-Routing is checked with `amtool config routes test --verify.receivers` against the config
-rendered from alert_rules/alertmanager.yml.j2; inhibition with a real Alertmanager that gets
-alerts through its v2 API.
+Routing is checked with `amtool config routes test --verify.receivers` against the config the
+alertmanager role renders (Ansible, render-only: tests/support/alertmanager_config.py) from
+alert_rules/alertmanager.yml.j2; inhibition with a real Alertmanager that gets alerts through
+its v2 API.
 """
 
 from __future__ import annotations
 
-import os
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -18,8 +18,8 @@ import pytest
 import requests
 import yaml
 
-from alert_rules import alertmanager as am
-from tests.rules.rulefiles import ROOT, alerts
+from tests.rules.rulefiles import alerts
+from tests.support.alertmanager_config import refused_variants, render_alertmanager
 from tests.support.net import wait_until
 from tests.support.procs import alertmanager
 
@@ -38,11 +38,6 @@ def expected_receivers(name: str, labels: dict[str, str], remediation: bool) -> 
     return out
 
 
-def write_config(path: Path, overrides: dict | None = None) -> Path:
-    path.write_text(am.render(overrides))
-    return path
-
-
 def amtool(real_binaries: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([real_binaries["amtool"], *args], capture_output=True, text=True)
 
@@ -56,21 +51,29 @@ CONFIGURED = {
     },
     "alertmanager_group_wait": "1s",
 }
+VARIANTS = {"defaults": {}, "receivers-configured": CONFIGURED,
+            "remediation-off": {"alertmanager_remediation_enabled": False}}
 
 
-@pytest.mark.parametrize("overrides", [{}, CONFIGURED,
-                                       {"alertmanager_remediation_enabled": False}],
-                         ids=["defaults", "receivers-configured", "remediation-off"])
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory: pytest.TempPathFactory, real_binaries: dict[str, str]
+            ) -> dict[str, Path]:
+    """Every variant rendered by the role in one Ansible run (amtool check-config included)."""
+    return render_alertmanager(VARIANTS, tmp_path_factory.mktemp("alertmanager"))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_rendered_config_passes_amtool_check_config(real_binaries: dict[str, str],
-                                                    tmp_path: Path, overrides: dict) -> None:
-    config = write_config(tmp_path / "alertmanager.yml", overrides)
-    result = amtool(real_binaries, "check-config", str(config))
+                                                    configs: dict[str, Path],
+                                                    variant: str) -> None:
+    result = amtool(real_binaries, "check-config", str(configs[variant]))
     assert result.returncode == 0, result.stdout + result.stderr
+    assert stat.S_IMODE(configs[variant].stat().st_mode) == 0o640  # receiver secrets inside
 
 
-def test_default_receivers_have_no_integrations() -> None:
+def test_default_receivers_have_no_integrations(configs: dict[str, Path]) -> None:
     """Disabled until configured: nothing is sent to a made-up default address."""
-    receivers = {r["name"]: r for r in yaml.safe_load(am.render())["receivers"]}
+    receivers = {r["name"]: r for r in yaml.safe_load(configs["defaults"].read_text())["receivers"]}
     for name in ("paging", "infra", "ml", "deadman"):
         assert set(receivers[name]) == {"name"}, receivers[name]
     hook = receivers["remediation"]["webhook_configs"][0]
@@ -78,17 +81,18 @@ def test_default_receivers_have_no_integrations() -> None:
     assert hook["send_resolved"] is True  # gpu_power_limit restores on resolve
 
 
-def test_receiver_bodies_are_passed_through_verbatim() -> None:
-    receivers = {r["name"]: r for r in yaml.safe_load(am.render(CONFIGURED))["receivers"]}
+def test_receiver_bodies_are_passed_through_verbatim(configs: dict[str, Path]) -> None:
+    config = yaml.safe_load(configs["receivers-configured"].read_text())
+    receivers = {r["name"]: r for r in config["receivers"]}
     for name, body in CONFIGURED["alertmanager_receiver_configs"].items():
         assert {k: v for k, v in receivers[name].items() if k != "name"} == body
 
 
 @pytest.mark.parametrize("remediation", [True, False], ids=["remediation-on", "remediation-off"])
-def test_every_alert_reaches_its_pinned_receivers(real_binaries: dict[str, str], tmp_path: Path,
+def test_every_alert_reaches_its_pinned_receivers(real_binaries: dict[str, str],
+                                                  configs: dict[str, Path],
                                                   remediation: bool) -> None:
-    config = write_config(tmp_path / "alertmanager.yml",
-                          {"alertmanager_remediation_enabled": remediation})
+    config = configs["defaults" if remediation else "remediation-off"]
     wrong = []
     for name, rule in sorted(alerts("production").items()):
         labels = rule["labels"]
@@ -119,43 +123,43 @@ def test_every_alert_reaches_its_pinned_receivers(real_binaries: dict[str, str],
     ({"alertname": "Watchdog", "severity": "info", "component": "stack"}, "deadman"),
     ({"alertname": "SomethingNew", "severity": "warning"}, "remediation,infra"),
 ])
-def test_alert_classes_route_as_documented(real_binaries: dict[str, str], tmp_path: Path,
+def test_alert_classes_route_as_documented(real_binaries: dict[str, str],
+                                           configs: dict[str, Path],
                                            labels: dict[str, str], receivers: str) -> None:
-    config = write_config(tmp_path / "alertmanager.yml")
+    config = configs["defaults"]
     result = amtool(real_binaries, "config", "routes", "test", f"--config.file={config}",
                     f"--verify.receivers={receivers}", *(f"{k}={v}" for k, v in labels.items()))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"alertmanager_remediation_enabled": "yes"}, "true or false"),
-    ({"alertmanager_receiver_configs": {"pager": {}}}, "keys"),
-    ({"alertmanager_receiver_configs": {"paging": "pagerduty"}}, "a mapping"),
-    ({"alertmanager_smtp": "x"}, "unknown"),
-])
-def test_bad_variables_are_refused(overrides: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        am.render(overrides)
+BAD_VARIANTS = {
+    "enabled-not-a-bool": ({"alertmanager_remediation_enabled": "maybe"},
+                           "alertmanager_remediation_enabled"),
+    "unknown-receiver": ({"alertmanager_receiver_configs": {"pager": {}}}, "pager"),
+    "body-not-a-mapping": ({"alertmanager_receiver_configs": {"paging": "pagerduty"}},
+                           "paging"),
+    "url-not-http": ({"alertmanager_remediation_url": "file:///etc/passwd"},
+                     "alertmanager_remediation_url"),
+}
 
 
-def test_cli_writes_a_private_file_and_refuses_bad_vars(tmp_path: Path) -> None:
-    out = tmp_path / "alertmanager.yml"
-    assert am.main(["--out", str(out)]) == 0
-    assert stat.S_IMODE(os.stat(out).st_mode) & 0o007 == 0
-    bad = tmp_path / "bad.yml"
-    bad.write_text("alertmanager_remediation_enabled: maybe\n")
-    target = tmp_path / "not-written.yml"
-    assert am.main(["--vars", str(bad), "--out", str(target)]) == 2
-    assert not target.exists()
+def test_bad_variables_are_refused_and_nothing_is_written(tmp_path: Path,
+                                                          real_binaries: dict[str, str]) -> None:
+    """The role's argument specs and preflight refuse them before any file is written."""
+    refused, output = refused_variants(
+        {name: overrides for name, (overrides, _) in BAD_VARIANTS.items()}, tmp_path)
+    assert refused == set(BAD_VARIANTS), output[-6000:]
+    for name, (_, message) in BAD_VARIANTS.items():
+        assert message in output, (name, output[-6000:])
+        assert not (tmp_path / name / "etc" / "alertmanager" / "alertmanager.yml").exists()
 
 
 # --- inhibition, with a real Alertmanager ---------------------------------------------------
 
 @pytest.fixture
-def running_alertmanager(real_binaries: dict[str, str], tmp_path: Path) -> Iterator[str]:
-    config = write_config(tmp_path / "alertmanager.yml",
-                          {"alertmanager_remediation_enabled": False})
-    with alertmanager(tmp_path, config) as url:
+def running_alertmanager(real_binaries: dict[str, str], tmp_path: Path,
+                         configs: dict[str, Path]) -> Iterator[str]:
+    with alertmanager(tmp_path, configs["remediation-off"]) as url:
         yield url
 
 
@@ -212,31 +216,3 @@ def test_inhibition_node_down_and_gpu_lost(running_alertmanager: str) -> None:
     not_inhibited = requests.get(f"{url}/api/v2/alerts", params={"inhibited": "false"},
                                  timeout=5).json()
     assert {key(a) for a in not_inhibited}.isdisjoint(expected_inhibited)
-
-
-@pytest.mark.parametrize("trim_blocks", [True, False])
-def test_template_means_the_same_with_or_without_trim_blocks(trim_blocks: bool) -> None:
-    """Ansible renders with trim_blocks on, a plain jinja2.Environment with it off; both must
-    give the same configuration (only the `to_json` filter is needed besides plain Jinja2)."""
-    import json
-
-    import jinja2
-
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined,  # noqa: S701 - YAML, not HTML
-                             trim_blocks=trim_blocks, keep_trailing_newline=True)
-    env.filters["to_json"] = json.dumps
-    variables = {**am.defaults(), **CONFIGURED}
-    text = env.from_string(am.TEMPLATE.read_text()).render(**variables)
-    assert yaml.safe_load(text) == yaml.safe_load(am.render(CONFIGURED))
-
-
-def test_ansible_role_defaults_mirror_the_template_defaults() -> None:
-    """The alertmanager role documents the same defaults (URL and token path are templated
-    from the inventory there, so only their presence is compared)."""
-    role_defaults = ROOT / "ansible" / "roles" / "alertmanager" / "defaults" / "main.yml"
-    role = yaml.safe_load(role_defaults.read_text())
-    ours = am.defaults()
-    for key, value in ours.items():
-        assert key in role, f"{key} missing from {role_defaults}"
-        if key not in {"alertmanager_remediation_url", "alertmanager_remediation_token_file"}:
-            assert role[key] == value, key

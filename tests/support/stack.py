@@ -2,9 +2,9 @@
 
 Prometheus and Alertmanager are the Debian binaries; the training exporter, the GPU exporter
 (simulation mode: there is no GPU here), the log scanner and the remediation service are
-Trainwatch's own console scripts, started the way the Ansible roles start them. Configs are
-rendered from the same sources the roles use (`alert_rules/alertmanager.yml.j2`, the demo rule
-profile), so the test exercises what ships.
+Trainwatch's own console scripts, started the way the Ansible roles start them. The
+Alertmanager config is rendered by the alertmanager role itself (Ansible, render-only) and the
+rules are the demo profile, so the test exercises what ships.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from alert_rules import alertmanager as alertmanager_template
 from scripts.demo_timeline import torchrun_argv as _torchrun_argv
+from tests.support.alertmanager_config import render_one
 from tests.support.net import free_port
 from tests.support.procs import alertmanager, prometheus, running
 
@@ -68,16 +68,16 @@ def _write_secret(path: Path, value: str) -> Path:
     return path
 
 
-def render_alertmanager_config(remediation_url: str, token_file: Path) -> str:
-    """Render the shipped Alertmanager template with the demo timings."""
-    return alertmanager_template.render({
+def render_alertmanager_config(remediation_url: str, token_file: Path, workdir: Path) -> Path:
+    """The shipped Alertmanager config, rendered by its role, with the demo timings."""
+    return render_one({
         "alertmanager_remediation_enabled": True,
         "alertmanager_remediation_url": remediation_url,
         "alertmanager_remediation_token_file": str(token_file),
         "alertmanager_group_wait": "1s",
         "alertmanager_group_interval": "1s",
         "alertmanager_repeat_interval": "1m",
-    })
+    }, workdir)
 
 
 def prometheus_config(targets: dict[str, str], alertmanager_hostport: str) -> str:
@@ -134,9 +134,8 @@ def running_stack(workdir: Path, *, with_node_exporter: bool = True) -> Iterator
                 workdir / "node-exporter.log", ready_url=f"{url['node']}/metrics"))
             node_url = url["node"]
 
-        am_config = workdir / "alertmanager.yml"
-        am_config.write_text(render_alertmanager_config(
-            f"{url['remediation']}/v1/alerts", webhook_token_file))
+        am_config = render_alertmanager_config(
+            f"{url['remediation']}/v1/alerts", webhook_token_file, workdir / "alertmanager-render")
         am_url = stack.enter_context(alertmanager(workdir, am_config, port=ports["alertmanager"]))
 
         remediation_config = workdir / "remediation.yml"
