@@ -8,4 +8,5 @@ COPY ansible/remediation /opt/trainwatch/ansible/remediation
 RUN pip install --no-cache-dir . && useradd --system --uid 10001 --home /var/lib/trainwatch trainwatch \
     && mkdir -p /var/lib/trainwatch && chown trainwatch /var/lib/trainwatch
 USER 10001
-EXPOSE 9448
+# No EXPOSE: the port is remediation_port in the rendered configuration (compose/render.yml),
+# and compose reaches the service on its network without a published port.

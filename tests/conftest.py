@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -28,3 +29,17 @@ def real_binaries() -> dict[str, str]:
     if missing:
         pytest.fail(f"missing binaries {missing}: run scripts/setup.sh (installs Debian packages)")
     return {k: v for k, v in found.items() if v}
+
+
+@pytest.fixture(scope="session")
+def compose_rendered(tmp_path_factory: pytest.TempPathFactory,
+                     real_binaries: dict[str, str]) -> Path:
+    """compose/render.yml's output folder: the compose file (rendered from
+    compose/docker-compose.yml.j2) beside the configs it mounts. Rendered once for every test
+    that reads it (tests/compose, tests/field_checks): a render is an ansible-playbook run."""
+    from tests.support.compose import GPU_NODES, render
+
+    out = tmp_path_factory.mktemp("compose") / "rendered"
+    proc = render(out, GPU_NODES)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr
+    return out

@@ -1,8 +1,9 @@
-"""compose/: the docker-compose file checked against the Compose Specification JSON schema
-(vendored, see data/SOURCE.md), pinned images, healthchecks, named volumes, required secrets,
-and compose/render.yml (Ansible) rendering the roles' templates into valid configs (promtool,
-amtool, JSON). No Docker engine here: `docker compose up` is verified on real hosts only
-(docs/deploy.md gives the commands).
+"""compose/: the compose file that compose/render.yml (Ansible) renders from
+docker-compose.yml.j2, checked against the Compose Specification JSON schema (vendored, see
+data/SOURCE.md), pinned images, healthchecks, named volumes, required secrets; and the roles'
+templates rendered beside it into valid configs (promtool, amtool, JSON) that agree with it.
+No Docker engine here: `docker compose up` is verified on real hosts only (docs/deploy.md
+gives the commands).
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.ansible.runner import REPO, VENV_BIN, ansible_env
+from exporters import catalog
+from tests.ansible.runner import REPO
+from tests.support.compose import RENDER, render
 
 COMPOSE_DIR = REPO / "compose"
-RENDER = COMPOSE_DIR / "render.yml"
-COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
 SCHEMA = Path(__file__).with_name("data") / "compose_spec.json"
 ONE_SHOT = {"elasticsearch-setup", "kibana-setup"}
 PINNED_TAG = re.compile(r"^[\w./-]+:v?\d+\.\d+\.\d+(-[\w.]+)?$")
@@ -28,8 +29,18 @@ INTERPOLATION = re.compile(r"\$\{(?P<name>\w+)(?P<op>:?[-?])?(?P<arg>[^}]*)\}")
 
 
 @pytest.fixture(scope="module")
-def compose() -> dict:
-    return yaml.safe_load(COMPOSE_FILE.read_text())
+def rendered(compose_rendered: Path) -> Path:
+    return compose_rendered
+
+
+@pytest.fixture(scope="module")
+def compose_file(rendered: Path) -> Path:
+    return rendered / "docker-compose.yml"
+
+
+@pytest.fixture(scope="module")
+def compose(compose_file: Path) -> dict:
+    return yaml.safe_load(compose_file.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +96,9 @@ def test_no_published_port_of_an_admin_ui_listens_on_every_address(compose: dict
                 assert str(port).startswith("127.0.0.1:"), f"{name}: {port}"
 
 
-def test_every_secret_is_required_and_never_defaulted(secret_names: set[str]) -> None:
-    text = COMPOSE_FILE.read_text()
+def test_every_secret_is_required_and_never_defaulted(secret_names: set[str],
+                                                      compose_file: Path) -> None:
+    text = compose_file.read_text()
     uses = [m for m in INTERPOLATION.finditer(text) if m["name"] in secret_names]
     assert {m["name"] for m in uses} == secret_names, "a secret in .env.example is unused"
     for match in uses:
@@ -101,22 +113,6 @@ def test_env_example_holds_no_values_for_secrets() -> None:
     for line in (COMPOSE_DIR / ".env.example").read_text().splitlines():
         if re.match(r"^\w*(PASSWORD|TOKEN|KEY)\w*=", line):
             assert line.endswith("="), line
-
-
-def render(out: Path, gpu_nodes: str = "") -> subprocess.CompletedProcess[str]:
-    """compose/render.yml as docs/deploy.md runs it (no inventory: the play adds its hosts)."""
-    return subprocess.run(
-        [str(VENV_BIN / "ansible-playbook"), "-i", "localhost,", str(RENDER),
-         "-e", json.dumps({"compose_out": str(out), "compose_gpu_nodes": gpu_nodes})],
-        cwd=REPO, env=ansible_env(), capture_output=True, text=True, check=False, timeout=600)
-
-
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory: pytest.TempPathFactory, real_binaries: dict[str, str]) -> Path:
-    out = tmp_path_factory.mktemp("compose") / "rendered"
-    proc = render(out, "gpu-01.example.internal,gpu-02.example.internal")
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr
-    return out
 
 
 def test_rendered_prometheus_and_alertmanager_configs_are_valid(
@@ -151,12 +147,51 @@ def test_rendered_elk_and_grafana_files_are_valid(rendered: Path) -> None:
     assert remediation["webhook_token_file"].startswith("/run/trainwatch/")
 
 
-def test_every_rendered_mount_exists(compose: dict, rendered: Path) -> None:
+def test_every_mounted_folder_and_the_build_context_exist(compose: dict, rendered: Path) -> None:
+    """Relative to the rendered compose file: the configs beside it, the repository's
+    dashboards and the build context, wherever the render was written."""
     for name, service in compose["services"].items():
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
-            if source.startswith("./rendered/"):
-                assert (rendered / source.removeprefix("./rendered/")).exists(), (name, source)
+            if source.startswith("."):
+                assert (rendered / source).exists(), (name, source)
+        if "build" in service:
+            context = rendered / service["build"]["context"]
+            assert (context / service["build"]["dockerfile"]).is_file(), name
+            assert context.resolve() == REPO
+
+
+def test_the_compose_file_agrees_with_the_configs_and_the_contract(
+        compose: dict, rendered: Path) -> None:
+    """The ports it publishes and probes are the contract's, and each entrypoint writes its
+    token to the file that the rendered config reads (names from exporters/contract.json)."""
+    services = compose["services"]
+    for name in ("prometheus", "alertmanager", "grafana", "elasticsearch", "kibana"):
+        port = catalog.PORTS[name]
+        assert services[name]["ports"] == [f"127.0.0.1:{port}:{port}"], name
+        assert f"127.0.0.1:{port}/" in " ".join(services[name]["healthcheck"]["test"]), name
+    beats = catalog.PORTS["logstash_beats"]
+    assert services["logstash"]["ports"] == [f"{beats}:{beats}"]
+    remediation = yaml.safe_load((rendered / "remediation/remediation.yml").read_text())
+    am = yaml.safe_load((rendered / "alertmanager/alertmanager.yml").read_text())
+    am_token = next(r for r in am["receivers"] if r["name"] == "remediation"
+                    )["webhook_configs"][0]["http_config"]["authorization"]["credentials_file"]
+    assert am_token == remediation["webhook_token_file"]
+    for token, path in (("webhook", remediation["webhook_token_file"]),
+                        ("control", remediation["training_exporter_token_file"])):
+        assert Path(path).name == Path(catalog.TOKEN_FILES[token]).name
+        assert f"> {path}" in services["remediation"]["command"][0], token
+    assert f"> {am_token}" in services["alertmanager"]["command"][0]
+    probe = " ".join(services["remediation"]["healthcheck"]["test"])
+    assert f":{remediation['port']}/healthz" in probe
+
+
+def test_render_refuses_a_port_the_image_does_not_listen_on(tmp_path: Path) -> None:
+    out = tmp_path / "rendered"
+    proc = render(out, prometheus_port=19090)
+    assert proc.returncode != 0
+    assert "the prometheus image listens on" in proc.stdout + proc.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("nodes", ["gpu-01;rm -rf /", "../etc", "host:9445"])

@@ -1,4 +1,5 @@
-"""The compose file checked by the field's own tools: `docker-compose config -q` (the Debian
+"""The compose file (rendered by compose/render.yml, the `compose_rendered` fixture) checked
+by the field's own tools: `docker-compose config -q` (the Debian
 docker-compose; `config` needs no Docker engine) with every secret set and with one missing,
 and the current Compose Specification schema (vendored, data/SOURCE.md).
 """
@@ -15,9 +16,13 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-COMPOSE_FILE = REPO / "compose" / "docker-compose.yml"
 ENV_EXAMPLE = REPO / "compose" / ".env.example"
 SCHEMA = Path(__file__).with_name("data") / "compose-spec.json"
+
+
+@pytest.fixture(scope="module")
+def compose_file(compose_rendered: Path) -> Path:
+    return compose_rendered / "docker-compose.yml"
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +46,12 @@ def env_file(directory: Path, *, leave_unset: str = "") -> Path:
     return path
 
 
-def config_q(docker_compose: str, compose_file: Path, env: Path) -> subprocess.CompletedProcess:
+def config_q(docker_compose: str, compose_file: Path, env: Path,
+             project: Path | None = None) -> subprocess.CompletedProcess:
+    """`config -q` on `compose_file`, its relative paths resolved from `project` (its folder)."""
+    project = project or compose_file.parent
     # A clean environment: nothing of the caller's (DOCKER_HOST, a real secret) leaks in.
-    return subprocess.run([docker_compose, "--project-directory", str(COMPOSE_FILE.parent),
+    return subprocess.run([docker_compose, "--project-directory", str(project),
                            "-f", str(compose_file), "--env-file", str(env), "config", "-q"],
                           env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
                           timeout=120, check=False)
@@ -54,25 +62,27 @@ def empty_secrets() -> list[str]:
             if line.endswith("=") and not line.startswith("#")]
 
 
-def test_docker_compose_config_accepts_the_file(docker_compose: str, tmp_path: Path) -> None:
-    proc = config_q(docker_compose, COMPOSE_FILE, env_file(tmp_path))
+def test_docker_compose_config_accepts_the_file(docker_compose: str, compose_file: Path,
+                                                tmp_path: Path) -> None:
+    proc = config_q(docker_compose, compose_file, env_file(tmp_path))
     assert proc.returncode == 0, proc.stderr
 
 
-def test_docker_compose_config_refuses_a_missing_secret(docker_compose: str,
+def test_docker_compose_config_refuses_a_missing_secret(docker_compose: str, compose_file: Path,
                                                          tmp_path: Path) -> None:
     secret = empty_secrets()[0]
-    proc = config_q(docker_compose, COMPOSE_FILE, env_file(tmp_path, leave_unset=secret))
+    proc = config_q(docker_compose, compose_file, env_file(tmp_path, leave_unset=secret))
     assert proc.returncode != 0
     assert secret in proc.stderr
 
 
-def test_docker_compose_config_refuses_an_unknown_key(docker_compose: str, tmp_path: Path) -> None:
-    broken = yaml.safe_load(COMPOSE_FILE.read_text())
+def test_docker_compose_config_refuses_an_unknown_key(docker_compose: str, compose_file: Path,
+                                                      tmp_path: Path) -> None:
+    broken = yaml.safe_load(compose_file.read_text())
     broken["services"]["prometheus"]["healthcheck"]["retires"] = 5
     path = tmp_path / "broken.yml"
     path.write_text(yaml.safe_dump(broken))
-    proc = config_q(docker_compose, path, env_file(tmp_path))
+    proc = config_q(docker_compose, path, env_file(tmp_path), compose_file.parent)
     assert proc.returncode != 0
     assert "retires" in proc.stderr
 
@@ -83,14 +93,14 @@ def schema_errors(document: dict) -> list[str]:
     return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(document)]
 
 
-def test_the_file_matches_the_current_compose_spec_schema() -> None:
-    assert schema_errors(yaml.safe_load(COMPOSE_FILE.read_text())) == []
+def test_the_file_matches_the_current_compose_spec_schema(compose_file: Path) -> None:
+    assert schema_errors(yaml.safe_load(compose_file.read_text())) == []
 
 
-def test_the_current_schema_catches_what_the_2021_one_does_not() -> None:
+def test_the_current_schema_catches_what_the_2021_one_does_not(compose_file: Path) -> None:
     """A key only the current specification knows passes; a misspelt one fails: the vendored
     schema is the current one, and it is strict."""
-    document = yaml.safe_load(COMPOSE_FILE.read_text())
+    document = yaml.safe_load(compose_file.read_text())
     document["services"]["prometheus"]["develop"] = {"watch": [{"path": ".", "action": "rebuild"}]}
     assert schema_errors(document) == []
     document["services"]["prometheus"]["healthcheck"]["retires"] = 5
