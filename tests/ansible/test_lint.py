@@ -12,9 +12,11 @@ from tests.ansible.runner import ANSIBLE, LOCAL_INVENTORY, REPO, VENV_BIN, ansib
 PLAYBOOKS = [ANSIBLE / "deploy.yml", ANSIBLE / "stop.yml", REPO / "tests/ansible/render.yml",
              REPO / "compose/render.yml"]
 EXAMPLE = ANSIBLE / "inventories" / "example-cluster"
+LOOPBACK = ANSIBLE / "inventories" / "loopback-cluster"
 
 
-@pytest.mark.parametrize("inventory", [LOCAL_INVENTORY, EXAMPLE], ids=["local", "example"])
+@pytest.mark.parametrize("inventory", [LOCAL_INVENTORY, EXAMPLE, LOOPBACK],
+                         ids=["local", "example", "loopback"])
 @pytest.mark.parametrize("playbook", PLAYBOOKS, ids=lambda p: p.name)
 def test_syntax_check(playbook, inventory) -> None:
     proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory),

@@ -125,7 +125,9 @@ def test_example_cluster_prometheus_scrapes_every_exporter_on_every_gpu_node(
     config = yaml.safe_load(path.read_text())
     for job, port in (("gpu", 9445), ("training", 9446), ("logscan", 9447), ("node", 9100)):
         assert {f"{host}:{port}" for host in GPU_NODES} <= targets_of(config, job), job
-    assert targets_of(config, "node") == {f"{h}:9100" for h in GPU_NODES + MONITORING + LOGGING}
+    # node_exporter runs on every host of the inventory, the long-term store's too
+    assert targets_of(config, "node") == {f"{h}:9100" for h in
+                                          GPU_NODES + MONITORING + LOGGING + [LONG_TERM]}
     assert targets_of(config, "remediation") == {f"{MONITORING[0]}:9448"}
     am_targets = {t for am in config["alerting"]["alertmanagers"]
                   for sc in am["static_configs"] for t in sc["targets"]}
