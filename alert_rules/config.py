@@ -18,7 +18,7 @@ CONFIG_PATH = Path(__file__).with_name("config.yml")
 PRODUCTION = "production"
 DURATION_RE = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 DURATION_KEYS = ("for", "keep_firing_for", "window", "baseline_window", "baseline_offset",
-                 "trend_window", "rate_window", "lost_window")
+                 "trend_window", "rate_window", "lost_window", "slow_interval")
 
 
 class ConfigError(ValueError):
@@ -79,6 +79,17 @@ class Profile:
         return str(self.values["rate_window"])
 
     @property
+    def aggregate(self) -> bool:
+        """Alerts read per-job / per-node recordings (see config.yml)."""
+        return bool(self.values.get("aggregate_per_job_and_node", True))
+
+    @property
+    def slow_interval(self) -> str | None:
+        """The `interval` of the groups of slow-moving recordings; None (the global interval)
+        without the aggregation, so the baseline is the rule set as it was."""
+        return str(self.values["slow_interval"]) if self.aggregate else None
+
+    @property
     def runbook_base_url(self) -> str:
         return str(self.values["runbook_base_url"])
 
@@ -97,7 +108,8 @@ def load_raw(path: Path = CONFIG_PATH) -> dict[str, Any]:
     if not isinstance(profiles, dict) or any(
             not isinstance(body, dict | None) for body in profiles.values()):
         raise ConfigError(f"{path}: `profiles` must map profile names to mappings")
-    missing = {"selectors", "rate_window", "runbook_base_url", "alerts"} - set(raw["defaults"])
+    missing = ({"selectors", "rate_window", "slow_interval", "runbook_base_url", "alerts"}
+               - set(raw["defaults"]))
     if missing:
         raise ConfigError(f"{path}: defaults is missing {sorted(missing)}")
     return raw

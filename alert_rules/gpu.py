@@ -5,20 +5,17 @@ from __future__ import annotations
 from alert_rules import gpu_source, recording
 from alert_rules import metric_names as m
 from alert_rules.config import Profile
-from alert_rules.model import Alert, Group, Record
+from alert_rules.model import Alert, Group
 from alert_rules.promql import new_events, sel, with_host, with_node, without_host
 from exporters import catalog
 
-# per node: ranks that stepped within GpuUtilizationLowWhileTraining's window
-STEPPING_RANKS = "instance:training_step:stepping_ranks"
 GPU_ID = "GPU {{ $labels.gpu }} ({{ $labels.name }}, {{ $labels.uuid }}) on {{ $labels.node }}"
 
 
 def groups(p: Profile) -> list[Group]:
     gpu = p.selector("gpu")
     a = p.alert
-    alerts: list[Alert | Record] = [
-        *_node_records(p),
+    alerts: list[Alert] = [
         Alert(
             "GpuTemperatureHigh",
             with_node(f"{sel(m.GPU_TEMPERATURE, gpu)} > "
@@ -69,8 +66,9 @@ def groups(p: Profile) -> list[Group]:
         ),
         Alert(
             "GpuThrottled",
+            # only the active reasons reach the aggregation (none, normally)
             with_node(f"max without (reason) "
-                      f"({sel(m.GPU_CLOCK_EVENT_REASON, gpu, _reasons(p))}) > 0"),
+                      f"({sel(m.GPU_CLOCK_EVENT_REASON, gpu, _reasons(p))} > 0)"),
             "warning", "gpu",
             f"{GPU_ID} is throttling its clocks",
             f"{GPU_ID} has been slowing its clocks for thermal or power-brake reasons for "
@@ -106,28 +104,16 @@ def _reasons(p: Profile) -> str:
     return f'reason=~"{p.alert("GpuThrottled")["reasons"]}"'
 
 
-def _stepping(p: Profile) -> str:
-    window = p.alert("GpuUtilizationLowWhileTraining")["window"]
-    return f"changes({sel(catalog.TRAINING_STEP, p.selector('training'))}[{window}]) > 0"
-
-
-def _node_records(p: Profile) -> list[Record]:
-    """Per-node recordings the alerts below read (aggregate_per_job_and_node), first in the
-    group so the alerts see this round's values."""
-    if not p.values.get("aggregate_per_job_and_node", True):
-        return []
-    return [Record(STEPPING_RANKS, f"count by (instance) ({_stepping(p)})")]
-
-
 def _utilization_low(p: Profile) -> Alert:
     cfg = p.alert("GpuUtilizationLowWhileTraining")
     window = cfg["window"]
-    util = f"avg_over_time({sel(m.GPU_UTILIZATION, p.selector('gpu'))}[{window}])"
-    stepping = (STEPPING_RANKS if p.values.get("aggregate_per_job_and_node", True)
-                else _stepping(p))
-    # GPU and training series of one machine share the scrape host, whatever their labels say
-    joined = (f"{with_host(util)} < {cfg['threshold_ratio']}\n"
-              f"and on (host)\ncount by (host) ({with_host(stepping)})")
+    util = (f"{recording.GPU_UTILIZATION_AVG}{{{p.selector('gpu')}}}" if p.aggregate
+            else recording.gpu_utilization_avg(p))
+    stepping = recording.STEPPING_RANKS if p.aggregate else recording.stepping(p)
+    # GPU and training series of one machine share the scrape host, whatever their labels say;
+    # the threshold first, so the label rewriting runs on the idle GPUs only
+    idle = f"{util} < {cfg['threshold_ratio']}"
+    joined = f"{with_host(idle)}\nand on (host)\ncount by (host) ({with_host(stepping)})"
     expr = with_node(without_host(joined))
     return Alert(
         "GpuUtilizationLowWhileTraining", expr, "warning", "gpu",

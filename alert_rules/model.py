@@ -68,12 +68,16 @@ class Record:
 
 @dataclass(frozen=True)
 class Group:
+    """A rule group; `interval` None = Prometheus's global evaluation interval."""
+
     name: str
     rules: list[Alert] | list[Record] | list[Alert | Record]
+    interval: str | None = None
 
     def to_dict(self, runbook_base_url: str) -> dict[str, Any]:
         return {
             "name": self.name,
+            **({"interval": self.interval} if self.interval else {}),
             "rules": [
                 r.to_dict(runbook_base_url) if isinstance(r, Alert) else r.to_dict()
                 for r in self.rules

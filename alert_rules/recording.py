@@ -20,13 +20,41 @@ MFU_PER_RANK = "training_job_rank:training_mfu:ratio"
 MFU_PER_JOB = "training_job:training_mfu:ratio"
 GPU_MEMORY_USED_RATIO = "instance_gpu:trainwatch_gpu_memory_used_bytes:ratio"
 NODE_MEMORY_UTILISATION = "instance:node_memory_utilisation:ratio"
+# per node: ranks that stepped within GpuUtilizationLowWhileTraining's window
+STEPPING_RANKS = "instance:training_step:stepping_ranks"
+# per GPU: utilization averaged over GpuUtilizationLowWhileTraining's window
+GPU_UTILIZATION_AVG = "instance_gpu:trainwatch_gpu_utilization_ratio:avg_over_time"
+# per job: whether any rank stepped within the rate window (TrainingThroughputDrop)
+JOB_STEPPING = "training_job:training_step:changes_max"
 
 ALL = (STEP_TIME_PER_RANK, STEP_TIME_MEDIAN_RANK, RANKS_REPORTING, SAMPLES_RATE, TOKENS_RATE,
        FLOPS_PER_RANK, FLOPS_PER_JOB, MFU_PER_RANK, MFU_PER_JOB,
        GPU_MEMORY_USED_RATIO, NODE_MEMORY_UTILISATION)
 
 
+def stepping(p: Profile) -> str:
+    """Ranks whose step changed within GpuUtilizationLowWhileTraining's window."""
+    window = p.alert("GpuUtilizationLowWhileTraining")["window"]
+    return f"changes({sel(catalog.TRAINING_STEP, p.selector('training'))}[{window}]) > 0"
+
+
+def gpu_utilization_avg(p: Profile) -> str:
+    window = p.alert("GpuUtilizationLowWhileTraining")["window"]
+    return f"avg_over_time({sel(m.GPU_UTILIZATION, p.selector('gpu'))}[{window}])"
+
+
+def job_stepping(p: Profile) -> str:
+    """Per job: the most steps any rank made within the rate window (> 0: still stepping)."""
+    step = sel(catalog.TRAINING_STEP, p.selector("training"))
+    return f"max by (training_job) (changes({step}[{p.rate_window}]))"
+
+
 def groups(p: Profile) -> list[Group]:
+    """Rates over the rate window and ratios for dashboards and the slower alerts. With the
+    aggregation they run every `slow_interval` (their windows are 5 minutes and more, the
+    alerts reading them wait 5 to 15 minutes), with the per-node and per-job counts those
+    alerts read; alerts and recordings that read them sit in other groups, so they may see
+    a value one slow_interval old (alert_rules/README.md)."""
     w = p.rate_window
     training = p.selector("training")
     duration = catalog.TRAINING_STEP_DURATION
@@ -44,6 +72,9 @@ def groups(p: Profile) -> list[Group]:
                f"sum by (training_job) (rate({sel(catalog.TRAINING_TOKENS, training)}[{w}]))"),
         *mfu_rules(p),
     ]
+    if p.aggregate:
+        training_rules += [Record(STEPPING_RANKS, f"count by (instance) ({stepping(p)})"),
+                           Record(JOB_STEPPING, job_stepping(p))]
     infra_rules = [
         Record(GPU_MEMORY_USED_RATIO,
                f"{sel(m.GPU_MEMORY_USED, p.selector('gpu'))}\n"
@@ -52,8 +83,10 @@ def groups(p: Profile) -> list[Group]:
                f"1 - {sel(m.NODE_MEM_AVAILABLE, p.selector('node'))}\n"
                f"/\n{sel(m.NODE_MEM_TOTAL, p.selector('node'))}"),
     ]
-    return [Group("trainwatch-training.rules", training_rules),
-            Group("trainwatch-infra.rules", infra_rules)]
+    if p.aggregate:
+        infra_rules.append(Record(GPU_UTILIZATION_AVG, gpu_utilization_avg(p)))
+    return [Group("trainwatch-training.rules", training_rules, p.slow_interval),
+            Group("trainwatch-infra.rules", infra_rules, p.slow_interval)]
 
 
 def mfu_rules(p: Profile) -> list[Record]:

@@ -6,7 +6,6 @@ remediation service knows which job to act on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from alert_rules import recording
@@ -18,37 +17,65 @@ from exporters import catalog
 JOB_RANK = "job {{ $labels.training_job }} rank {{ $labels.rank }}"
 
 
-def aggregated(p: Profile) -> bool:
-    return bool(p.values.get("aggregate_per_job_and_node", True))
+# Per rank, recorded every slow_interval (aggregate_per_job_and_node): the spike alerts'
+# thresholds, which move as slowly as their 30-minute baselines.
+LOSS_BASELINE = "training_job_rank:training_loss:baseline_mean"
+LOSS_SPIKE_LIMIT = "training_job_rank:training_loss:spike_threshold"
+GRAD_NORM_LIMIT = "training_job_rank:training_grad_norm:explosion_threshold"
 
 
-def _spike_expr(p: Profile, metric: str, cfg: dict[str, Any],
-                rule: Callable[[str, str], str]) -> str:
-    """`metric` far above its own mean over a window that ended `baseline_offset` ago.
+def _baseline(p: Profile, metric: str, cfg: dict[str, Any]) -> tuple[str, str, str]:
+    """(series, its mean over a window that ended `baseline_offset` ago, enough samples).
 
     The offset keeps the spike out of its own baseline. A series without enough baseline
-    samples (job start, restart) yields nothing, so a fresh job cannot fire. The baseline
-    stays per rank, computed in place: recording it per rank was measured (rules_eval) to
-    cost as much as it saves, because reading a per-rank series costs about as much as
-    scanning its window.
+    samples (job start, restart) yields nothing, so a fresh job cannot fire.
     """
     series = sel(metric, p.selector("training"))
     past = f"[{cfg['baseline_window']}] offset {cfg['baseline_offset']}"
-    baseline = f"avg_over_time({series}{past})"
-    enough = f"count_over_time({series}{past}) >= {cfg['baseline_min_samples']}"
-    return f"{rule(series, baseline)}\nand\n{enough}"
+    return (series, f"avg_over_time({series}{past})",
+            f"count_over_time({series}{past}) >= {cfg['baseline_min_samples']}")
+
+
+def _loss_margin(cfg: dict[str, Any], baseline: str) -> str:
+    """How far above its baseline a loss spikes: (factor - 1) x |baseline| (so negative
+    losses work), and at least min_delta (tiny losses)."""
+    return f"clamp_min({cfg['factor'] - 1} * abs({baseline}), {cfg['min_delta']})"
+
+
+def _grad_limit(cfg: dict[str, Any], baseline: str) -> str:
+    """factor x the baseline, and at least min_value."""
+    return f"clamp_min({cfg['factor']} * {baseline}, {cfg['min_value']})"
+
+
+def _baseline_records(p: Profile) -> list[Record]:
+    """The spike alerts' per-rank thresholds and the job's median step time: 30-minute
+    windows that move by a thirtieth per minute, recorded every slow_interval instead of
+    scanned every round (the alerts compare this round's value with them); and whether every
+    rank of a job reported a clean finish within TrainingJobVanished's memory (one hour)."""
+    loss_cfg, grad_cfg = p.alert("TrainingLossSpike"), p.alert("TrainingGradNormExplosion")
+    _, loss_mean, loss_enough = _baseline(p, catalog.TRAINING_LOSS, loss_cfg)
+    _, grad_mean, grad_enough = _baseline(p, catalog.TRAINING_GRAD_NORM, grad_cfg)
+    return [
+        _step_time_median(p),
+        Record(LOSS_BASELINE, f"{loss_mean}\nand\n{loss_enough}"),
+        Record(LOSS_SPIKE_LIMIT, f"{LOSS_BASELINE} + {_loss_margin(loss_cfg, LOSS_BASELINE)}"),
+        Record(GRAD_NORM_LIMIT, f"{_grad_limit(grad_cfg, grad_mean)}\nand\n{grad_enough}"),
+        Record(JOB_FINISHED, _job_finished(p)),
+    ]
 
 
 def _loss_spike(p: Profile) -> Alert:
     cfg = p.alert("TrainingLossSpike")
-    # relative to |baseline| so negative losses work, plus an absolute floor for tiny ones
-
-    def rule(series: str, baseline: str) -> str:
-        return (f"({series} - {baseline}) > {cfg['factor'] - 1} * abs({baseline})\nand\n"
-                f"({series} - {baseline}) > {cfg['min_delta']}")
-
+    series, mean, enough = _baseline(p, catalog.TRAINING_LOSS, cfg)
+    # the value is the loss minus its baseline; above max(k x |baseline|, min_delta).
+    # Aggregated: compare with the recorded threshold first (no rank passes it normally), so
+    # the subtraction runs on the spiking ranks only
+    if p.aggregate:
+        expr = f"({series} > {LOSS_SPIKE_LIMIT}) - {LOSS_BASELINE}"
+    else:
+        expr = f"{series} - {mean} > {_loss_margin(cfg, mean)}\nand\n{enough}"
     return Alert(
-        "TrainingLossSpike", _spike_expr(p, catalog.TRAINING_LOSS, cfg, rule), "warning",
+        "TrainingLossSpike", expr, "warning",
         "training",
         f"Loss spike in {JOB_RANK}",
         f"The loss of {JOB_RANK} on {{{{ $labels.node }}}} is {{{{ $value | printf \"%.3g\" }}}} "
@@ -62,13 +89,13 @@ def _loss_spike(p: Profile) -> Alert:
 
 def _grad_norm(p: Profile) -> Alert:
     cfg = p.alert("TrainingGradNormExplosion")
-
-    def rule(series: str, baseline: str) -> str:
-        return f"{series} > {cfg['factor']} * {baseline}\nand\n{series} > {cfg['min_value']}"
-
+    series, mean, enough = _baseline(p, catalog.TRAINING_GRAD_NORM, cfg)
+    if p.aggregate:
+        expr = f"{series} > {GRAD_NORM_LIMIT}"
+    else:
+        expr = f"{series} > {_grad_limit(cfg, mean)}\nand\n{enough}"
     return Alert(
-        "TrainingGradNormExplosion", _spike_expr(p, catalog.TRAINING_GRAD_NORM, cfg, rule),
-        "warning", "training",
+        "TrainingGradNormExplosion", expr, "warning", "training",
         f"Gradient norm explosion in {JOB_RANK}",
         f"The gradient norm of {JOB_RANK} is {{{{ $value | printf \"%.3g\" }}}}, more than "
         f"{cfg['factor']:g}x its recent mean. A loss spike or NaN usually follows. Trainwatch "
@@ -83,8 +110,9 @@ def _nonfinite(p: Profile) -> Alert:
     training = p.selector("training")
     loss = sel(catalog.TRAINING_LOSS, training)
     counter = sel(catalog.TRAINING_NONFINITE_LOSS, training)
-    expr = (f"{new_events(counter, cfg['window'])}\n"
-            f"or\n({loss} != {loss})\nor\n(abs({loss}) == Inf)")
+    # NaN x 0 and Inf x 0 are NaN, which is != 0; a finite loss x 0 is 0 (one read of the
+    # loss instead of three for `loss != loss or abs(loss) == Inf`)
+    expr = f"{new_events(counter, cfg['window'])}\nor\n({loss} * 0 != 0)"
     return Alert(
         "TrainingNonFiniteLoss", expr, "critical", "training",
         f"Non-finite (NaN/Inf) loss in {JOB_RANK}",
@@ -103,8 +131,7 @@ def _throughput(p: Profile) -> Alert:
     baseline = (f"avg_over_time({recording.SAMPLES_RATE}"
                 f"[{cfg['baseline_window']}] offset {cfg['baseline_offset']})")
     # only while the job still steps: a stopped job is TrainingStalled's (or simply finished)
-    stepping = (f"max by (training_job) (changes("
-                f"{sel(catalog.TRAINING_STEP, p.selector('training'))}[{p.rate_window}])) > 0")
+    stepping = f"{recording.JOB_STEPPING if p.aggregate else recording.job_stepping(p)} > 0"
     expr = (f"{recording.SAMPLES_RATE} < {cfg['factor']} * {baseline}\n"
             f"and\n{baseline} > {cfg['min_baseline']}\n"
             f"and on (training_job)\n{stepping}")
@@ -124,14 +151,27 @@ STEP_TIME_MEDIAN = "training_job:training_step_duration_seconds:median"
 STALL_THRESHOLD = "training_job:training_progress:stall_threshold_seconds"
 PROGRESS_AGE = "training_job:training_progress:age_seconds"
 HEARTBEAT_AGE_JOB = "training_job:training_heartbeat:age_seconds"
-HEARTBEAT_AGE_RANK = "training_job_rank:training_heartbeat:age_seconds"
 STALL_SUSPECT = "training_job_rank:training_progress:stall_suspect"
 # per-job aggregates the per-rank suspect rule compares against (aggregate_per_job_and_node)
 COLLECTIVE_SEQ_MAX = "training_job:training_collective_sequence:max"
 STEP_MIN = "training_job:training_step:min"
 JOB_STALLED = "training_job:training_progress:stalled"
+# per rank of a stalled job: 2 stopped first, 1 at the lowest step
+STALL_PRIORITY = "training_job_rank:training_progress:stall_priority"
 # per job and node: what TrainingJobVanished remembers for `remember_for`
 HEARTBEAT_MAX_INSTANCE = "training_job_instance:training_heartbeat_timestamp_seconds:max"
+# per job: the lowest last `training_finished` of its ranks within `remember_for`
+JOB_FINISHED = "training_job:training_finished:min_last_over_time"
+
+
+def _step_time_median(p: Profile) -> Record:
+    """The job's median step time over step_time_window; NaN (no step in the window) is
+    dropped by `> 0`, so the stall threshold falls to its floor."""
+    cfg = p.alert("TrainingStalled")
+    bucket = sel(catalog.TRAINING_STEP_DURATION + "_bucket", p.selector("training"))
+    return Record(STEP_TIME_MEDIAN,
+                  f"histogram_quantile(0.5, sum by (training_job, le) "
+                  f"(rate({bucket}[{cfg['step_time_window']}]))) > 0")
 
 
 def _stall_records(p: Profile) -> list[Record]:
@@ -143,41 +183,72 @@ def _stall_records(p: Profile) -> list[Record]:
     training = p.selector("training")
     last = sel(catalog.TRAINING_LAST_STEP_TIMESTAMP, training)
     beat = sel(catalog.TRAINING_HEARTBEAT_TIMESTAMP, training)
-    seq = sel(catalog.TRAINING_COLLECTIVE_SEQ, training)
-    step = sel(catalog.TRAINING_STEP, training)
-    bucket = sel(catalog.TRAINING_STEP_DURATION + "_bucket", training)
     floor = cfg["floor_seconds"]
     stalled = (f"{PROGRESS_AGE} > on (training_job) {STALL_THRESHOLD}\n"
                f"and on (training_job) {HEARTBEAT_AGE_JOB} < {cfg['heartbeat_stale_seconds']}")
-    seq_max, step_min = f"max by (training_job) ({seq})", f"min by (training_job) ({step})"
-    per_job: list[Record] = []
-    if aggregated(p):
-        # each per-job value computed once per round; the per-rank rule reads the results
-        per_job = [Record(COLLECTIVE_SEQ_MAX, seq_max), Record(STEP_MIN, step_min),
-                   Record(JOB_STALLED, stalled)]
-        seq_max, step_min, stalled = COLLECTIVE_SEQ_MAX, STEP_MIN, JOB_STALLED
-    behind = f"{seq} < on (training_job) group_left () {seq_max}"
-    silent = f"{HEARTBEAT_AGE_RANK} > {cfg['heartbeat_stale_seconds']}"
-    lowest = f"{step} == on (training_job) group_left () {step_min}"
-    first = f"(({behind}) or ({silent}))"
+    job_beat = f"max by (training_job) ({beat})"
+    if p.aggregate:  # the job's newest heartbeat from the per-node maxima (max of maxima)
+        job_beat = f"max by (training_job) ({HEARTBEAT_MAX_INSTANCE})"
     return [
-        # NaN (no step in the window) is dropped by `> 0`, so the threshold falls to the floor
-        Record(STEP_TIME_MEDIAN,
-               f"histogram_quantile(0.5, sum by (training_job, le) "
-               f"(rate({bucket}[{cfg['step_time_window']}]))) > 0"),
+        # with the aggregation, the per-node heartbeats TrainingJobVanished remembers, and
+        # the median step time is a slow-moving baseline (_baseline_records)
+        *([Record(HEARTBEAT_MAX_INSTANCE, f"max by (training_job, instance) ({beat})")]
+          if p.aggregate else [_step_time_median(p)]),
+        Record(PROGRESS_AGE, f"time() - max by (training_job) ({last})"),
+        # the floor for every job with a last step (PROGRESS_AGE: one series per such job)
         Record(STALL_THRESHOLD,
                f"clamp_min({cfg['step_time_factor']} * {STEP_TIME_MEDIAN}, {floor})\n"
-               f"or on (training_job)\n0 * max by (training_job) ({last}) + {floor}"),
-        Record(PROGRESS_AGE, f"time() - max by (training_job) ({last})"),
-        Record(HEARTBEAT_AGE_JOB, f"time() - max by (training_job) ({beat})"),
-        Record(HEARTBEAT_AGE_RANK, f"time() - {beat}"),
-        *per_job,
-        # `and`/`unless` bind tighter than `or`: the lowest-step ranks only when no rank is
-        # behind in collectives or silent
+               f"or on (training_job)\n0 * {PROGRESS_AGE} + {floor}"),
+        Record(HEARTBEAT_AGE_JOB, f"time() - {job_beat}"),
+        *(_suspects_per_job(p, stalled) if p.aggregate else [_suspects_flat(p, stalled)]),
+    ]
+
+
+def _suspect_parts(p: Profile, only: str, seq_max: str, step_min: str) -> tuple[str, str]:
+    """(ranks that stopped first: behind in collectives or silent, ranks at the lowest
+    step), each rank's series first narrowed by `only`."""
+    training = p.selector("training")
+    seq, step, beat = (f"({sel(metric, training)}{only})" if only else sel(metric, training)
+                       for metric in (
+        catalog.TRAINING_COLLECTIVE_SEQ, catalog.TRAINING_STEP,
+        catalog.TRAINING_HEARTBEAT_TIMESTAMP))
+    behind = f"{seq} < on (training_job) group_left () {seq_max}"
+    silent = f"{beat} < time() - {p.alert('TrainingStalled')['heartbeat_stale_seconds']}"
+    return (f"(({behind}) or ({silent}))",
+            f"({step} == on (training_job) group_left () {step_min})")
+
+
+def _suspects_flat(p: Profile, stalled: str) -> Record:
+    """The suspects without per-job recordings (the rules as they were)."""
+    training = p.selector("training")
+    first, lowest = _suspect_parts(
+        p, "", f"max by (training_job) ({sel(catalog.TRAINING_COLLECTIVE_SEQ, training)})",
+        f"min by (training_job) ({sel(catalog.TRAINING_STEP, training)})")
+    # `and`/`unless` bind tighter than `or`: the lowest-step ranks only when no rank is
+    # behind in collectives or silent
+    return Record(STALL_SUSPECT,
+                  f"(\n  {first} * 0 + 1\n  or\n  {lowest} * 0 + 1\n"
+                  f"  unless on (training_job) {first}\n)\nand on (training_job)\n"
+                  f"({stalled})")
+
+
+def _suspects_per_job(p: Profile, stalled: str) -> list[Record]:
+    """Each per-job value once per round; then every rank's series narrowed to the stalled
+    jobs first (none, normally: what follows runs on empty vectors), each read once: a
+    priority of 2 for ranks that stopped first, 1 for the lowest step, and the suspects are
+    the ranks with their job's highest priority."""
+    training = p.selector("training")
+    first, lowest = _suspect_parts(p, f" and on (training_job) {JOB_STALLED}",
+                                   COLLECTIVE_SEQ_MAX, STEP_MIN)
+    return [
+        Record(COLLECTIVE_SEQ_MAX,
+               f"max by (training_job) ({sel(catalog.TRAINING_COLLECTIVE_SEQ, training)})"),
+        Record(STEP_MIN, f"min by (training_job) ({sel(catalog.TRAINING_STEP, training)})"),
+        Record(JOB_STALLED, stalled),
+        Record(STALL_PRIORITY, f"{first} * 0 + 2\nor\n{lowest} * 0 + 1"),
         Record(STALL_SUSPECT,
-               f"(\n  {first} * 0 + 1\n  or\n  ({lowest}) * 0 + 1\n"
-               f"  unless on (training_job) {first}\n)\nand on (training_job)\n"
-               + (stalled if aggregated(p) else f"({stalled})")),
+               f"(\n  {STALL_PRIORITY}\n  == on (training_job) group_left ()\n"
+               f"  max by (training_job) ({STALL_PRIORITY})\n) * 0 + 1"),
     ]
 
 
@@ -203,18 +274,19 @@ def _vanished(p: Profile) -> Alert:
     training = p.selector("training")
     window = cfg["remember_for"]
     beat = sel(catalog.TRAINING_HEARTBEAT_TIMESTAMP, training)
-    finished = sel(catalog.TRAINING_FINISHED, training)
     up = sel("up", training)
     # max_over_time keeps the job in view after the exporter drops its series; an exporter
     # that is down is TargetDown's, not a vanished job. Aggregated, the window is scanned
     # over one recorded series per job and node instead of one per rank (the max over time
     # of the max over ranks is the max over ranks of the max over time).
-    if aggregated(p):
-        beat = HEARTBEAT_MAX_INSTANCE
+    # Aggregated, whether every rank finished is recorded every slow_interval: it can only be
+    # that much late to suppress the alert, which needs `for` more after after_seconds.
+    finished_all = _job_finished(p)
+    if p.aggregate:
+        beat, finished_all = HEARTBEAT_MAX_INSTANCE, JOB_FINISHED
     expr = (f"time() - max by (training_job) (\n  max_over_time({beat}[{window}])\n"
             f"  and on (instance) {up} == 1\n) > {cfg['after_seconds']}\n"
-            f"unless on (training_job)\n"
-            f"min by (training_job) (last_over_time({finished}[{window}])) == 1")
+            f"unless on (training_job)\n{finished_all} == 1")
     return Alert(
         "TrainingJobVanished", expr, "critical", "training",
         "Job {{ $labels.training_job }} vanished without finishing",
@@ -225,6 +297,14 @@ def _vanished(p: Profile) -> Alert:
         "last checkpoint.",
         for_=cfg["for"],
     )
+
+
+def _job_finished(p: Profile) -> str:
+    """1 when every rank of the job reported a clean finish in its last sample within
+    TrainingJobVanished's memory."""
+    window = p.alert("TrainingJobVanished")["remember_for"]
+    finished = sel(catalog.TRAINING_FINISHED, p.selector("training"))
+    return f"min by (training_job) (last_over_time({finished}[{window}]))"
 
 
 def _straggler(p: Profile) -> Alert:
@@ -259,19 +339,9 @@ def _log_event(p: Profile, name: str, kind: str, severity: str, title: str, what
     )
 
 
-def _alert_records(p: Profile) -> list[Record]:
-    """Recordings the alerts of this group read, evaluated first in the same group so that
-    the alerts see this round's values (no lag against reading the raw series)."""
-    if not aggregated(p):
-        return []
-    beat = sel(catalog.TRAINING_HEARTBEAT_TIMESTAMP, p.selector("training"))
-    return [Record(HEARTBEAT_MAX_INSTANCE, f"max by (training_job, instance) ({beat})")]
-
-
 def groups(p: Profile) -> list[Group]:
     assert {"cuda_oom", "nccl_timeout", "nccl_error"} <= set(catalog.LOG_EVENT_KINDS)
-    alerts: list[Alert | Record] = [
-        *_alert_records(p),
+    alerts: list[Alert] = [
         _loss_spike(p),
         _nonfinite(p),
         _grad_norm(p),
@@ -292,5 +362,8 @@ def groups(p: Profile) -> list[Group]:
                    "A collective failed (network, InfiniBand or a peer crashed); the job will "
                    "abort. Check the node's network links and the peer ranks' logs."),
     ]
-    return [Group("trainwatch-training-stall.rules", _stall_records(p)),
+    baselines = ([Group("trainwatch-training-baselines.rules", _baseline_records(p),
+                        p.slow_interval)] if p.aggregate else [])
+    return [*baselines,
+            Group("trainwatch-training-stall.rules", _stall_records(p)),
             Group("trainwatch-training.alerts", alerts)]

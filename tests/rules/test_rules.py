@@ -115,7 +115,14 @@ def test_demo_profile_uses_seconds() -> None:
         if "for" in rule:
             assert re.fullmatch(r"[0-9]+s", rule["for"]), f"demo {name}: for {rule['for']}"
             assert int(rule["for"][:-1]) <= 10, f"demo {name}: for {rule['for']} too slow"
-    assert "[20s] offset 3s" in alerts("demo")["TrainingLossSpike"]["expr"]
+    # the spike baseline (recorded for the alert) uses the demo's seconds too
+    baseline = next(r for r in rules("demo")
+                    if r.get("record") == "training_job_rank:training_loss:baseline_mean")
+    assert "[20s] offset 3s" in baseline["expr"]
+    # and every group of slow-moving recordings runs at the demo's 1 s
+    for path in rule_files("demo"):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            assert group.get("interval", "1s") == "1s", f"demo {group['name']}"
 
 
 def test_training_alerts_keep_the_training_job_label() -> None:

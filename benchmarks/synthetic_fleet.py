@@ -1,0 +1,156 @@
+"""A synthetic GPU training fleet's history, pushed into a real Prometheus's head block.
+
+Nodes x 8 GPUs, one training job with one rank per GPU: node, GPU and training series named
+and labelled as the exporters emit them (about 35 series per GPU + rank). Every series has
+one sample every `step` seconds from `start` to `end`; values follow a few simple shapes
+(constants, counters that grow with the step count, a slowly falling loss), so no alert
+fires and every window the rules read is full.
+
+The history goes in through Prometheus's remote-write receiver, in time bands of 30 minutes
+(all series, then the next band), so every sample is appended in order to the head block, as
+scraped samples are in production, where every window the rules read (one hour at most)
+lies in the head. Backfilled blocks (`promtool tsdb create-blocks-from`) would put it in
+on-disk blocks instead, which are read differently (index decoding, one iterator per block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import requests
+
+from benchmarks import remote_write
+from exporters.catalog import PORTS
+
+GPUS_PER_NODE = 8
+BUCKETS = ("0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "+Inf")
+REASONS = ("sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown")
+# Samples older than the head's newest minus half a chunk range (1 h) are refused as out of
+# bounds, so a band must be shorter than that.
+BAND_SECONDS = 30 * 60
+REQUEST_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    labels: dict[str, str]
+    kind: str  # how its value moves, see value()
+
+
+def _node(n: int) -> Iterator[Series]:
+    host = f"node{n:04d}"
+    node = {"job": "node", "instance": f"{host}:{PORTS['node_exporter']}"}
+    gpu_inst = {"job": "gpu", "instance": f"{host}:{PORTS['gpu_exporter']}"}
+    train_inst = {"job": "training", "instance": f"{host}:{PORTS['training_exporter']}"}
+    for inst in (node, gpu_inst, train_inst):
+        yield Series("up", inst, "one")
+    fs = {**node, "device": "/dev/nvme0n1", "fstype": "ext4", "mountpoint": "/data"}
+    yield Series("node_filesystem_avail_bytes", fs, "disk")
+    yield Series("node_filesystem_size_bytes", fs, "1e12")
+    yield Series("node_filesystem_readonly", fs, "zero")
+    yield Series("node_memory_MemAvailable_bytes", node, "2e11")
+    yield Series("node_memory_MemTotal_bytes", node, "5e11")
+    yield Series("trainwatch_gpu_exporter_last_success_timestamp_seconds", gpu_inst, "ts")
+    for g in range(GPUS_PER_NODE):
+        gl = {**gpu_inst, "gpu": str(g), "uuid": f"GPU-{n}-{g}", "name": "H100"}
+        yield Series("trainwatch_gpu_up", gl, "one")
+        yield Series("trainwatch_gpu_temperature_celsius", gl, "temp")
+        yield Series("trainwatch_gpu_utilization_ratio", gl, "0.9")
+        yield Series("trainwatch_gpu_memory_used_bytes", gl, "6e10")
+        yield Series("trainwatch_gpu_memory_total_bytes", gl, "8e10")
+        yield Series("trainwatch_gpu_row_remap_failure", gl, "zero")
+        for reason in REASONS:
+            yield Series("trainwatch_gpu_clock_event_reason_active", {**gl, "reason": reason},
+                         "zero")
+        for err in ("corrected", "uncorrected"):
+            yield Series("trainwatch_gpu_ecc_errors_total",
+                         {**gl, "error_type": err, "counter": "volatile"}, "zero")
+        rl = {**train_inst, "training_job": "llm", "rank": str(n * GPUS_PER_NODE + g),
+              "node": host}
+        for name, kind in (
+                ("training_step", "steps"), ("training_loss", "loss"),
+                ("training_grad_norm", "0.5"), ("training_last_step_timestamp_seconds", "ts"),
+                ("training_heartbeat_timestamp_seconds", "ts"),
+                ("training_collective_sequence", "steps"), ("training_finished", "zero"),
+                ("training_peak_flops_per_second", "9.89e14"),
+                ("training_samples_total", "steps8"), ("training_tokens_total", "steps8192"),
+                ("training_model_flops_total", "flops"),
+                ("training_nonfinite_loss_total", "zero")):
+            yield Series(name, rl, kind)
+        for le in BUCKETS:
+            yield Series("training_step_duration_seconds_bucket", {**rl, "le": le},
+                         "steps" if le in ("2.5", "5.0", "+Inf") else "zero")
+        yield Series("training_step_duration_seconds_sum", rl, "steps2")
+        yield Series("training_step_duration_seconds_count", rl, "steps")
+
+
+def fleet(nodes: int) -> Iterator[Series]:
+    for n in range(nodes):
+        yield from _node(n)
+
+
+def value(kind: str, ts: int, start: int) -> float:
+    """The value of a series of `kind` at `ts` (s); one step every 2 s since `start`."""
+    t = ts - start
+    steps = t // 2
+    match kind:
+        case "one":
+            return 1.0
+        case "zero":
+            return 0.0
+        case "ts":
+            return float(ts)
+        case "steps":
+            return float(steps)
+        case "steps2":
+            return steps * 2.0
+        case "steps8":
+            return steps * 8.0
+        case "steps8192":
+            return steps * 8192.0
+        case "flops":
+            return steps * 1e15
+        case "loss":
+            return 2.0 + 1.0 / (1 + steps / 100)
+        case "temp":
+            return float(60 + (t // 60) % 7)
+        case "disk":
+            return 5e11 - t * 1e4
+        case _:
+            return float(kind)
+
+
+def push(url: str, nodes: int, start: int, end: int, step: int) -> int:
+    """Remote-write every series' samples in [start, end) into Prometheus at `url`; returns
+    the number of series. Every series of one kind has the same samples, so each band's
+    samples are encoded once per kind."""
+    series = [(remote_write.labels({"__name__": s.name, **s.labels}), s.kind)
+              for s in fleet(nodes)]
+    session = requests.Session()
+
+    def send(parts: list[bytes]) -> None:
+        response = session.post(f"{url}/api/v1/write", data=remote_write.request(parts),
+                                headers=remote_write.HEADERS, timeout=300)
+        if response.status_code // 100 != 2:
+            raise RuntimeError(f"remote write refused: {response.status_code} "
+                               f"{response.text[:500]}")
+
+    for band in range(start, end, BAND_SECONDS):
+        stamps = range(band, min(band + BAND_SECONDS, end), step)
+        encoded = {kind: b"".join(remote_write.sample(value(kind, ts, start), ts * 1000)
+                                  for ts in stamps)
+                   for kind in {k for _, k in series}}
+        parts: list[bytes] = []
+        size = 0
+        for labels, kind in series:
+            part = remote_write.timeseries(labels, encoded[kind])
+            parts.append(part)
+            size += len(part)
+            if size >= REQUEST_BYTES:
+                send(parts)
+                parts, size = [], 0
+        if parts:
+            send(parts)
+    return len(series)
