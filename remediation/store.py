@@ -40,51 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS intents (
-    id INTEGER PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    starts_at TEXT NOT NULL,
-    playbook TEXT NOT NULL,
-    phase TEXT NOT NULL CHECK (phase IN ('fire', 'resolve')),
-    alertname TEXT NOT NULL,
-    labels TEXT NOT NULL,
-    annotations TEXT NOT NULL,
-    target_key TEXT,
-    state TEXT NOT NULL,
-    decision TEXT,
-    next_step INTEGER NOT NULL DEFAULT 0,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    not_before REAL NOT NULL DEFAULT 0,
-    lease_owner TEXT,
-    lease_until REAL,
-    approved INTEGER NOT NULL DEFAULT 0,
-    results TEXT NOT NULL DEFAULT '[]',
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    acted INTEGER NOT NULL DEFAULT 0,
-    UNIQUE (fingerprint, starts_at, playbook, phase)
-);
-CREATE INDEX IF NOT EXISTS intents_claim ON intents (state, not_before);
-CREATE TABLE IF NOT EXISTS audit (
-    id INTEGER PRIMARY KEY,
-    at REAL NOT NULL,
-    intent_id INTEGER,
-    fingerprint TEXT,
-    playbook TEXT,
-    alertname TEXT,
-    target_key TEXT,
-    decision TEXT NOT NULL,
-    action TEXT,
-    reason TEXT,
-    detail TEXT
-);
-CREATE INDEX IF NOT EXISTS audit_intent ON audit (intent_id);
-CREATE INDEX IF NOT EXISTS audit_at ON audit (at);
-CREATE TABLE IF NOT EXISTS retention (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    horizon REAL NOT NULL
-);
+from remediation.schema import SQLITE_TYPES, tables, terminal_list
+
+TERMINAL_STATES = ("done", "failed", "refused", "rejected", "cancelled")
+# The tables (remediation.schema) and what only SQLite spells this way: the triggers that keep
+# the audit append-only, the retention horizon forward-only and the running counters.
+SCHEMA = tables(SQLITE_TYPES) + """
 INSERT OR IGNORE INTO retention (id, horizon) VALUES (1, 0);
 CREATE TRIGGER IF NOT EXISTS audit_append_only_update BEFORE UPDATE ON audit
 BEGIN SELECT RAISE(ABORT, 'audit is append-only'); END;
@@ -97,22 +58,6 @@ END;
 CREATE TRIGGER IF NOT EXISTS retention_forward BEFORE UPDATE ON retention
 WHEN new.horizon < old.horizon
 BEGIN SELECT RAISE(ABORT, 'the retention horizon only moves forward'); END;
-CREATE TABLE IF NOT EXISTS grants (
-    id INTEGER PRIMARY KEY,
-    at REAL NOT NULL,
-    playbook TEXT NOT NULL,
-    target_key TEXT NOT NULL,
-    intent_id INTEGER NOT NULL,
-    priority INTEGER NOT NULL DEFAULT 1
-);
-CREATE INDEX IF NOT EXISTS grants_target ON grants (playbook, target_key, at);
-CREATE INDEX IF NOT EXISTS grants_at ON grants (at);
-CREATE TABLE IF NOT EXISTS counters (
-    kind TEXT NOT NULL,
-    key TEXT NOT NULL,
-    value INTEGER NOT NULL,
-    PRIMARY KEY (kind, key)
-) WITHOUT ROWID;
 CREATE TRIGGER IF NOT EXISTS audit_counts AFTER INSERT ON audit
 BEGIN
   INSERT INTO counters (kind, key, value) VALUES ('decision', new.decision, 1)
@@ -123,18 +68,7 @@ BEGIN
     WHERE new.decision IN ('acted', 'failed')
     ON CONFLICT (kind, key) DO UPDATE SET value = value + 1;
 END;
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS readiness (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    at REAL NOT NULL
-);
-"""
-
-TERMINAL_STATES = ("done", "failed", "refused", "rejected", "cancelled")
-SCHEMA = SCHEMA.replace("TERMINAL", ", ".join(f"'{state}'" for state in TERMINAL_STATES))
+""".replace("TERMINAL", terminal_list(TERMINAL_STATES))
 PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 # What the static helpers below take: a sqlite3.Connection, or pgstore's connection (both
 # answer execute(sql with ? placeholders, params) with a cursor of rows indexable by position
@@ -144,6 +78,8 @@ Conn = Any
 
 @dataclass(frozen=True)
 class NewIntent:
+    """An intent about to be stored: what intake knows of an alert and its playbook."""
+
     fingerprint: str
     starts_at: str
     playbook: str
@@ -156,19 +92,12 @@ class NewIntent:
     decision: str | None = None
 
 
-@dataclass
-class Intent:
+@dataclass(frozen=True, kw_only=True)
+class Intent(NewIntent):
+    """A stored intent: NewIntent's fields plus its row id and progress (read-only: every
+    change goes through the store)."""
+
     id: int
-    fingerprint: str
-    starts_at: str
-    playbook: str
-    phase: str
-    alertname: str
-    labels: dict[str, str]
-    annotations: dict[str, str]
-    target_key: str | None
-    state: str
-    decision: str | None
     next_step: int
     attempts: int
     approved: bool
@@ -323,7 +252,7 @@ class Store:
         Alertmanager stops resending a resolved alert), so an alert that still fires is never
         acted on twice; audit rows go only when their intent is finished or gone. Returns
         (intents, audit rows) deleted."""
-        terminal = ", ".join(f"'{state}'" for state in TERMINAL_STATES)
+        terminal = terminal_list(TERMINAL_STATES)
         with self.transaction() as conn:
             conn.execute(f"UPDATE retention SET horizon={self.GREATEST}(horizon, ?) WHERE id=1",  # noqa: S608
                          (older_than,))
