@@ -7,11 +7,10 @@ from grafana_foundation_sdk.builders import dashboard as gd
 from dashboards.panels import (
     Q,
     add_panels,
-    new_dashboard,
-    query_variable,
+    instance_label_variable,
+    scoped_dashboard,
     stat_panel,
     timeseries_panel,
-    with_scope_variables,
 )
 from exporters import catalog as c
 
@@ -21,15 +20,10 @@ WHO = "{{instance}} GPU {{gpu}}"
 
 
 def build() -> gd.Dashboard:
-    dashboard = (
-        with_scope_variables(new_dashboard(
-            UID, "Trainwatch / GPU fleet",
-            "All GPUs of the fleet: health, load, memory, heat and errors.", ["gpu"]),
-            c.GPU_UP)
-        .with_variable(query_variable(
-            "gpu", "GPU",
-            f'label_values({c.GPU_UP}{{job=~"$job",instance=~"$instance"}}, gpu)'))
-    )
+    dashboard = scoped_dashboard(
+        UID, "Trainwatch / GPU fleet",
+        "All GPUs of the fleet: health, load, memory, heat and errors.", ["gpu"],
+        c.GPU_UP, instance_label_variable("gpu", "GPU", c.GPU_UP))
     return add_panels(
         dashboard,
         stat_panel("GPUs healthy", f"GPUs NVML can talk to ({c.GPU_UP} == 1).", "none",

@@ -111,6 +111,23 @@ def new_dashboard(uid: str, title: str, description: str, tags: list[str]) -> gd
             .with_variable(datasource_variable()))
 
 
+def scoped_dashboard(uid: str, title: str, description: str, tags: list[str], metric: str,
+                     *variables: gd.QueryVariable) -> gd.Dashboard:
+    """A new dashboard with the scope variables read from `metric`, then `variables` in
+    order: the header every Trainwatch dashboard starts with, built in one place."""
+    dashboard = with_scope_variables(new_dashboard(uid, title, description, tags), metric)
+    for variable in variables:
+        dashboard = dashboard.with_variable(variable)
+    return dashboard
+
+
+def instance_label_variable(name: str, label: str, metric: str) -> gd.QueryVariable:
+    """A variable over the values of label `name` of `metric` on the selected jobs and
+    instances (a GPU index, a training job)."""
+    return query_variable(
+        name, label, f'label_values({metric}{{job=~"$job",instance=~"$instance"}}, {name})')
+
+
 def add_panels(dashboard: gd.Dashboard, *panels: cogbuilder.Builder[dm.Panel]) -> gd.Dashboard:
     """Add panels in order with ids 1..n, so panel ids (and links to them) stay stable."""
     for number, panel in enumerate(panels, start=1):

@@ -8,10 +8,9 @@ from alert_rules import recording
 from dashboards.panels import (
     Q,
     add_panels,
-    new_dashboard,
+    scoped_dashboard,
     table_panel,
     timeseries_panel,
-    with_scope_variables,
 )
 from exporters import catalog as c
 
@@ -21,13 +20,10 @@ C = 'cluster=~"$cluster"'
 
 
 def build() -> gd.Dashboard:
-    dashboard = (
-        with_scope_variables(new_dashboard(
-            UID, "Trainwatch / Stack health",
-            "Scrape targets, Prometheus, Alertmanager, node resources and Trainwatch's "
-            "exporters.",
-            ["stack"]), "up")
-    )
+    dashboard = scoped_dashboard(
+        UID, "Trainwatch / Stack health",
+        "Scrape targets, Prometheus, Alertmanager, node resources and Trainwatch's "
+        "exporters.", ["stack"], "up")
     return add_panels(
         dashboard,
         table_panel("Scrape targets", "Every target with its up state (1 = scraped).", "none",
