@@ -5,6 +5,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as gd
 
 from dashboards.panels import (
+    SCOPE,
     Q,
     add_panels,
     instance_label_variable,
@@ -15,8 +16,8 @@ from dashboards.panels import (
 from exporters import catalog as c
 
 UID = "trainwatch-gpu-node"
-G = 'cluster=~"$cluster",job=~"$job",instance=~"$instance",gpu=~"$gpu"'
-E = 'cluster=~"$cluster",job=~"$job",instance=~"$instance"'
+G = f'{SCOPE},gpu=~"$gpu"'
+E = SCOPE
 WHO = "GPU {{gpu}}"
 
 

@@ -20,6 +20,9 @@ from grafana_foundation_sdk.models import dashboard as dm
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 ALL_REGEX = ".+"  # what the linter wants as allValue for job/instance
 ANY_REGEX = ".*"  # for labels a series may lack (cluster on single-cluster setups)
+# The selectors of the scope variables (with_scope_variables), for the dashboards' queries.
+CLUSTER = 'cluster=~"$cluster"'
+SCOPE = f'{CLUSTER},job=~"$job",instance=~"$instance"'
 PanelT = TypeVar("PanelT", timeseries.Panel, stat.Panel, table.Panel)
 
 

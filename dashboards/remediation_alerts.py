@@ -5,6 +5,8 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as gd
 
 from dashboards.panels import (
+    CLUSTER,
+    SCOPE,
     Q,
     add_panels,
     scoped_dashboard,
@@ -15,8 +17,8 @@ from dashboards.panels import (
 from exporters import catalog as c
 
 UID = "trainwatch-remediation-alerts"
-R = 'cluster=~"$cluster",job=~"$job",instance=~"$instance"'
-C = 'cluster=~"$cluster"'
+R = SCOPE
+C = CLUSTER
 
 
 def build() -> gd.Dashboard:

@@ -6,6 +6,8 @@ from grafana_foundation_sdk.builders import dashboard as gd
 
 from alert_rules import recording
 from dashboards.panels import (
+    CLUSTER,
+    SCOPE,
     Q,
     add_panels,
     scoped_dashboard,
@@ -15,8 +17,8 @@ from dashboards.panels import (
 from exporters import catalog as c
 
 UID = "trainwatch-stack-health"
-S = 'cluster=~"$cluster",job=~"$job",instance=~"$instance"'
-C = 'cluster=~"$cluster"'
+S = SCOPE
+C = CLUSTER
 
 
 def build() -> gd.Dashboard:

@@ -6,6 +6,8 @@ from grafana_foundation_sdk.builders import dashboard as gd
 
 from alert_rules import recording
 from dashboards.panels import (
+    CLUSTER,
+    SCOPE,
     Q,
     add_panels,
     instance_label_variable,
@@ -18,10 +20,9 @@ from exporters import catalog as c
 
 UID = "trainwatch-training-job"
 # training-exporter series
-T = ('cluster=~"$cluster",job=~"$job",instance=~"$instance",'
-     'training_job=~"$training_job",rank=~"$rank"')
+T = f'{SCOPE},training_job=~"$training_job",rank=~"$rank"'
 # log-scanner series come from another scrape job and instance
-LOGS = 'cluster=~"$cluster",training_job=~"$training_job",rank=~"$rank"'
+LOGS = f'{CLUSTER},training_job=~"$training_job",rank=~"$rank"'
 # recording rules aggregate by training_job
 J = 'training_job=~"$training_job"'
 RANK = "{{training_job}} rank {{rank}}"
