@@ -16,6 +16,7 @@ import yaml
 
 from alert_rules import gpu, gpu_source, node, recording, stack, training
 from alert_rules.config import CONFIG_PATH, ConfigError, Profile, load_profiles
+from alert_rules.generated_files import write_folder
 from alert_rules.model import Alert, Group
 
 OUT_DIR = Path(__file__).with_name("generated")
@@ -68,14 +69,7 @@ def write(out_dir: Path, rendered: dict[str, dict[str, str]]) -> list[Path]:
     """Write profile -> file name -> text under out_dir/<profile>/, removing stale files."""
     written = []
     for profile_name, files in rendered.items():
-        folder = out_dir / profile_name
-        folder.mkdir(parents=True, exist_ok=True)
-        for stale in folder.glob("*.yml"):
-            if stale.name not in files:
-                stale.unlink()
-        for filename, text in files.items():
-            (folder / filename).write_text(text)
-            written.append(folder / filename)
+        written += write_folder(out_dir / profile_name, files, "*.yml")
     return written
 
 

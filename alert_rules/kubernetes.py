@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from alert_rules.config import CONFIG_PATH, ConfigError, load_profiles
+from alert_rules.generated_files import write_folder
 
 OUT_DIR = Path(__file__).with_name("generated") / "kubernetes"
 DEFAULT_NAMESPACE = "monitoring"
@@ -70,15 +71,7 @@ def render(namespace: str = DEFAULT_NAMESPACE, release: str = DEFAULT_RELEASE,
 
 
 def write(out_dir: Path, files: dict[str, str]) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob("*-prometheusrule.yaml"):
-        if stale.name not in files:
-            stale.unlink()
-    written = []
-    for name, text in files.items():
-        (out_dir / name).write_text(text)
-        written.append(out_dir / name)
-    return written
+    return write_folder(out_dir, files, "*-prometheusrule.yaml")
 
 
 def main(argv: list[str] | None = None) -> int:

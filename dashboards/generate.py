@@ -16,6 +16,7 @@ from typing import Any
 from grafana_foundation_sdk.builders import dashboard as gd
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
+from alert_rules.generated_files import write_folder
 from dashboards import gpu_fleet, gpu_node, remediation_alerts, stack_health, training_job
 
 HERE = Path(__file__).parent
@@ -42,17 +43,7 @@ def render_dashboards() -> dict[str, str]:
 
 
 def write(out: Path) -> list[Path]:
-    generated = out / "generated"
-    rendered = render_dashboards()
-    generated.mkdir(parents=True, exist_ok=True)
-    for stale in generated.glob("*.json"):
-        if stale.name not in rendered:
-            stale.unlink()
-    written = []
-    for name, text in rendered.items():
-        (generated / name).write_text(text)
-        written.append(generated / name)
-    return written
+    return write_folder(out / "generated", render_dashboards(), "*.json")
 
 
 def main(argv: list[str] | None = None) -> int:

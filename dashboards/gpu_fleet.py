@@ -5,31 +5,26 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as gd
 
 from dashboards.panels import (
+    SCOPE,
     Q,
     add_panels,
-    new_dashboard,
-    query_variable,
+    instance_label_variable,
+    scoped_dashboard,
     stat_panel,
     timeseries_panel,
-    with_scope_variables,
 )
 from exporters import catalog as c
 
 UID = "trainwatch-gpu-fleet"
-G = 'cluster=~"$cluster",job=~"$job",instance=~"$instance",gpu=~"$gpu"'
+G = f'{SCOPE},gpu=~"$gpu"'
 WHO = "{{instance}} GPU {{gpu}}"
 
 
 def build() -> gd.Dashboard:
-    dashboard = (
-        with_scope_variables(new_dashboard(
-            UID, "Trainwatch / GPU fleet",
-            "All GPUs of the fleet: health, load, memory, heat and errors.", ["gpu"]),
-            c.GPU_UP)
-        .with_variable(query_variable(
-            "gpu", "GPU",
-            f'label_values({c.GPU_UP}{{job=~"$job",instance=~"$instance"}}, gpu)'))
-    )
+    dashboard = scoped_dashboard(
+        UID, "Trainwatch / GPU fleet",
+        "All GPUs of the fleet: health, load, memory, heat and errors.", ["gpu"],
+        c.GPU_UP, instance_label_variable("gpu", "GPU", c.GPU_UP))
     return add_panels(
         dashboard,
         stat_panel("GPUs healthy", f"GPUs NVML can talk to ({c.GPU_UP} == 1).", "none",

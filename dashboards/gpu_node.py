@@ -5,32 +5,28 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as gd
 
 from dashboards.panels import (
+    SCOPE,
     Q,
     add_panels,
-    new_dashboard,
-    query_variable,
+    instance_label_variable,
+    scoped_dashboard,
     table_panel,
     timeseries_panel,
-    with_scope_variables,
 )
 from exporters import catalog as c
 
 UID = "trainwatch-gpu-node"
-G = 'cluster=~"$cluster",job=~"$job",instance=~"$instance",gpu=~"$gpu"'
-E = 'cluster=~"$cluster",job=~"$job",instance=~"$instance"'
+G = f'{SCOPE},gpu=~"$gpu"'
+E = SCOPE
 WHO = "GPU {{gpu}}"
 
 
 def build() -> gd.Dashboard:
-    dashboard = (
-        with_scope_variables(new_dashboard(
-            UID, "Trainwatch / GPU node detail",
-            "One node's GPUs in depth: clocks, throttling, memory errors, links and the "
-            "exporter itself.", ["gpu"]), c.GPU_UP)
-        .with_variable(query_variable(
-            "gpu", "GPU",
-            f'label_values({c.GPU_UP}{{job=~"$job",instance=~"$instance"}}, gpu)'))
-    )
+    dashboard = scoped_dashboard(
+        UID, "Trainwatch / GPU node detail",
+        "One node's GPUs in depth: clocks, throttling, memory errors, links and the "
+        "exporter itself.", ["gpu"],
+        c.GPU_UP, instance_label_variable("gpu", "GPU", c.GPU_UP))
     return add_panels(
         dashboard,
         table_panel("GPU inventory", "Every GPU on the node with its product name, UUID and "

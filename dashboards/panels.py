@@ -20,6 +20,9 @@ from grafana_foundation_sdk.models import dashboard as dm
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 ALL_REGEX = ".+"  # what the linter wants as allValue for job/instance
 ANY_REGEX = ".*"  # for labels a series may lack (cluster on single-cluster setups)
+# The selectors of the scope variables (with_scope_variables), for the dashboards' queries.
+CLUSTER = 'cluster=~"$cluster"'
+SCOPE = f'{CLUSTER},job=~"$job",instance=~"$instance"'
 PanelT = TypeVar("PanelT", timeseries.Panel, stat.Panel, table.Panel)
 
 
@@ -109,6 +112,23 @@ def new_dashboard(uid: str, title: str, description: str, tags: list[str]) -> gd
             .tags(["trainwatch", *tags]).refresh("30s").time("now-1h", "now")
             .timezone("browser").tooltip(dm.DashboardCursorSync.CROSSHAIR)
             .with_variable(datasource_variable()))
+
+
+def scoped_dashboard(uid: str, title: str, description: str, tags: list[str], metric: str,
+                     *variables: gd.QueryVariable) -> gd.Dashboard:
+    """A new dashboard with the scope variables read from `metric`, then `variables` in
+    order: the header every Trainwatch dashboard starts with, built in one place."""
+    dashboard = with_scope_variables(new_dashboard(uid, title, description, tags), metric)
+    for variable in variables:
+        dashboard = dashboard.with_variable(variable)
+    return dashboard
+
+
+def instance_label_variable(name: str, label: str, metric: str) -> gd.QueryVariable:
+    """A variable over the values of label `name` of `metric` on the selected jobs and
+    instances (a GPU index, a training job)."""
+    return query_variable(
+        name, label, f'label_values({metric}{{job=~"$job",instance=~"$instance"}}, {name})')
 
 
 def add_panels(dashboard: gd.Dashboard, *panels: cogbuilder.Builder[dm.Panel]) -> gd.Dashboard:

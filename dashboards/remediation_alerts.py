@@ -5,29 +5,27 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard as gd
 
 from dashboards.panels import (
+    CLUSTER,
+    SCOPE,
     Q,
     add_panels,
-    new_dashboard,
+    scoped_dashboard,
     stat_panel,
     table_panel,
     timeseries_panel,
-    with_scope_variables,
 )
 from exporters import catalog as c
 
 UID = "trainwatch-remediation-alerts"
-R = 'cluster=~"$cluster",job=~"$job",instance=~"$instance"'
-C = 'cluster=~"$cluster"'
+R = SCOPE
+C = CLUSTER
 
 
 def build() -> gd.Dashboard:
-    dashboard = (
-        with_scope_variables(new_dashboard(
-            UID, "Trainwatch / Remediation and alerts",
-            "Firing alerts and the remediation service's decisions, actions and "
-            "safety switches.",
-            ["remediation", "alerts"]), c.REMEDIATION_CIRCUIT_BREAKER_OPEN)
-    )
+    dashboard = scoped_dashboard(
+        UID, "Trainwatch / Remediation and alerts",
+        "Firing alerts and the remediation service's decisions, actions and "
+        "safety switches.", ["remediation", "alerts"], c.REMEDIATION_CIRCUIT_BREAKER_OPEN)
     return add_panels(
         dashboard,
         stat_panel("Firing alerts", "Alerts firing now, Watchdog included (so never 0 while "

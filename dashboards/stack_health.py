@@ -6,28 +6,26 @@ from grafana_foundation_sdk.builders import dashboard as gd
 
 from alert_rules import recording
 from dashboards.panels import (
+    CLUSTER,
+    SCOPE,
     Q,
     add_panels,
-    new_dashboard,
+    scoped_dashboard,
     table_panel,
     timeseries_panel,
-    with_scope_variables,
 )
 from exporters import catalog as c
 
 UID = "trainwatch-stack-health"
-S = 'cluster=~"$cluster",job=~"$job",instance=~"$instance"'
-C = 'cluster=~"$cluster"'
+S = SCOPE
+C = CLUSTER
 
 
 def build() -> gd.Dashboard:
-    dashboard = (
-        with_scope_variables(new_dashboard(
-            UID, "Trainwatch / Stack health",
-            "Scrape targets, Prometheus, Alertmanager, node resources and Trainwatch's "
-            "exporters.",
-            ["stack"]), "up")
-    )
+    dashboard = scoped_dashboard(
+        UID, "Trainwatch / Stack health",
+        "Scrape targets, Prometheus, Alertmanager, node resources and Trainwatch's "
+        "exporters.", ["stack"], "up")
     return add_panels(
         dashboard,
         table_panel("Scrape targets", "Every target with its up state (1 = scraped).", "none",

@@ -6,41 +6,38 @@ from grafana_foundation_sdk.builders import dashboard as gd
 
 from alert_rules import recording
 from dashboards.panels import (
+    CLUSTER,
+    SCOPE,
     Q,
     add_panels,
-    new_dashboard,
+    instance_label_variable,
     query_variable,
+    scoped_dashboard,
     stat_panel,
     timeseries_panel,
-    with_scope_variables,
 )
 from exporters import catalog as c
 
 UID = "trainwatch-training-job"
 # training-exporter series
-T = ('cluster=~"$cluster",job=~"$job",instance=~"$instance",'
-     'training_job=~"$training_job",rank=~"$rank"')
+T = f'{SCOPE},training_job=~"$training_job",rank=~"$rank"'
 # log-scanner series come from another scrape job and instance
-LOGS = 'cluster=~"$cluster",training_job=~"$training_job",rank=~"$rank"'
+LOGS = f'{CLUSTER},training_job=~"$training_job",rank=~"$rank"'
 # recording rules aggregate by training_job
 J = 'training_job=~"$training_job"'
 RANK = "{{training_job}} rank {{rank}}"
 
 
 def build() -> gd.Dashboard:
-    dashboard = (
-        with_scope_variables(new_dashboard(
-            UID, "Trainwatch / Training job",
-            "One training job per rank: loss, learning rate, gradient norm, "
-            "throughput, step time and stragglers.",
-            ["training"]), c.TRAINING_STEP)
-        .with_variable(query_variable(
-            "training_job", "Training job",
-            f'label_values({c.TRAINING_STEP}{{job=~"$job",instance=~"$instance"}}, training_job)'))
-        .with_variable(query_variable(
+    dashboard = scoped_dashboard(
+        UID, "Trainwatch / Training job",
+        "One training job per rank: loss, learning rate, gradient norm, "
+        "throughput, step time and stragglers.", ["training"],
+        c.TRAINING_STEP,
+        instance_label_variable("training_job", "Training job", c.TRAINING_STEP),
+        query_variable(
             "rank", "Rank",
             f'label_values({c.TRAINING_STEP}{{training_job=~"$training_job"}}, rank)'))
-    )
     return add_panels(
         dashboard,
         stat_panel("Step", "Highest step any selected rank reported.", "none",

@@ -25,64 +25,32 @@ Tested with the real `lightning` package (tests/training/test_framework_callback
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from exporters.training.checkpoint import CheckpointManager
-from exporters.training.client import Control, TrainingMonitor
-from exporters.training.data import TrainwatchBatches
+from exporters.training.framework_callbacks import FrameworkCallback
 
 
-class TrainwatchCallback(Callback):
-    def __init__(self, job: str | None = None, checkpoint_dir: str | None = None,
-                 save_every: int | None = None, keep: int = 3, asynchronous: bool = True,
-                 **monitor_options: Any) -> None:
-        self._job = job
-        self._checkpoint_dir = checkpoint_dir
-        self._save_every = save_every
-        self._keep = keep
-        self._asynchronous = asynchronous
-        self._options = monitor_options
-        self.monitor: TrainingMonitor | None = None
-        self.checkpoints: CheckpointManager | None = None
-        self.controls: list[Control] = []
+class TrainwatchCallback(FrameworkCallback, Callback):
+    """Lightning's hooks around the shared FrameworkCallback (options, monitor, steps)."""
+
+    def __init__(self, *args: Any, **options: Any) -> None:
+        """The options of FrameworkCallback (job, checkpoint_dir, save_every, ...)."""
+        super().__init__(*args, **options)
         self.step = 0  # optimizer steps done (what reports and checkpoints are numbered by)
-        self._batches: TrainwatchBatches | None = None
-        self._losses: list[torch.Tensor] = []
-        self._step_batches: list[int] = []
         self._last_global_step = 0
         self._drop_prefetched = False
         self._wrapped: LightningModule | None = None
 
-    def batches(self, dataset: Sequence[Any], batch_size: int) -> TrainwatchBatches:
-        """The dataset for the training DataLoader (DataLoader(..., batch_size=batch_size))."""
-        self._batches = TrainwatchBatches(dataset, batch_size, self._next_batch)
-        return self._batches
-
-    def _ahead(self) -> int | None:
-        return self._batches.resume_position() if self._batches is not None else None
-
-    def _next_batch(self) -> int:
-        if self.monitor is None:
-            raise RuntimeError("TrainwatchCallback: training has not started")
-        return self.monitor.next_batch()
-
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Before the fit loop fetches its first batch (it fetches before on_train_start)."""
-        optimizer = trainer.optimizers[0]
         configs = trainer.lr_scheduler_configs
         scheduler = configs[0].scheduler if configs else None
+        restored = self._start(pl_module, trainer.optimizers[0], scheduler)
         if self._checkpoint_dir:
-            self.checkpoints = CheckpointManager(self._checkpoint_dir, pl_module, optimizer,
-                                                 scheduler, keep=self._keep,
-                                                 asynchronous=self._asynchronous)
-            restored = self.checkpoints.resume()
-            self.step = restored.step if restored is not None else 0
-        self.monitor = TrainingMonitor(self._job, optimizer=optimizer, scheduler=scheduler,
-                                       checkpoints=self.checkpoints, **self._options)
+            self.step = restored if restored is not None else 0
         self._last_global_step = trainer.global_step
         if self._batches is not None:
             self._install_skip(pl_module)
@@ -108,25 +76,12 @@ class TrainwatchCallback(Callback):
         if self.monitor is None:
             return
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor):
-            self._losses.append(loss.detach())
-        if self._batches is not None:
-            consumed = self._batches.consumed()
-            if consumed is not None:
-                self._step_batches.append(consumed)
+        self._observe(loss if isinstance(loss, torch.Tensor) else None)
         if trainer.global_step == self._last_global_step:
             return  # a micro-batch inside the accumulation window: no optimizer step yet
         self._last_global_step = trainer.global_step
         self.step += 1
-        mean = torch.stack(self._losses).mean() if self._losses else None
-        self.monitor.report(self.step, loss=mean,
-                            batch=self._step_batches[0] if self._step_batches else None)
-        self._losses, self._step_batches = [], []
-        if (self.checkpoints is not None and self._save_every
-                and self.step % self._save_every == 0):
-            self.checkpoints.save(self.step, loss=mean, next_batch=self._ahead())
-        result = self.monitor.step_end(self.step)
-        self.controls.append(result)
+        result = self._step(self.step)
         if result.rolled_back:
             self.step = result.next_step - 1
             if self._batches is not None:  # the batch fetched ahead is dropped (above)
@@ -136,7 +91,4 @@ class TrainwatchCallback(Callback):
         if self._wrapped is not None:  # the class's own hook again
             del self._wrapped.on_train_batch_start
             self._wrapped = None
-        if self.monitor is not None:
-            self.monitor.close()
-        if self.checkpoints is not None:
-            self.checkpoints.close()
+        self._close()

@@ -110,13 +110,19 @@ class DeviceReader:
             return getattr(self.nvml, fn_name)(*args)
         except ABSENT_ERRORS:
             return None
-        except LOST_ERRORS as exc:
-            raise GpuLost(fn_name) from exc
-        except GONE_ERRORS as exc:
-            raise NvmlGone(fn_name) from exc
         except pynvml.NVMLError as exc:
-            self.errors.inc((fn_name, error_name(exc)))
+            self._failed(fn_name, exc)
             return None
+
+    def _failed(self, fn_name: str, exc: pynvml.NVMLError, counted_as: str = "") -> None:
+        """An NVML error its caller has no special meaning for: a lost GPU (GpuLost) or a
+        gone NVML (NvmlGone) propagates, anything else is counted (as `counted_as`, default
+        `fn_name`) and the reading is absent this cycle. One place, so every call agrees."""
+        if isinstance(exc, LOST_ERRORS):
+            raise GpuLost(fn_name) from exc
+        if isinstance(exc, GONE_ERRORS):
+            raise NvmlGone(fn_name) from exc
+        self.errors.inc((counted_as or fn_name, error_name(exc)))
 
     # --- one cycle ------------------------------------------------------------------------
     def read_all(self) -> tuple[GpuSnapshot, ...]:
@@ -209,12 +215,8 @@ class DeviceReader:
                 self.memory_v2 = False
             except pynvml.NVMLError_NotSupported:
                 pass  # this device only: ask v1
-            except LOST_ERRORS as exc:
-                raise GpuLost("nvmlDeviceGetMemoryInfo") from exc
-            except GONE_ERRORS as exc:
-                raise NvmlGone("nvmlDeviceGetMemoryInfo") from exc
             except pynvml.NVMLError as exc:
-                self.errors.inc(("nvmlDeviceGetMemoryInfo_v2", error_name(exc)))
+                self._failed("nvmlDeviceGetMemoryInfo", exc, "nvmlDeviceGetMemoryInfo_v2")
                 return
         if mem is None:
             mem = self.call("nvmlDeviceGetMemoryInfo", h)
@@ -287,12 +289,8 @@ class DeviceReader:
                 state = self.nvml.nvmlDeviceGetNvLinkState(h, link)
             except (*ABSENT_ERRORS, pynvml.NVMLError_InvalidArgument):
                 return
-            except LOST_ERRORS as exc:
-                raise GpuLost("nvmlDeviceGetNvLinkState") from exc
-            except GONE_ERRORS as exc:
-                raise NvmlGone("nvmlDeviceGetNvLinkState") from exc
             except pynvml.NVMLError as exc:
-                self.errors.inc(("nvmlDeviceGetNvLinkState", error_name(exc)))
+                self._failed("nvmlDeviceGetNvLinkState", exc)
                 return
             link_label = (("link", str(link)),)
             emit(Sample(c.GPU_NVLINK_UP, 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0,
