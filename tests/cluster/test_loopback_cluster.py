@@ -72,7 +72,7 @@ def test_the_cluster_converges_and_a_second_run_changes_nothing(cluster: Cluster
     assert first.total("changed") > 0, first.describe()
     assert second.rc == 0 and second.total("failed") == 0, second.describe()
     assert second.total("changed") == 0, second.describe()
-    for name in ("webhook.token", "control.token", "postgresql.password"):
+    for name in ("webhook.token", "control-api.token", "postgresql.password"):
         secret = cluster.secret(name)
         assert len(secret) >= 32 and all(secret not in run.output for run in cluster.runs), name
     # every host runs its own supervisord under its own prefix
