@@ -11,10 +11,10 @@ blob-info cache outside --root (/var/lib/containers/cache as root, ~/.local/shar
 user), so as root every podman call runs in a private mount namespace with a tmp dir bound
 over /var/lib/containers, and as a user with HOME in the tmp dir: nothing is written outside.
 
-Building a compose image needs its base image from a registry. Where none is reachable (as
-on the development machine: no DNS for docker.io) those tests skip and say so; the podman
-machinery itself is still checked here by building and running an image made from a local
-binary (node_exporter from the Debian package, with its shared libraries).
+Building a compose image needs its base image from a registry (TRAINWATCH_IMAGE_REGISTRY).
+Where none is configured or reachable (as on the development machine) those tests skip and
+say so; the podman machinery itself is still checked here by building and running an image
+made from a local binary (node_exporter from the Debian package, with its shared libraries).
 """
 
 from __future__ import annotations
@@ -91,26 +91,33 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
         shutil.rmtree(store, ignore_errors=True)
 
 
-def qualified(image: str) -> str:
-    """`image` as Docker resolves a short name (podman asks registries.conf instead)."""
+def qualified(image: str) -> str | None:
+    """`image` as Docker resolves a short name, on the registry named by
+    TRAINWATCH_IMAGE_REGISTRY (Docker's default registry host, or a mirror); None without it.
+
+    The registry comes from the environment so that no registry host is written here."""
     first, _, rest = image.partition("/")
-    if not rest:
-        return f"docker.io/library/{image}"
-    if "." in first or ":" in first or first == "localhost":
+    if rest and ("." in first or ":" in first or first == "localhost"):
         return image
-    return f"docker.io/{image}"
+    registry = os.environ.get("TRAINWATCH_IMAGE_REGISTRY", "").strip().rstrip("/")
+    if not registry:
+        return None
+    return f"{registry}/library/{image}" if not rest else f"{registry}/{image}"
 
 
 def pull_or_skip(podman: Podman, image: str) -> str:
     """Pull `image` (fully qualified), or skip the test saying why it cannot be had."""
-    image = qualified(image)
-    if podman("image", "exists", image).returncode == 0:
-        return image
-    pulled = podman("pull", "--quiet", image, timeout=300)
+    name = qualified(image)
+    if name is None:
+        pytest.skip(f"{image}: no image registry configured (set TRAINWATCH_IMAGE_REGISTRY to "
+                    "the registry or mirror that serves the compose base images)")
+    if podman("image", "exists", name).returncode == 0:
+        return name
+    pulled = podman("pull", "--quiet", name, timeout=300)
     if pulled.returncode != 0:
-        pytest.skip(f"no image registry reachable from this host, cannot pull {image}: "
-                    f"{pulled.stderr.strip()[-300:]}")
-    return image
+        pytest.skip(f"no image registry reachable from this host, cannot pull {image} "
+                    f"(podman pull exited {pulled.returncode})")
+    return name
 
 
 def local_image_context(directory: Path, binary: Path) -> Path:
