@@ -131,18 +131,21 @@ class Background:
 
     def _run(self) -> None:
         adj = self.server.adj
-        try:
-            while not self._stopping.is_set():
-                self.server.asyncore.loop(timeout=adj.asyncore_loop_timeout, map=self.server._map,
-                                          use_poll=adj.asyncore_use_poll, count=1)
-        finally:
-            for channel in list(self.server._map.values()):
-                if channel is not self.server.trigger:
-                    channel.close()
-            self.server.close()
-            self.server.task_dispatcher.shutdown()
+        while not self._stopping.is_set():
+            self.server.asyncore.loop(timeout=adj.asyncore_loop_timeout, map=self.server._map,
+                                      use_poll=adj.asyncore_use_poll, count=1)
 
     def stop(self, timeout: float = 10.0) -> None:
+        """End the I/O loop, then close the channels and the server from this thread.
+
+        The closing happens here, after the join, and not on the loop's way out: the loop can
+        see the flag and return before the trigger is pulled, and a trigger closed by then
+        made the pull fail with EBADF (a SIGTERM that exited 1)."""
         self._stopping.set()
         self.server.pull_trigger()  # wake the poll now, not at its timeout
         self._thread.join(timeout)
+        for channel in list(self.server._map.values()):
+            if channel is not self.server.trigger:
+                channel.close()
+        self.server.close()
+        self.server.task_dispatcher.shutdown()
