@@ -1,12 +1,30 @@
 #!/usr/bin/env bash
 # The whole test suite: sets up what it needs (scripts/setup.sh), then runs pytest.
+#
+# pytest-xdist runs the test files on one worker per core (at most 4): the suite is CPU-bound
+# (Ansible runs, torchrun jobs, real Prometheus), about 27 CPU-minutes, and on one worker it
+# left the second core of a 2-core machine idle. `--dist loadfile` keeps each file on one
+# worker, so a module's shared fixture (the loopback cluster, the molecule scenario) is built
+# once. The temporary root is short because UNIX socket paths (108 bytes) and podman's runroot
+# (50) must fit under it. Extra arguments go to pytest (`-n 0` runs in this process).
+#
 # pytest's exit code 5 ("no tests collected") is treated as a failure: a suite that ran
 # nothing has not passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
-.venv/bin/python -m pytest "$@"
+workers=$(nproc 2>/dev/null || echo 2)
+[ "$workers" -gt 4 ] && workers=4
+[ "$workers" -lt 2 ] && workers=2
+tmp_root=$(mktemp -d /tmp/twXXXX)
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --basetemp "$tmp_root" \
+  --durations 25 "$@"
 rc=$?
+if [ "$rc" -eq 0 ]; then
+  rm -rf "$tmp_root"
+else
+  echo "test files kept under $tmp_root" >&2
+fi
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests: treating as failure" >&2
   exit 1
