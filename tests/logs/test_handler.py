@@ -121,11 +121,14 @@ class StalledWriter:
         pass
 
 
-def test_stalled_writer_never_blocks_caller_and_reports_drops() -> None:
+@pytest.mark.parametrize("encode_on_caller", [True, False])
+def test_stalled_writer_never_blocks_caller_and_reports_drops(encode_on_caller: bool) -> None:
+    """encode_on_caller=False: the capacity is enforced past the append (the caller path has
+    no capacity check of its own since issue 17's fourth pass), still exactly."""
     writer = StalledWriter()
     handler = AsyncEcsHandler(job="stall", rank=1, writer=writer, capacity=1000,
                               batch_size=100, flush_interval=0.01, close_timeout=30,
-                              install_signal_handler=False)
+                              install_signal_handler=False, encode_on_caller=encode_on_caller)
     logger = new_logger(handler)
     logger.info("first")
     wait_until(writer.entered.is_set, timeout=10, what="writer to stall")
