@@ -14,9 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import operator
+import os
 import socket
 import time
 from collections.abc import Callable
+from itertools import chain
+from math import floor
 from typing import Any
 
 # The spec (spec.json: "ecs": {"version": "1.x"}) pins the major version; ecs-logging-python
@@ -74,6 +77,19 @@ def _utc_millis(second: int, millis: int) -> str:
     return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(second))}.{millis:03d}Z"
 
 
+def _file_name(pathname: str) -> str:
+    """`log.origin.file.name`: the base name of the record's `pathname`, exactly what
+    LogRecord puts in `filename`. Derived here rather than read from `filename` so that the
+    fast path can key its call-site cache by `pathname` (see `EcsFormatter._fast_block`); a
+    record whose `filename` was rewritten without its `pathname` is written by `pathname`."""
+    return os.path.basename(pathname)
+
+
+def _stamp(ms: int) -> bytes:
+    """The start of a fast-path line for a record logged in millisecond `ms` (since 1970)."""
+    return b'{"@timestamp":"' + _utc_millis(*divmod(ms, 1000)).encode()
+
+
 def render_message(record: logging.LogRecord) -> str:
     """record.getMessage(), but a bad format string becomes text instead of an error."""
     try:
@@ -112,28 +128,33 @@ class EcsFormatter:
                                    "labels": {"training_job": job, "rank": self.rank}})[1:]
 
     # --- fast path ------------------------------------------------------------------------------
-    def _stamp(self, ms: int) -> bytes:
-        if len(self._stamps) > 4096:
+    def _new_stamp(self, ms: int) -> bytes:
+        if len(self._stamps) > 4096:  # bounded: timestamps only grow
             self._stamps.clear()
-        stamp = self._stamps[ms] = b'{"@timestamp":"' + _utc_millis(*divmod(ms, 1000)).encode()
+        stamp = self._stamps[ms] = _stamp(ms)
         return stamp
 
-    def _site(self, key: tuple[Any, ...]) -> tuple[bytes, bytes]:
-        """The parts of a line that are the same for every call from one place.
-
-        `key` is exactly the record fields these parts are made of (see `_fast_block`)."""
+    def _new_site(self, key: tuple[Any, ...]) -> tuple[bytes, bytes]:
         if len(self._sites) > 10_000:  # bounded: call sites repeat, but never trust that
             self._sites.clear()
-        levelname, name, filename, lineno, func, process, thread = key
+        site = self._sites[key] = self._site(key)
+        return site
+
+    def _site(self, key: tuple[Any, ...]) -> tuple[bytes, bytes]:
+        """The parts of a line that are the same for every call from one place: before the
+        message, and after it up to and including the newline.
+
+        `key` is exactly the record fields these parts are made of (see `_fast_block`); the
+        file name is the base name of `pathname`, as LogRecord derives it (`_file_name`)."""
+        levelname, name, pathname, lineno, func, process, thread = key
         fields = self._encode({
             "log": {"logger": name,
-                    "origin": {"file": {"name": filename, "line": lineno}, "function": func}},
+                    "origin": {"file": {"name": _file_name(pathname), "line": lineno},
+                               "function": func}},
             "process": {"pid": process, "thread": {"name": thread}},
         })
-        site = self._sites[key] = (
-            b'","log.level":' + self._encode(levelname.lower()) + b',"message":"',
-            self._after_message + fields[1:-1] + b"," + self._tail)
-        return site
+        return (b'","log.level":' + self._encode(levelname.lower()) + b',"message":"',
+                self._after_message + fields[1:-1] + b"," + self._tail + b"\n")
 
     def block(self, batch: list[logging.LogRecord]) -> bytes:
         """The batch as newline-terminated ECS JSON lines in one buffer."""
@@ -149,22 +170,30 @@ class EcsFormatter:
     def _fast_block(self, batch: list[logging.LogRecord]) -> bytes:
         """`block` for a batch of plain records: no extras, no error or stack, a str msg.
 
-        Why two list comprehensions over the records instead of map() over attrgetters: a
+        Why list comprehensions over the records instead of map() over attrgetters: a
         comprehension reads attributes through CPython's specialised instance-attribute load
         (a few ns each), attrgetter through the generic lookup, and one pass per field would
-        also meet every record cold again; measured ~30 % cheaper per record. A line is the
-        join of four byte strings: the timestamp (cached per millisecond), the call-site part
-        before the message (level), the JSON-escaped message (one orjson call for the batch;
-        splitting its output at `","` is exact because inside an encoded string every `"` is
-        escaped) and the call-site part after it (logger, origin, process, constants), cached
-        by exactly the fields it is made of. The extras check reads each record's `__dict__`,
-        which makes CPython build a dict for it and de-specialises later attribute loads, so
-        it runs last (it cost ~3x as much done first).
+        also meet every record cold again. Each record gives four byte strings, joined once
+        for the whole batch (no per-line buffer): the timestamp (cached per millisecond), the
+        call-site part before the message (level), the message and the call-site part after
+        it (logger, origin, process, constants, newline), cached by exactly the fields it is
+        made of. The key holds `pathname`, not `filename`: LogRecord makes a fresh `filename`
+        string per record (hashed and compared per lookup), while `pathname` is the code
+        object's own string, hashed once and compared by identity (~6 % of the handler's
+        own cost; the file name is derived from it, on both paths). The messages are
+        rendered in the first comprehension (one tight loop of formatting code) and
+        JSON-escaped with one orjson call for the batch; splitting its output at `","` is
+        exact because inside an encoded string every `"` is escaped. The millisecond is
+        `math.floor(created * 1000.0)`: the same int as `int()` for any time after 1970, but a
+        plain C function call, where `int()` goes through the type call (~4 % of the handler's
+        cost in the cost model, see docs/performance.md). The extras check reads
+        each record's `__dict__`, which makes CPython build a dict for it and de-specialises
+        later attribute loads, so it runs after the comprehensions (~3x as costly first).
         """
         sites_get = self._sites.get
         stamps_get = self._stamps.get
-        new_site = self._site
-        new_stamp = self._stamp
+        new_site = self._new_site
+        new_stamp = self._new_stamp
         try:
             messages = [(r.msg % r.args if r.args else r.msg)
                         if type(r.msg) is str and not r.stack_info else None for r in batch]
@@ -175,28 +204,26 @@ class EcsFormatter:
         escaped = _orjson.dumps(messages)[2:-2].split(b'","')  # type: ignore[union-attr]
         if len(escaped) != len(batch):
             raise _NotPlain
-        lines = [b"".join((
-            stamps_get(ms := int(r.created * 1000.0)) or new_stamp(ms),
-            (site := sites_get(key := (r.levelname, r.name, r.filename, r.lineno, r.funcName,
+        parts = [(
+            stamps_get(ms := floor(r.created * 1000.0)) or new_stamp(ms),
+            (site := sites_get(key := (r.levelname, r.name, r.pathname, r.lineno, r.funcName,
                                        r.process, r.threadName)) or new_site(key))[0],
-            message, site[1])) for r, message in zip(batch, escaped, strict=True)]
-        if not all(map(_BASE_RECORD_KEYS.__eq__, map(len, map(_DICT, batch)))):
+            message, site[1]) for r, message in zip(batch, escaped, strict=True)]
+        if list(map(len, map(_DICT, batch))).count(_BASE_RECORD_KEYS) != len(batch):
             raise _NotPlain  # extras (or our captured error): the general path writes them
-        lines.append(b"")  # the block ends with a newline without copying it again
-        return b"\n".join(lines)
+        return b"".join(chain.from_iterable(parts))
 
     def _any_line(self, record: logging.LogRecord) -> bytes:
         """One newline-terminated line for any record: cached parts when plain, else a dict."""
         if (type(record.msg) is not str or record.stack_info
                 or len(record.__dict__) != _BASE_RECORD_KEYS or not self._batch_strings):
             return self.line(record) + b"\n"
-        key = (record.levelname, record.name, record.filename, record.lineno, record.funcName,
+        key = (record.levelname, record.name, record.pathname, record.lineno, record.funcName,
                record.process, record.threadName)
-        site = self._sites.get(key) or self._site(key)
-        ms = int(record.created * 1000.0)
+        site = self._sites.get(key) or self._new_site(key)
+        ms = floor(record.created * 1000.0)
         message = self._encode(render_message(record))[1:-1]
-        return b"".join((self._stamps.get(ms) or self._stamp(ms), site[0], message, site[1],
-                         b"\n"))
+        return b"".join((self._stamps.get(ms) or self._new_stamp(ms), site[0], message, site[1]))
 
     def lines(self, batch: list[logging.LogRecord]) -> list[bytes]:
         """One ECS JSON line (no newline) per record, in order."""
@@ -216,7 +243,8 @@ class EcsFormatter:
             "ecs.version": ECS_VERSION,
             "event": self.event,
             "log": {"logger": record.name,
-                    "origin": {"file": {"name": record.filename, "line": record.lineno},
+                    "origin": {"file": {"name": _file_name(record.pathname),
+                                        "line": record.lineno},
                                "function": record.funcName}},
             "process": {"pid": record.process, "thread": {"name": record.threadName}},
             "service": self.service,

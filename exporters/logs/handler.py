@@ -187,14 +187,12 @@ class AsyncEcsHandler(logging.Handler):
         filters = self.filters  # addFilter/removeFilter change this same list
         queue = self._queue
         append = queue.append
-        capacity = self._capacity
         wake_at = self._wake_at
-        wake = self._wake
         immutable_types = _IMMUTABLE_ARG_TYPES
         immutable = immutable_types.issuperset
         prepare = self._prepare
-        overflow = self._overflow
-        batch_full = self._encode_on_caller_batch if self._encode_on_caller else None
+        batch_full = (self._encode_on_caller_batch if self._encode_on_caller
+                      else self._writer_batch_full)
 
         def handle(record: logging.LogRecord) -> logging.LogRecord | bool:
             if filters:
@@ -217,16 +215,11 @@ class AsyncEcsHandler(logging.Handler):
                     return record
             if record.exc_info and not prepare(record):
                 return record
-            queued = len(queue)
-            if queued < capacity:
-                append(record)
-                if queued >= wake_at:
-                    if batch_full is not None:
-                        batch_full()
-                    elif not wake.is_set():
-                        wake.set()
-            else:
-                overflow(record)
+            append(record)
+            # No capacity check here: the call that fills a batch takes the queue (or, with
+            # encode_on_caller=False, enforces the capacity in _writer_batch_full).
+            if len(queue) > wake_at:
+                batch_full()
             return record
 
         return handle
@@ -308,17 +301,26 @@ class AsyncEcsHandler(logging.Handler):
             return False
         return True
 
-    def _overflow(self, record: logging.LogRecord) -> None:
-        if self._block and not self._closed:
-            with self._cond:
-                while len(self._queue) >= self._capacity and not self._closed:
-                    self._wake.set()
-                    self._cond.wait(0.1)
-            if not self._closed:
-                self._queue.append(record)
-                return
-        with self._drop_lock:
-            self._dropped += 1
+    def _writer_batch_full(self) -> None:
+        """encode_on_caller=False: a batch waits for the writer. Called by every record beyond
+        it until the writer takes the queue; enforces `capacity` on the record just queued."""
+        queue = self._queue
+        if len(queue) > self._capacity:
+            if self._block and not self._closed:
+                with self._cond:
+                    while len(queue) > self._capacity and not self._closed:
+                        self._wake.set()
+                        self._cond.wait(0.1)
+            else:
+                try:  # the newest record (another caller's, if it came in between: same count)
+                    queue.pop()
+                except IndexError:  # the writer took the queue in between: nothing to drop
+                    pass
+                else:
+                    with self._drop_lock:
+                        self._dropped += 1
+        if not self._wake.is_set():
+            self._wake.set()
 
     # --- writer thread --------------------------------------------------------------------------
     def _run(self) -> None:

@@ -121,11 +121,14 @@ class StalledWriter:
         pass
 
 
-def test_stalled_writer_never_blocks_caller_and_reports_drops() -> None:
+@pytest.mark.parametrize("encode_on_caller", [True, False])
+def test_stalled_writer_never_blocks_caller_and_reports_drops(encode_on_caller: bool) -> None:
+    """encode_on_caller=False: the capacity is enforced past the append (the caller path has
+    no capacity check of its own since issue 17's fourth pass), still exactly."""
     writer = StalledWriter()
     handler = AsyncEcsHandler(job="stall", rank=1, writer=writer, capacity=1000,
                               batch_size=100, flush_interval=0.01, close_timeout=30,
-                              install_signal_handler=False)
+                              install_signal_handler=False, encode_on_caller=encode_on_caller)
     logger = new_logger(handler)
     logger.info("first")
     wait_until(writer.entered.is_set, timeout=10, what="writer to stall")
@@ -158,6 +161,30 @@ def test_stalled_writer_never_blocks_caller_and_reports_drops() -> None:
     assert sum(s["trainwatch"]["dropped_records"] for s in summaries) == dropped
     assert summaries[0]["log.level"] == "warning"
     assert f"dropped {dropped} log records" in summaries[0]["message"]
+
+
+@pytest.mark.parametrize("encode_on_caller", [True, False])
+def test_overflow_block_waits_for_a_stalled_writer_and_loses_nothing(
+        encode_on_caller: bool) -> None:
+    writer = StalledWriter()
+    handler = AsyncEcsHandler(job="block", rank=1, writer=writer, capacity=100, batch_size=10,
+                              overflow="block", flush_interval=0.01, close_timeout=30,
+                              install_signal_handler=False, encode_on_caller=encode_on_caller)
+    logger = new_logger(handler)
+    logger.info("first")
+    wait_until(writer.entered.is_set, timeout=10, what="writer to stall")
+    thread = threading.Thread(target=lambda: [logger.info("x %d", i) for i in range(500)])
+    thread.start()
+    wait_until(lambda: len(handler._queue) + 10 * len(handler._taken) >= 90, timeout=30,
+               what="the handler to fill up")
+    assert thread.is_alive(), "500 records cannot fit in 100: the caller must be waiting"
+    writer.release.set()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert handler.flush(timeout=30)
+    handler.close()
+    assert handler.dropped == 0
+    assert len(writer.lines) == 501
 
 
 def test_close_twice_and_flush_after_close_return_promptly(tmp_path: Path) -> None:

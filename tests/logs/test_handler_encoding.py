@@ -102,3 +102,15 @@ def test_stack_info_and_extras_reach_the_file(tmp_path: Path) -> None:
     assert docs[1]["error"]["stack_trace"].startswith("Stack (most recent call last)")
     assert docs[6]["step"] == 6
     assert all("error" not in doc for index, doc in enumerate(docs) if index != 1)
+
+
+def test_file_name_comes_from_pathname_on_both_paths() -> None:
+    """The fast path keys its call-site cache by `pathname` (LogRecord's `filename` is a fresh
+    string per record, costly to hash), so `log.origin.file.name` is derived from `pathname`;
+    the general path does the same, so both write one name for one record."""
+    formatter = EcsFormatter(service="svc", job="job", rank=1, host="h")
+    record = logging.LogRecord("x", logging.INFO, "/src/train.py", 7, "m %d", (1,), None)
+    record.filename = "rewritten.py"  # only filename changed: pathname decides
+    fast = as_lines(formatter.block([record]))[0]
+    assert fast["log"]["origin"]["file"]["name"] == "train.py"
+    assert fast == json.loads(formatter.line(record))
