@@ -107,8 +107,8 @@ def _reasons(p: Profile) -> str:
 def _utilization_low(p: Profile) -> Alert:
     cfg = p.alert("GpuUtilizationLowWhileTraining")
     window = cfg["window"]
-    util = (f"{recording.GPU_UTILIZATION_AVG}{{{p.selector('gpu')}}}" if p.aggregate
-            else recording.gpu_utilization_avg(p))
+    util = (f"{recording.GPU_UTILIZATION_AVG}{{{p.selector('gpu')}}}"
+            if recording.utilization_recorded(p) else recording.gpu_utilization_avg(p))
     stepping = recording.STEPPING_RANKS if p.aggregate else recording.stepping(p)
     # GPU and training series of one machine share the scrape host, whatever their labels say;
     # the threshold first, so the label rewriting runs on the idle GPUs only
