@@ -18,7 +18,18 @@ CONFIG_PATH = Path(__file__).with_name("config.yml")
 PRODUCTION = "production"
 DURATION_RE = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 DURATION_KEYS = ("for", "keep_firing_for", "window", "baseline_window", "baseline_offset",
-                 "trend_window", "rate_window", "lost_window", "slow_interval")
+                 "trend_window", "rate_window", "lost_window", "slow_interval",
+                 "slow_alerts_min_for", "step_time_every")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800,
+                 "y": 31536000}
+
+
+def seconds(duration: str) -> float:
+    """A Prometheus duration (`1h30m`, `45s`) in seconds."""
+    if not DURATION_RE.match(duration):
+        raise ConfigError(f"{duration!r} is not a Prometheus duration like 30s or 5m")
+    return sum(float(n) * _UNIT_SECONDS[unit]
+               for n, unit in re.findall(r"([0-9]+)(ms|s|m|h|d|w|y)", duration))
 
 
 class ConfigError(ValueError):
@@ -89,6 +100,17 @@ class Profile:
         without the aggregation, so the baseline is the rule set as it was."""
         return str(self.values["slow_interval"]) if self.aggregate else None
 
+    def alert_interval(self, for_: str | None) -> str | None:
+        """The `interval` of the group an alert with this `for` goes into: slow_interval when
+        `for` is at least slow_alerts_min_for (the alert then fires and resolves up to one
+        slow_interval minus the global interval later, a small part of its `for`), else None
+        (the global interval). Without the aggregation every alert stays at the global
+        interval, as the rules were."""
+        slow = self.slow_interval
+        if slow is None or not for_:
+            return None
+        return slow if seconds(for_) >= seconds(str(self.values["slow_alerts_min_for"])) else None
+
     @property
     def runbook_base_url(self) -> str:
         return str(self.values["runbook_base_url"])
@@ -108,7 +130,8 @@ def load_raw(path: Path = CONFIG_PATH) -> dict[str, Any]:
     if not isinstance(profiles, dict) or any(
             not isinstance(body, dict | None) for body in profiles.values()):
         raise ConfigError(f"{path}: `profiles` must map profile names to mappings")
-    missing = ({"selectors", "rate_window", "slow_interval", "runbook_base_url", "alerts"}
+    missing = ({"selectors", "rate_window", "slow_interval", "slow_alerts_min_for",
+                "runbook_base_url", "alerts"}
                - set(raw["defaults"]))
     if missing:
         raise ConfigError(f"{path}: defaults is missing {sorted(missing)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alert_rules import gpu_source, recording
 from alert_rules import metric_names as m
 from alert_rules.config import Profile
-from alert_rules.model import Alert, Group
+from alert_rules.model import Alert, Group, alert_groups
 from alert_rules.promql import new_events, sel, with_host, with_node, without_host
 from exporters import catalog
 
@@ -97,7 +97,7 @@ def groups(p: Profile) -> list[Group]:
         ),
         _stale(p),
     ]
-    return [Group("trainwatch-gpu.alerts", alerts)]
+    return alert_groups("gpu", alerts, p.alert_interval)
 
 
 def _reasons(p: Profile) -> str:
@@ -107,8 +107,8 @@ def _reasons(p: Profile) -> str:
 def _utilization_low(p: Profile) -> Alert:
     cfg = p.alert("GpuUtilizationLowWhileTraining")
     window = cfg["window"]
-    util = (f"{recording.GPU_UTILIZATION_AVG}{{{p.selector('gpu')}}}" if p.aggregate
-            else recording.gpu_utilization_avg(p))
+    util = (f"{recording.GPU_UTILIZATION_AVG}{{{p.selector('gpu')}}}"
+            if recording.utilization_recorded(p) else recording.gpu_utilization_avg(p))
     stepping = recording.STEPPING_RANKS if p.aggregate else recording.stepping(p)
     # GPU and training series of one machine share the scrape host, whatever their labels say;
     # the threshold first, so the label rewriting runs on the idle GPUs only

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,3 +84,16 @@ class Group:
                 for r in self.rules
             ],
         }
+
+
+def alert_groups(component: str, alerts: list[Alert],
+                 interval_of: Callable[[str | None], str | None]) -> list[Group]:
+    """`trainwatch-<component>.alerts` at the global interval and, for the alerts whose
+    `for` is long enough (interval_of gives them an interval), `trainwatch-<component>-slow
+    .alerts` at that interval: Prometheus evaluates them a quarter as often (production)."""
+    by_interval: dict[str | None, list[Alert]] = {}
+    for alert in alerts:
+        by_interval.setdefault(interval_of(alert.for_), []).append(alert)
+    return [Group(f"trainwatch-{component}{'' if interval is None else '-slow'}.alerts",
+                  rules, interval)
+            for interval, rules in sorted(by_interval.items(), key=lambda kv: kv[0] is not None)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alert_rules import metric_names as m
 from alert_rules import recording
 from alert_rules.config import Profile
-from alert_rules.model import Alert, Group
+from alert_rules.model import Alert, Group, alert_groups
 from alert_rules.promql import sel, with_node
 
 FS = "{{ $labels.mountpoint }} on {{ $labels.node }}"
@@ -66,4 +66,4 @@ def groups(p: Profile) -> list[Group]:
             for_=p.alert("NodeDown")["for"],
         ),
     ]
-    return [Group("trainwatch-node.alerts", alerts)]
+    return alert_groups("node", alerts, p.alert_interval)

@@ -43,6 +43,14 @@ def gpu_utilization_avg(p: Profile) -> str:
     return f"avg_over_time({sel(m.GPU_UTILIZATION, p.selector('gpu'))}[{window}])"
 
 
+def utilization_recorded(p: Profile) -> bool:
+    """Whether GpuUtilizationLowWhileTraining reads a recorded per-GPU average: with the
+    aggregation, unless the alert itself runs every slow_interval (its `for` is long), where
+    averaging in the alert reads the same window once and writes nothing."""
+    alert_for = p.alert("GpuUtilizationLowWhileTraining")["for"]
+    return p.aggregate and p.alert_interval(alert_for) is None
+
+
 def job_stepping(p: Profile) -> str:
     """Per job: the most steps any rank made within the rate window (> 0: still stepping)."""
     step = sel(catalog.TRAINING_STEP, p.selector("training"))
@@ -83,7 +91,7 @@ def groups(p: Profile) -> list[Group]:
                f"1 - {sel(m.NODE_MEM_AVAILABLE, p.selector('node'))}\n"
                f"/\n{sel(m.NODE_MEM_TOTAL, p.selector('node'))}"),
     ]
-    if p.aggregate:
+    if utilization_recorded(p):
         infra_rules.append(Record(GPU_UTILIZATION_AVG, gpu_utilization_avg(p)))
     return [Group("trainwatch-training.rules", training_rules, p.slow_interval),
             Group("trainwatch-infra.rules", infra_rules, p.slow_interval)]

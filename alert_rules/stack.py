@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alert_rules import metric_names as m
 from alert_rules.config import Profile
-from alert_rules.model import Alert, Group
+from alert_rules.model import Alert, Group, alert_groups
 from alert_rules.promql import new_events, sel, with_node
 
 
@@ -68,4 +68,4 @@ def groups(p: Profile) -> list[Group]:
             "raises an alarm when it stops arriving (Prometheus or Alertmanager is down).",
         ),
     ]
-    return [Group("trainwatch-stack.alerts", alerts)]
+    return alert_groups("stack", alerts, p.alert_interval)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from alert_rules import recording
-from alert_rules.config import Profile
-from alert_rules.model import Alert, Group, Record
+from alert_rules.config import Profile, seconds
+from alert_rules.model import Alert, Group, Record, alert_groups
 from alert_rules.promql import new_events, sel
 from exporters import catalog
 
@@ -20,7 +20,6 @@ JOB_RANK = "job {{ $labels.training_job }} rank {{ $labels.rank }}"
 # Per rank, recorded every slow_interval (aggregate_per_job_and_node): the spike alerts'
 # thresholds, which move as slowly as their 30-minute baselines.
 LOSS_BASELINE = "training_job_rank:training_loss:baseline_mean"
-LOSS_SPIKE_LIMIT = "training_job_rank:training_loss:spike_threshold"
 GRAD_NORM_LIMIT = "training_job_rank:training_grad_norm:explosion_threshold"
 
 
@@ -48,17 +47,16 @@ def _grad_limit(cfg: dict[str, Any], baseline: str) -> str:
 
 
 def _baseline_records(p: Profile) -> list[Record]:
-    """The spike alerts' per-rank thresholds and the job's median step time: 30-minute
+    """The spike alerts' per-rank loss baseline and gradient-norm threshold: 30-minute
     windows that move by a thirtieth per minute, recorded every slow_interval instead of
     scanned every round (the alerts compare this round's value with them); and whether every
-    rank of a job reported a clean finish within TrainingJobVanished's memory (one hour)."""
+    rank of a job reported a clean finish within TrainingJobVanished's memory (one hour). The
+    job's median step time has a group of its own (step_time_every)."""
     loss_cfg, grad_cfg = p.alert("TrainingLossSpike"), p.alert("TrainingGradNormExplosion")
     _, loss_mean, loss_enough = _baseline(p, catalog.TRAINING_LOSS, loss_cfg)
     _, grad_mean, grad_enough = _baseline(p, catalog.TRAINING_GRAD_NORM, grad_cfg)
     return [
-        _step_time_median(p),
         Record(LOSS_BASELINE, f"{loss_mean}\nand\n{loss_enough}"),
-        Record(LOSS_SPIKE_LIMIT, f"{LOSS_BASELINE} + {_loss_margin(loss_cfg, LOSS_BASELINE)}"),
         Record(GRAD_NORM_LIMIT, f"{_grad_limit(grad_cfg, grad_mean)}\nand\n{grad_enough}"),
         Record(JOB_FINISHED, _job_finished(p)),
     ]
@@ -68,10 +66,11 @@ def _loss_spike(p: Profile) -> Alert:
     cfg = p.alert("TrainingLossSpike")
     series, mean, enough = _baseline(p, catalog.TRAINING_LOSS, cfg)
     # the value is the loss minus its baseline; above max(k x |baseline|, min_delta).
-    # Aggregated: compare with the recorded threshold first (no rank passes it normally), so
-    # the subtraction runs on the spiking ranks only
+    # Aggregated, the baseline is the recorded one (the margin is computed here: a recorded
+    # threshold would cost one more read of every rank's series per minute, and the alert
+    # would still read the baseline for its value)
     if p.aggregate:
-        expr = f"({series} > {LOSS_SPIKE_LIMIT}) - {LOSS_BASELINE}"
+        expr = (f"{series} - {LOSS_BASELINE}\n> {_loss_margin(cfg, LOSS_BASELINE)}")
     else:
         expr = f"{series} - {mean} > {_loss_margin(cfg, mean)}\nand\n{enough}"
     return Alert(
@@ -152,16 +151,23 @@ STALL_THRESHOLD = "training_job:training_progress:stall_threshold_seconds"
 PROGRESS_AGE = "training_job:training_progress:age_seconds"
 HEARTBEAT_AGE_JOB = "training_job:training_heartbeat:age_seconds"
 STALL_SUSPECT = "training_job_rank:training_progress:stall_suspect"
-# per-job aggregates the per-rank suspect rule compares against (aggregate_per_job_and_node)
-COLLECTIVE_SEQ_MAX = "training_job:training_collective_sequence:max"
-STEP_MIN = "training_job:training_step:min"
 JOB_STALLED = "training_job:training_progress:stalled"
+# per rank of a stalled job (aggregate_per_job_and_node): its collective sequence, step and
+# heartbeat, one series each (label `signal`); none while no job is stalled
+STALLED_INPUTS = "training_job_rank:training_progress:stalled_inputs"
 # per rank of a stalled job: 2 stopped first, 1 at the lowest step
 STALL_PRIORITY = "training_job_rank:training_progress:stall_priority"
 # per job and node: what TrainingJobVanished remembers for `remember_for`
 HEARTBEAT_MAX_INSTANCE = "training_job_instance:training_heartbeat_timestamp_seconds:max"
 # per job: the lowest last `training_finished` of its ranks within `remember_for`
 JOB_FINISHED = "training_job:training_finished:min_last_over_time"
+
+
+def _twice(duration: str) -> str:
+    """Twice a Prometheus duration, in seconds (a range that always holds one evaluation of
+    a group run every `duration`)."""
+    twice = int(2 * seconds(duration))
+    return f"{twice // 60}m" if twice % 60 == 0 else f"{twice}s"
 
 
 def _step_time_median(p: Profile) -> Record:
@@ -184,6 +190,9 @@ def _stall_records(p: Profile) -> list[Record]:
     last = sel(catalog.TRAINING_LAST_STEP_TIMESTAMP, training)
     beat = sel(catalog.TRAINING_HEARTBEAT_TIMESTAMP, training)
     floor = cfg["floor_seconds"]
+    median = STEP_TIME_MEDIAN
+    if p.aggregate:  # recorded every step_time_every: the newest value within two of them
+        median = f"last_over_time({STEP_TIME_MEDIAN}[{_twice(cfg['step_time_every'])}])"
     stalled = (f"{PROGRESS_AGE} > on (training_job) {STALL_THRESHOLD}\n"
                f"and on (training_job) {HEARTBEAT_AGE_JOB} < {cfg['heartbeat_stale_seconds']}")
     job_beat = f"max by (training_job) ({beat})"
@@ -197,21 +206,17 @@ def _stall_records(p: Profile) -> list[Record]:
         Record(PROGRESS_AGE, f"time() - max by (training_job) ({last})"),
         # the floor for every job with a last step (PROGRESS_AGE: one series per such job)
         Record(STALL_THRESHOLD,
-               f"clamp_min({cfg['step_time_factor']} * {STEP_TIME_MEDIAN}, {floor})\n"
+               f"clamp_min({cfg['step_time_factor']} * {median}, {floor})\n"
                f"or on (training_job)\n0 * {PROGRESS_AGE} + {floor}"),
         Record(HEARTBEAT_AGE_JOB, f"time() - {job_beat}"),
         *(_suspects_per_job(p, stalled) if p.aggregate else [_suspects_flat(p, stalled)]),
     ]
 
 
-def _suspect_parts(p: Profile, only: str, seq_max: str, step_min: str) -> tuple[str, str]:
+def _suspect_parts(p: Profile, seq: str, step: str, beat: str, seq_max: str,
+                   step_min: str) -> tuple[str, str]:
     """(ranks that stopped first: behind in collectives or silent, ranks at the lowest
-    step), each rank's series first narrowed by `only`."""
-    training = p.selector("training")
-    seq, step, beat = (f"({sel(metric, training)}{only})" if only else sel(metric, training)
-                       for metric in (
-        catalog.TRAINING_COLLECTIVE_SEQ, catalog.TRAINING_STEP,
-        catalog.TRAINING_HEARTBEAT_TIMESTAMP))
+    step), from each rank's collective sequence, step and heartbeat series."""
     behind = f"{seq} < on (training_job) group_left () {seq_max}"
     silent = f"{beat} < time() - {p.alert('TrainingStalled')['heartbeat_stale_seconds']}"
     return (f"(({behind}) or ({silent}))",
@@ -221,9 +226,11 @@ def _suspect_parts(p: Profile, only: str, seq_max: str, step_min: str) -> tuple[
 def _suspects_flat(p: Profile, stalled: str) -> Record:
     """The suspects without per-job recordings (the rules as they were)."""
     training = p.selector("training")
-    first, lowest = _suspect_parts(
-        p, "", f"max by (training_job) ({sel(catalog.TRAINING_COLLECTIVE_SEQ, training)})",
-        f"min by (training_job) ({sel(catalog.TRAINING_STEP, training)})")
+    seq, step, beat = (sel(metric, training) for metric in (
+        catalog.TRAINING_COLLECTIVE_SEQ, catalog.TRAINING_STEP,
+        catalog.TRAINING_HEARTBEAT_TIMESTAMP))
+    first, lowest = _suspect_parts(p, seq, step, beat, f"max by (training_job) ({seq})",
+                                   f"min by (training_job) ({step})")
     # `and`/`unless` bind tighter than `or`: the lowest-step ranks only when no rank is
     # behind in collectives or silent
     return Record(STALL_SUSPECT,
@@ -232,20 +239,31 @@ def _suspects_flat(p: Profile, stalled: str) -> Record:
                   f"({stalled})")
 
 
+STALL_SIGNALS = {"seq": catalog.TRAINING_COLLECTIVE_SEQ, "step": catalog.TRAINING_STEP,
+                 "heartbeat": catalog.TRAINING_HEARTBEAT_TIMESTAMP}
+
+
 def _suspects_per_job(p: Profile, stalled: str) -> list[Record]:
-    """Each per-job value once per round; then every rank's series narrowed to the stalled
-    jobs first (none, normally: what follows runs on empty vectors), each read once: a
-    priority of 2 for ranks that stopped first, 1 for the lowest step, and the suspects are
-    the ranks with their job's highest priority."""
+    """Every rank's collective sequence, step and heartbeat are read once per round, narrowed
+    to the stalled jobs (none, normally) and recorded as one series per rank and signal;
+    everything after that (the job's highest sequence and lowest step, a priority of 2 for
+    ranks that stopped first and 1 for the lowest step, the suspects: the ranks with their
+    job's highest priority) reads that recording, which is empty while no job is stalled.
+    Prometheus reads a selector's every series whatever follows it, so reading the raw series
+    once instead of twice (for the job's max and min, then per rank) is what saves the time."""
     training = p.selector("training")
-    first, lowest = _suspect_parts(p, f" and on (training_job) {JOB_STALLED}",
-                                   COLLECTIVE_SEQ_MAX, STEP_MIN)
+    inputs = "\nor\n".join(
+        f'label_replace({sel(metric, training)} and on (training_job) {JOB_STALLED}, '
+        f'"signal", "{signal}", "", "")'
+        for signal, metric in STALL_SIGNALS.items())
+    seq, step, beat = (f'{STALLED_INPUTS}{{signal="{signal}"}}' for signal in STALL_SIGNALS)
+    first, lowest = _suspect_parts(p, seq, step, beat, f"max by (training_job) ({seq})",
+                                   f"min by (training_job) ({step})")
     return [
-        Record(COLLECTIVE_SEQ_MAX,
-               f"max by (training_job) ({sel(catalog.TRAINING_COLLECTIVE_SEQ, training)})"),
-        Record(STEP_MIN, f"min by (training_job) ({sel(catalog.TRAINING_STEP, training)})"),
         Record(JOB_STALLED, stalled),
-        Record(STALL_PRIORITY, f"{first} * 0 + 2\nor\n{lowest} * 0 + 1"),
+        Record(STALLED_INPUTS, inputs),
+        Record(STALL_PRIORITY, f"max without (signal) (\n  {first} * 0 + 2\n  or\n"
+                               f"  {lowest} * 0 + 1\n)"),
         Record(STALL_SUSPECT,
                f"(\n  {STALL_PRIORITY}\n  == on (training_job) group_left ()\n"
                f"  max by (training_job) ({STALL_PRIORITY})\n) * 0 + 1"),
@@ -363,7 +381,10 @@ def groups(p: Profile) -> list[Group]:
                    "abort. Check the node's network links and the peer ranks' logs."),
     ]
     baselines = ([Group("trainwatch-training-baselines.rules", _baseline_records(p),
-                        p.slow_interval)] if p.aggregate else [])
+                        p.slow_interval),
+                  Group("trainwatch-training-step-time.rules", [_step_time_median(p)],
+                        p.alert("TrainingStalled")["step_time_every"])]
+                 if p.aggregate else [])
     return [*baselines,
             Group("trainwatch-training-stall.rules", _stall_records(p)),
-            Group("trainwatch-training.alerts", alerts)]
+            *alert_groups("training", alerts, p.alert_interval)]

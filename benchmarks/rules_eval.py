@@ -147,20 +147,26 @@ def _rules(url: str) -> list[dict[str, Any]]:
 def measure(url: str, proc: ManagedProcess, files: list[Path], idle: float,
             seconds: float) -> dict[str, Any]:
     """Evaluate `files` in the running Prometheus (already loaded): CPU and evaluation times
-    over `seconds` after every group's first (cold) evaluation."""
+    over `seconds` (a multiple of every group's interval) after every group's first (cold)
+    evaluation. Groups evaluated less often than every `seconds` cannot be measured; a group
+    whose interval is `seconds` itself is measured once, warm: the window starts after its
+    first evaluation (waiting for a second one would double the warm-up)."""
     intervals = group_intervals(files)
     names = set(intervals)
     first: dict[str, str] = {}
+    if any(seconds % interval for interval in intervals.values()):
+        raise ValueError(f"the window, {seconds} s, is not a multiple of {intervals}")
 
     def warmed() -> bool:
         now = {g["name"]: g["lastEvaluation"] for g in _rules(url)
                if g["name"] in names and not g["lastEvaluation"].startswith("0001-")}
         for name, at in now.items():
             first.setdefault(name, at)
-        return all(name in now and now[name] != first[name] for name in names)
+        return all(name in now and (now[name] != first[name] or intervals[name] >= seconds)
+                   for name in names)
 
     wait_until(warmed, timeout=max(intervals.values()) * 2 + 300, interval=1.0,
-               what="every rule group evaluated twice")
+               what="every rule group evaluated twice (the longest-interval ones once)")
     cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
     seen: dict[str, dict[str, float]] = {n: {} for n in names}
     per_rule: dict[str, list[float]] = {}
@@ -222,7 +228,8 @@ def main() -> int:
     parser.add_argument("--future-minutes", type=int, default=45,
                         help="samples ahead of now: how long a --cache-dir entry stays usable")
     parser.add_argument("--measure-seconds", type=float, default=120.0,
-                        help="measuring window per variant (a multiple of 60 s)")
+                        help="measuring window per variant, at least; rounded up to a "
+                             "multiple of the longest group interval (5m: 300 s)")
     parser.add_argument("--cache-dir", type=Path,
                         help="keep each size's Prometheus data here and reuse it while valid")
     args = parser.parse_args()
@@ -243,7 +250,10 @@ def main() -> int:
         rule_count = {k: sum(len(g["rules"]) for f in v
                              for g in yaml.safe_load(f.read_text())["groups"])
                       for k, v in variants.items()}
-        run_seconds = len(variants) * (args.measure_seconds + 300) + 120
+        longest = max(i for files in variants.values()
+                      for i in group_intervals(files).values())
+        window = -(-args.measure_seconds // longest) * longest
+        run_seconds = len(variants) * (window + longest + 300) + 120
         for gpus in sizes:
             now = int(time.time()) // args.step * args.step
             data, meta = _data_dir(args.cache_dir, work, gpus, args, now, run_seconds)
@@ -264,11 +274,12 @@ def main() -> int:
                 load_s = time.perf_counter() - began
                 idle = idle_cpu(proc, 20.0)
                 row: dict[str, Any] = {"gpus": gpus, "ranks": gpus, "series": meta["series"],
+                                       "window_s": window,
                                        "load_s": round(load_s, 1), "history": how,
                                        "idle_cpu_cores": round(idle, 4)}
                 for variant, files in variants.items():
                     load_rules(url, work / "prometheus.yml", files)
-                    row[variant] = measure(url, proc, files, idle, args.measure_seconds)
+                    row[variant] = measure(url, proc, files, idle, window)
             results.append(row)
             w, wo = row["with"], row["without"]
             print(f"{gpus} GPUs / {gpus} ranks ({meta['series']} series, {how} in "

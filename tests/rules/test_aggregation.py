@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from alert_rules import generate
-from alert_rules.config import CONFIG_PATH, load_raw, resolve
+from alert_rules.config import CONFIG_PATH, load_raw, resolve, seconds
 from tests.rules.rulefiles import PROFILES
 
 UNIT_TESTS = Path(__file__).resolve().parents[2] / "alert_rules" / "tests"
@@ -134,14 +134,17 @@ def test_aggregated_alerts_read_per_job_and_per_node_series() -> None:
     flat, aggregated = by_name(False), by_name(True)
     assert "max by (training_job) (training_collective_sequence" in flat[
         "training_job_rank:training_progress:stall_suspect"]
+    # every rank's series read once per round, narrowed to the stalled jobs before anything
+    # else; the job's max / min and the priorities read only that (normally empty) recording
+    inputs = aggregated["training_job_rank:training_progress:stalled_inputs"]
     priority = aggregated["training_job_rank:training_progress:stall_priority"]
-    assert "max by" not in priority and "min by" not in priority
-    assert "training_job:training_collective_sequence:max" in priority
-    # every rank's series narrowed to the stalled jobs before anything else
     for metric in ("training_collective_sequence", "training_step",
                    "training_heartbeat_timestamp_seconds"):
-        assert (f'({metric}{{job="training"}} and on (training_job) '
-                "training_job:training_progress:stalled)") in priority
+        assert inputs.count(f"{metric}{{") == 1
+        assert (f'{metric}{{job="training"}} and on (training_job) '
+                "training_job:training_progress:stalled,") in inputs
+        assert f"{metric}{{" not in priority
+    assert "training_job:training_collective_sequence:max" not in aggregated
     assert "training_job_rank:training_progress:stall_priority" in aggregated[
         "training_job_rank:training_progress:stall_suspect"]
     assert "max_over_time(training_job_instance:training_heartbeat_timestamp_seconds:max[1h])" \
@@ -156,11 +159,35 @@ def test_aggregated_alerts_read_per_job_and_per_node_series() -> None:
     assert load_raw(CONFIG_PATH)["defaults"]["aggregate_per_job_and_node"] is True
 
 
-def test_slow_groups_hold_only_recordings_at_the_configured_interval() -> None:
-    """Alerts stay at the global interval (their `for` counts rounds of it); only
-    recordings move to the slow groups."""
+def test_slow_groups_hold_recordings_and_only_alerts_with_a_long_for() -> None:
+    """Recordings move to the slow groups, and alerts whose `for` is at least
+    slow_alerts_min_for (they fire up to slow_interval - 15 s later, at most 15 % of their
+    `for`); every other alert stays at the global interval, where its `for` is counted."""
+    defaults = load_raw(CONFIG_PATH)["defaults"]
+    min_for = seconds(defaults["slow_alerts_min_for"])
+    assert min_for >= 5 * seconds(defaults["slow_interval"])
     groups = _groups(_rules("production", True))
     slow = [g for g in groups if "interval" in g]
-    assert {g["interval"] for g in slow} == {load_raw(CONFIG_PATH)["defaults"]["slow_interval"]}
-    assert all("record" in r for g in slow for r in g["rules"])
+    every = defaults["alerts"]["TrainingStalled"]["step_time_every"]
+    assert {g["interval"] for g in slow} == {defaults["slow_interval"], every}
+    # the job's median step time (every rank's 8 buckets) alone at its own, longer interval;
+    # the stall threshold reads its newest value within two intervals
+    assert [r.get("record") for g in slow if g["interval"] == every
+            for r in g["rules"]] == ["training_job:training_step_duration_seconds:median"]
+    threshold = next(r["expr"] for g in groups for r in g["rules"] if r.get("record") ==
+                     "training_job:training_progress:stall_threshold_seconds")
+    assert "last_over_time(training_job:training_step_duration_seconds:median[10m])" \
+        in threshold
+    slow_alerts = {r["alert"] for g in slow for r in g["rules"] if "alert" in r}
+    fast_alerts = {r["alert"]: r.get("for") for g in groups if "interval" not in g
+                   for r in g["rules"] if "alert" in r}
+    assert {"GpuThrottled", "GpuMemoryNearlyFull", "GpuUtilizationLowWhileTraining",
+            "TrainingStragglerRank", "TrainingThroughputDrop",
+            "NodeDiskFillingPredicted"} <= slow_alerts
+    assert all(seconds(r["for"]) >= min_for
+               for g in slow for r in g["rules"] if "alert" in r)
+    assert all(f is None or seconds(f) < min_for for f in fast_alerts.values())
+    # the short, paging ones stay at 15 s
+    assert {"TrainingNonFiniteLoss", "TrainingStalled", "GpuEccUncorrectableErrors",
+            "GpuLost", "NodeDown"} <= set(fast_alerts)
     assert not any("interval" in g for g in _groups(_rules("production", False)))
