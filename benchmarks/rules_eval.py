@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from alert_rules import generate  # noqa: E402
-from alert_rules.config import CONFIG_PATH, load_raw, resolve  # noqa: E402
+from alert_rules.config import CONFIG_PATH, load_raw, resolve, seconds  # noqa: E402
 from benchmarks import synthetic_fleet  # noqa: E402
 from tests.support.net import free_port, wait_until  # noqa: E402
 from tests.support.procs import ManagedProcess, running  # noqa: E402
@@ -87,13 +87,8 @@ def group_intervals(files: list[Path]) -> dict[str, float]:
     out = {}
     for f in files:
         for g in yaml.safe_load(f.read_text())["groups"]:
-            out[g["name"]] = _seconds(g.get("interval", f"{int(PRODUCTION_INTERVAL)}s"))
+            out[g["name"]] = seconds(g.get("interval", f"{int(PRODUCTION_INTERVAL)}s"))
     return out
-
-
-def _seconds(duration: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600}
-    return float(duration[:-1]) * units[duration[-1]]
 
 
 def cpu_seconds(pid: int) -> float:
