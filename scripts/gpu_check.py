@@ -61,7 +61,10 @@ def scrape(url: str) -> Series:
             for s in f.samples]
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float) -> bool:
+def wait_for(what: str, check: Callable[[], bool], timeout: float,
+             proc: subprocess.Popen[bytes] | None = None) -> bool:
+    """Poll `check` until it holds or `timeout` passes; give up at once when `proc`, the
+    process that should make it hold, has exited (its log says why)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -69,9 +72,17 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float) -> bool:
                 return True
         except OSError:
             pass
+        if proc is not None and proc.poll() is not None:
+            print(f"  {what}: its process exited with code {proc.returncode}",
+                  file=sys.stderr)
+            return False
         time.sleep(0.5)
     print(f"  timed out waiting for {what}", file=sys.stderr)
     return False
+
+
+class _StopChecks(Exception):
+    """A service the remaining checks need did not start: skip them, report what ran."""
 
 
 class Processes:
@@ -175,11 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         gpu_port, train_port = free_port(), free_port()
         gpu_url = f"http://127.0.0.1:{gpu_port}/metrics"
-        procs.start("gpu-exporter", [python, "-m", "exporters.gpu.cli", "--bind", "127.0.0.1",
-                                     "--port", str(gpu_port), "--interval", "1"],
+        gpu_exporter = procs.start("gpu-exporter", [
+            python, "-m", "exporters.gpu.cli", "--bind", "127.0.0.1", "--port", str(gpu_port),
+            "--interval", "1"],
                     env=exporter_env)
         checks["gpu_exporter_up"] = wait_for("gpu-exporter", lambda: any(
-            n == c.GPU_UP and v == 1 for n, _, v in scrape(gpu_url)), 60)
+            n == c.GPU_UP and v == 1 for n, _, v in scrape(gpu_url)), 60, gpu_exporter)
         time.sleep(3)  # a few cycles: GPM needs two
         if args.simulate:
             results["compare_nvidia_smi"] = "skipped (simulated: no nvidia-smi)"
@@ -199,11 +211,14 @@ def main(argv: list[str] | None = None) -> int:
         token.chmod(0o600)
         sock = work / "training.sock"
         train_url = f"http://127.0.0.1:{train_port}/metrics"
-        procs.start("training-exporter", [
+        training_exporter = procs.start("training-exporter", [
             python, "-m", "exporters.training.server", "--bind", "127.0.0.1", "--port",
             str(train_port), "--socket", str(sock), "--token-file", str(token),
             "--node", "gpu-check"])
-        checks["training_exporter_up"] = wait_for("training exporter", sock.exists, 60)
+        checks["training_exporter_up"] = wait_for("training exporter", sock.exists, 60,
+                                                  training_exporter)
+        if not checks["training_exporter_up"]:
+            raise _StopChecks  # the job, attribution and FLOPs checks all read it
         job = f"gpu-check-{int(time.time())}"
         nproc = max(1, min(args.gpus, results["driver_gpus"]))
         env = {"TRAINWATCH_JOB": job, "TRAINWATCH_EXPORTER_SOCKET": str(sock),
@@ -265,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             checks["ddp_job_finished"] = ddp.wait(600) == 0
         except subprocess.TimeoutExpired:
             checks["ddp_job_finished"] = False
+    except _StopChecks:
+        pass
     finally:
         procs.stop_all()
     results["checks"] = checks

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,12 +41,15 @@ def test_example_picks_the_cpu_here_and_refuses_cuda_without_it() -> None:
 
 
 @pytest.mark.slow
-def test_gpu_check_plumbing_end_to_end_with_the_fake_nvml(tmp_path: Path) -> None:
-    result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--simulate",
-                             "--steps", "150", "--json"],
-                            capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "PYTHON": sys.executable,
-                                 "TMPDIR": str(tmp_path)})
+def test_gpu_check_plumbing_end_to_end_with_the_fake_nvml() -> None:
+    # A short temporary root of its own: the training exporter's UNIX socket lies under it,
+    # and pytest's own (longer under xdist) could pass the 108-byte limit.
+    with tempfile.TemporaryDirectory(prefix="twgc", dir="/tmp") as short_tmp:
+        result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--simulate",
+                                 "--steps", "150", "--json"],
+                                capture_output=True, text=True, timeout=600,
+                                env={**os.environ, "PYTHON": sys.executable,
+                                     "TMPDIR": short_tmp})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["checks"] == {
@@ -53,3 +57,20 @@ def test_gpu_check_plumbing_end_to_end_with_the_fake_nvml(tmp_path: Path) -> Non
         "gpm": True, "mfu_series": True, "ddp_job_finished": True}
     assert summary["attributed_ranks"] == ["0", "1"]
     assert summary["achieved_flops_per_second_rank0"] > 0
+
+
+def test_an_exporter_that_cannot_start_ends_the_check_with_its_summary(tmp_path: Path) -> None:
+    """A temporary folder too long for the training exporter's UNIX socket (108 bytes) makes
+    that exporter exit at start. The check once went on waiting for it, then died on a
+    refused connection with a traceback and no summary; it must report the failed check."""
+    long_tmp = tmp_path / ("x" * 90)
+    long_tmp.mkdir()
+    result = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--simulate",
+                             "--steps", "50"],
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHON": sys.executable,
+                                 "TMPDIR": str(long_tmp)})
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "FAIL  training_exporter_up" in result.stdout
+    assert "training exporter: its process exited with code 1" in result.stderr
+    assert "Traceback" not in result.stderr
