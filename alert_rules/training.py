@@ -153,12 +153,11 @@ HEARTBEAT_AGE_JOB = "training_job:training_heartbeat:age_seconds"
 STALL_SUSPECT = "training_job_rank:training_progress:stall_suspect"
 JOB_STALLED = "training_job:training_progress:stalled"
 # per rank of a stalled job (aggregate_per_job_and_node): its collective sequence, step and
-# heartbeat, one series each (label `signal`); none while no job is stalled
+# heartbeat, one series each (label `signal`); none while no job is stalled. Read from the
+# exporters' stall evidence, which they expose only while a job's ranks stop stepping.
 STALLED_INPUTS = "training_job_rank:training_progress:stalled_inputs"
 # per rank of a stalled job: 2 stopped first, 1 at the lowest step
 STALL_PRIORITY = "training_job_rank:training_progress:stall_priority"
-# per job and node: what TrainingJobVanished remembers for `remember_for`
-HEARTBEAT_MAX_INSTANCE = "training_job_instance:training_heartbeat_timestamp_seconds:max"
 # per job: the lowest last `training_finished` of its ranks within `remember_for`
 JOB_FINISHED = "training_job:training_finished:min_last_over_time"
 
@@ -189,26 +188,24 @@ def _stall_records(p: Profile) -> list[Record]:
     training = p.selector("training")
     last = sel(catalog.TRAINING_LAST_STEP_TIMESTAMP, training)
     beat = sel(catalog.TRAINING_HEARTBEAT_TIMESTAMP, training)
+    if p.aggregate:  # the exporters' newest per job and node: max of maxima, one per node
+        last = sel(catalog.TRAINING_NODE_LAST_STEP_TIMESTAMP, training)
+        beat = sel(catalog.TRAINING_NODE_HEARTBEAT_TIMESTAMP, training)
     floor = cfg["floor_seconds"]
     median = STEP_TIME_MEDIAN
     if p.aggregate:  # recorded every step_time_every: the newest value within two of them
         median = f"last_over_time({STEP_TIME_MEDIAN}[{_twice(cfg['step_time_every'])}])"
     stalled = (f"{PROGRESS_AGE} > on (training_job) {STALL_THRESHOLD}\n"
                f"and on (training_job) {HEARTBEAT_AGE_JOB} < {cfg['heartbeat_stale_seconds']}")
-    job_beat = f"max by (training_job) ({beat})"
-    if p.aggregate:  # the job's newest heartbeat from the per-node maxima (max of maxima)
-        job_beat = f"max by (training_job) ({HEARTBEAT_MAX_INSTANCE})"
     return [
-        # with the aggregation, the per-node heartbeats TrainingJobVanished remembers, and
-        # the median step time is a slow-moving baseline (_baseline_records)
-        *([Record(HEARTBEAT_MAX_INSTANCE, f"max by (training_job, instance) ({beat})")]
-          if p.aggregate else [_step_time_median(p)]),
+        # with the aggregation, the median step time is a slow-moving baseline of its own group
+        *([] if p.aggregate else [_step_time_median(p)]),
         Record(PROGRESS_AGE, f"time() - max by (training_job) ({last})"),
         # the floor for every job with a last step (PROGRESS_AGE: one series per such job)
         Record(STALL_THRESHOLD,
                f"clamp_min({cfg['step_time_factor']} * {median}, {floor})\n"
                f"or on (training_job)\n0 * {PROGRESS_AGE} + {floor}"),
-        Record(HEARTBEAT_AGE_JOB, f"time() - {job_beat}"),
+        Record(HEARTBEAT_AGE_JOB, f"time() - max by (training_job) ({beat})"),
         *(_suspects_per_job(p, stalled) if p.aggregate else [_suspects_flat(p, stalled)]),
     ]
 
@@ -239,24 +236,19 @@ def _suspects_flat(p: Profile, stalled: str) -> Record:
                   f"({stalled})")
 
 
-STALL_SIGNALS = {"seq": catalog.TRAINING_COLLECTIVE_SEQ, "step": catalog.TRAINING_STEP,
-                 "heartbeat": catalog.TRAINING_HEARTBEAT_TIMESTAMP}
-
-
 def _suspects_per_job(p: Profile, stalled: str) -> list[Record]:
-    """Every rank's collective sequence, step and heartbeat are read once per round, narrowed
-    to the stalled jobs (none, normally) and recorded as one series per rank and signal;
-    everything after that (the job's highest sequence and lowest step, a priority of 2 for
-    ranks that stopped first and 1 for the lowest step, the suspects: the ranks with their
-    job's highest priority) reads that recording, which is empty while no job is stalled.
-    Prometheus reads a selector's every series whatever follows it, so reading the raw series
-    once instead of twice (for the job's max and min, then per rank) is what saves the time."""
-    training = p.selector("training")
-    inputs = "\nor\n".join(
-        f'label_replace({sel(metric, training)} and on (training_job) {JOB_STALLED}, '
-        f'"signal", "{signal}", "", "")'
-        for signal, metric in STALL_SIGNALS.items())
-    seq, step, beat = (f'{STALLED_INPUTS}{{signal="{signal}"}}' for signal in STALL_SIGNALS)
+    """Every rank's collective sequence, step and heartbeat, as the exporters' stall evidence
+    (one series per rank and signal, exposed only while the job's ranks on a node have
+    stopped stepping: none while every job steps), narrowed to the stalled jobs and
+    recorded; everything after that (the job's highest sequence and lowest step, a priority
+    of 2 for ranks that stopped first and 1 for the lowest step, the suspects: the ranks with
+    their job's highest priority) reads that recording. Prometheus reads a selector's every
+    series whatever follows it, so reading a series that exists only when needed, instead of
+    every rank's three series every round, is what saves the time."""
+    evidence = sel(catalog.TRAINING_STALL_EVIDENCE, p.selector("training"))
+    inputs = f"{evidence}\nand on (training_job)\n{JOB_STALLED}"
+    seq, step, beat = (f'{STALLED_INPUTS}{{signal="{signal}"}}'
+                       for signal in catalog.STALL_EVIDENCE_SIGNALS)
     first, lowest = _suspect_parts(p, seq, step, beat, f"max by (training_job) ({seq})",
                                    f"min by (training_job) ({step})")
     return [
@@ -295,13 +287,14 @@ def _vanished(p: Profile) -> Alert:
     up = sel("up", training)
     # max_over_time keeps the job in view after the exporter drops its series; an exporter
     # that is down is TargetDown's, not a vanished job. Aggregated, the window is scanned
-    # over one recorded series per job and node instead of one per rank (the max over time
-    # of the max over ranks is the max over ranks of the max over time).
+    # over the exporters' one series per job and node instead of one per rank (the max over
+    # time of the max over ranks is the max over ranks of the max over time).
     # Aggregated, whether every rank finished is recorded every slow_interval: it can only be
     # that much late to suppress the alert, which needs `for` more after after_seconds.
     finished_all = _job_finished(p)
     if p.aggregate:
-        beat, finished_all = HEARTBEAT_MAX_INSTANCE, JOB_FINISHED
+        beat = sel(catalog.TRAINING_NODE_HEARTBEAT_TIMESTAMP, training)
+        finished_all = JOB_FINISHED
     expr = (f"time() - max by (training_job) (\n  max_over_time({beat}[{window}])\n"
             f"  and on (instance) {up} == 1\n) > {cfg['after_seconds']}\n"
             f"unless on (training_job)\n{finished_all} == 1")

@@ -1,7 +1,9 @@
 """A synthetic GPU training fleet's history, pushed into a real Prometheus's head block.
 
 Nodes x 8 GPUs, one training job with one rank per GPU: node, GPU and training series named
-and labelled as the exporters emit them (about 35 series per GPU + rank). Every series has
+and labelled as the exporters emit them for a healthy fleet (about 35 series per GPU + rank):
+series the exporters expose only on an event (stall evidence, error counters before the
+first error) are absent, as they are in production. Every series has
 one sample every `step` seconds from `start` to `end`; values follow a few simple shapes
 (constants, counters that grow with the step count, a slowly falling loss), so no alert
 fires and every window the rules read is full.
@@ -53,6 +55,11 @@ def _node(n: int) -> Iterator[Series]:
     yield Series("node_memory_MemAvailable_bytes", node, "2e11")
     yield Series("node_memory_MemTotal_bytes", node, "5e11")
     yield Series("trainwatch_gpu_exporter_last_success_timestamp_seconds", gpu_inst, "ts")
+    # the training exporter's per job and node series (its ranks step, so no stall evidence,
+    # and no non-finite loss counter before the first non-finite loss)
+    job_node = {**train_inst, "training_job": "llm", "node": host}
+    yield Series("training_node_last_step_timestamp_seconds", job_node, "ts")
+    yield Series("training_node_heartbeat_timestamp_seconds", job_node, "ts")
     for g in range(GPUS_PER_NODE):
         gl = {**gpu_inst, "gpu": str(g), "uuid": f"GPU-{n}-{g}", "name": "H100"}
         yield Series("trainwatch_gpu_up", gl, "one")
@@ -76,8 +83,7 @@ def _node(n: int) -> Iterator[Series]:
                 ("training_collective_sequence", "steps"), ("training_finished", "zero"),
                 ("training_peak_flops_per_second", "9.89e14"),
                 ("training_samples_total", "steps8"), ("training_tokens_total", "steps8192"),
-                ("training_model_flops_total", "flops"),
-                ("training_nonfinite_loss_total", "zero")):
+                ("training_model_flops_total", "flops")):
             yield Series(name, rl, kind)
         for le in BUCKETS:
             yield Series("training_step_duration_seconds_bucket", {**rl, "le": le},

@@ -137,10 +137,34 @@ TRAINING_COLLECTIVE_START = _training("training_collective_start_timestamp_secon
 TRAINING_COLLECTIVE_SEQ = _training(
     "training_collective_sequence", GAUGE,
     "Sequence number of the last collective the rank entered on the job's group.")
+# Per job and node, one series per exporter and job instead of one per rank: what the alert
+# rules read every round to tell whether a job steps and lives (a read costs Prometheus about
+# 10 us per series; docs/training.md "Series the rules read").
+TRAINING_NODE_LABELS = (LABEL_JOB, LABEL_NODE)
+TRAINING_NODE_LAST_STEP_TIMESTAMP = _define(
+    "training", "training_node_last_step_timestamp_seconds", GAUGE,
+    "Unix time of the newest step any of the job's ranks on this node reported.",
+    TRAINING_NODE_LABELS, "seconds")
+TRAINING_NODE_HEARTBEAT_TIMESTAMP = _define(
+    "training", "training_node_heartbeat_timestamp_seconds", GAUGE,
+    "Unix time the newest datagram from any of the job's ranks on this node arrived.",
+    TRAINING_NODE_LABELS, "seconds")
+# Hang location, exposed only while every rank of the job on this node has gone without a step
+# for a while (exporters/training/collector.py, stall_evidence_after): absent in a job that
+# steps, so the stall rules' per-rank read costs nothing until a job may be stalled.
+TRAINING_STALL_EVIDENCE = _training(
+    "training_stall_evidence", GAUGE,
+    "While the job's ranks on this node make no progress: the rank's collective sequence "
+    "(signal=seq), last step (signal=step) or heartbeat Unix time (signal=heartbeat).",
+    extra=("signal",))
+STALL_EVIDENCE_SIGNALS = ("seq", "step", "heartbeat")
 TRAINING_SAMPLES = _training("training_samples_total", COUNTER, "Samples processed.")
 TRAINING_TOKENS = _training("training_tokens_total", COUNTER, "Tokens processed.")
+# Exposed from the rank's first non-finite loss (absent before): the alert reads it every
+# round, and the rules' `x > 0 unless x offset w` catches a counter born non-zero.
 TRAINING_NONFINITE_LOSS = _training("training_nonfinite_loss_total", COUNTER,
-                                    "Steps whose loss was NaN or infinite.")
+                                    "Steps whose loss was NaN or infinite (absent until the "
+                                    "first).")
 TRAINING_DROPPED_SAMPLES = _training("training_dropped_samples_total", COUNTER,
                                      "Step reports the rank could not deliver.")
 TRAINING_ROLLBACKS = _training("training_rollbacks_total", COUNTER,

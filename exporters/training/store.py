@@ -57,6 +57,7 @@ class RankState:
     bucket_counts: list[int] = field(default_factory=lambda: [0] * len(STEP_DURATION_BUCKETS))
     duration_sum: float = 0.0
     duration_count: int = 0
+    last_duration: float | None = None  # the newest step's wall time (stall evidence's pace)
     last_seen: float = 0.0
     heartbeat: float = 0.0  # wall time of the rank's last datagram (any datagram is one)
     finished: bool = False
@@ -167,6 +168,7 @@ class Store:
                 if duration is not None and math.isfinite(duration) and duration >= 0:
                     state.duration_sum += duration
                     state.duration_count += 1
+                    state.last_duration = duration
                     for i, bound in enumerate(STEP_DURATION_BUCKETS):
                         if duration <= bound:
                             state.bucket_counts[i] += 1
@@ -315,6 +317,10 @@ class Store:
                 "last_step": max((s.step for s in job.ranks.values() if s.step is not None),
                                  default=None),
             } for name, job in sorted(self._jobs.items()) if job.last_seen >= cutoff]
+
+    def wall(self) -> float:
+        """Now, on the clock heartbeats and step times are written in."""
+        return float(self._wall())
 
     # --- collector --------------------------------------------------------------------------
     def snapshot(self) -> dict[str, dict[int, RankState]]:

@@ -23,6 +23,10 @@ import yaml
 
 from alert_rules import generate
 from alert_rules.config import CONFIG_PATH, load_raw, resolve, seconds
+from exporters.training.collector import (
+    STALL_EVIDENCE_MIN_IDLE_SECONDS,
+    STALL_EVIDENCE_STEP_FACTOR,
+)
 from tests.rules.rulefiles import PROFILES
 
 UNIT_TESTS = Path(__file__).resolve().parents[2] / "alert_rules" / "tests"
@@ -134,21 +138,27 @@ def test_aggregated_alerts_read_per_job_and_per_node_series() -> None:
     flat, aggregated = by_name(False), by_name(True)
     assert "max by (training_job) (training_collective_sequence" in flat[
         "training_job_rank:training_progress:stall_suspect"]
-    # every rank's series read once per round, narrowed to the stalled jobs before anything
-    # else; the job's max / min and the priorities read only that (normally empty) recording
+    # no rank's own series is read every round: the stall evidence the exporters expose only
+    # while a job's ranks stop stepping, narrowed to the stalled jobs before anything else;
+    # the job's max / min and the priorities read only that (normally empty) recording; the
+    # job's progress and liveness come from one series per job and node
     inputs = aggregated["training_job_rank:training_progress:stalled_inputs"]
-    priority = aggregated["training_job_rank:training_progress:stall_priority"]
+    assert inputs == ('training_stall_evidence{job="training"}\nand on (training_job)\n'
+                      "training_job:training_progress:stalled")
+    stall = [expr for name, expr in aggregated.items() if "progress" in name
+             or "heartbeat" in name or name in ("TrainingStalled", "TrainingJobVanished")]
     for metric in ("training_collective_sequence", "training_step",
-                   "training_heartbeat_timestamp_seconds"):
-        assert inputs.count(f"{metric}{{") == 1
-        assert (f'{metric}{{job="training"}} and on (training_job) '
-                "training_job:training_progress:stalled,") in inputs
-        assert f"{metric}{{" not in priority
+                   "training_heartbeat_timestamp_seconds",
+                   "training_last_step_timestamp_seconds"):
+        assert not any(f"{metric}{{" in expr for expr in stall), metric
+        assert any(f"{metric}{{" in expr for expr in flat.values()), metric
     assert "training_job:training_collective_sequence:max" not in aggregated
     assert "training_job_rank:training_progress:stall_priority" in aggregated[
         "training_job_rank:training_progress:stall_suspect"]
-    assert "max_over_time(training_job_instance:training_heartbeat_timestamp_seconds:max[1h])" \
+    assert 'max_over_time(training_node_heartbeat_timestamp_seconds{job="training"}[1h])' \
         in aggregated["TrainingJobVanished"]
+    assert "training_node_last_step_timestamp_seconds" in aggregated[
+        "training_job:training_progress:age_seconds"]
     assert "changes(training_step" not in aggregated["GpuUtilizationLowWhileTraining"]
     assert "instance:training_step:stepping_ranks" in aggregated["GpuUtilizationLowWhileTraining"]
     assert "changes(training_step" not in aggregated["TrainingThroughputDrop"]
@@ -191,3 +201,20 @@ def test_slow_groups_hold_recordings_and_only_alerts_with_a_long_for() -> None:
     assert {"TrainingNonFiniteLoss", "TrainingStalled", "GpuEccUncorrectableErrors",
             "GpuLost", "NodeDown"} <= set(fast_alerts)
     assert not any("interval" in g for g in _groups(_rules("production", False)))
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_stall_evidence_is_exposed_before_any_profile_can_call_a_job_stalled(
+        profile: str) -> None:
+    """The exporters expose a rank's stall evidence once its job's ranks on the node have gone
+    max(STALL_EVIDENCE_MIN_IDLE_SECONDS, STALL_EVIDENCE_STEP_FACTOR x their newest step time)
+    without a step; a profile calls a job stalled after max(step_time_factor x its median
+    step time, floor_seconds). The evidence must come first, with a scrape and an evaluation
+    to spare (the demo scrapes every second, production every 15 s)."""
+    cfg = resolve(load_raw(CONFIG_PATH), profile)
+    stalled = cfg.alert("TrainingStalled")
+    interval = 1 if profile == "demo" else 15
+    assert stalled["floor_seconds"] >= STALL_EVIDENCE_MIN_IDLE_SECONDS + 2 * interval
+    # a rank's newest step may take twice the job's median before its evidence comes late
+    assert stalled["step_time_factor"] >= 2 * STALL_EVIDENCE_STEP_FACTOR
+

@@ -132,7 +132,7 @@ def test_dashboard_queries_return_the_same_data_from_victoriametrics(
             tmp_path / "training.log", ready_url=f"http://127.0.0.1:{train_port}/metrics"))
         prom = stack.enter_context(prometheus(tmp_path, config, port=prom_port))
         ranks = [subprocess.Popen(
-            [sys.executable, "-c", RANK_SCRIPT, "50"], cwd=REPO, start_new_session=True,
+            [sys.executable, "-c", RANK_SCRIPT, "90"], cwd=REPO, start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
                  "TRAINWATCH_JOB": "vmdemo",
@@ -140,10 +140,18 @@ def test_dashboard_queries_return_the_same_data_from_victoriametrics(
             for r in range(2)]
         stack.callback(lambda: [r.kill() or r.wait(10) for r in ranks])
         began = int(time.time())
+
+        def first_in_vm() -> float | None:
+            """The oldest GPU-exporter sample VictoriaMetrics holds (remote_write may deliver
+            the first seconds late under load, or not at all while VictoriaMetrics starts)."""
+            got = _range(vm, "trainwatch_gpu_up", began - 60, int(time.time()))
+            return min((t for points in got.values() for t in points), default=None)
+        wait_until(lambda: first_in_vm() is not None, timeout=60, interval=1,
+                   what="the first samples in VictoriaMetrics")
         # 20 s of the running job, aligned to the step, starting once every counter has a full
-        # rate window behind it (MetricsQL counts a counter's first sample from zero, PromQL
-        # does not: a series' first window differs by design)
-        start = (began + 15) // STEP * STEP + STEP
+        # rate window behind it in both stores (MetricsQL counts a counter's first sample from
+        # zero, PromQL does not: a series' first window differs by design)
+        start = (max(began, int(first_in_vm() or began)) + 15) // STEP * STEP + STEP
         end = start + 20
         wait_until(lambda: time.time() > end + 3, timeout=120, interval=0.5,
                    what="the demo job's window to pass")

@@ -62,7 +62,7 @@ def test_metrics_carry_job_rank_node_labels_and_values(node: tuple[Exporter, Tra
         catalog.TRAINING_LEARNING_RATE: 0.1, catalog.TRAINING_GRAD_NORM: 2.0,
         catalog.TRAINING_SAMPLES: 160.0, catalog.TRAINING_TOKENS: 1600.0,
         catalog.TRAINING_WORLD_SIZE: 2.0, catalog.TRAINING_RESTARTS: 3.0,
-        catalog.TRAINING_DATA_WAIT: 0.001, catalog.TRAINING_NONFINITE_LOSS: 0.0,
+        catalog.TRAINING_DATA_WAIT: 0.001,
         catalog.TRAINING_DROPPED_SAMPLES: 0.0, catalog.TRAINING_STEP_DURATION + "_count": 5.0,
     }
     for name, value in expected.items():
@@ -71,8 +71,14 @@ def test_metrics_carry_job_rank_node_labels_and_values(node: tuple[Exporter, Tra
     bucket = exp.samples(catalog.TRAINING_STEP_DURATION + "_bucket", JOB)
     assert bucket[(("le", "0.025"), *labels)] == 5.0
     assert bucket[(("le", "0.01"), *labels)] == 0.0
-    # CUDA figures are absent (not 0) on a CPU-only rank; no step number is ever a label.
+    # CUDA figures are absent (not 0) on a CPU-only rank, and the non-finite loss counter
+    # before the first one; no step number is ever a label.
     assert exp.samples(catalog.TRAINING_CUDA_MEM_ALLOCATED, JOB) == {}
+    assert exp.samples(catalog.TRAINING_NONFINITE_LOSS, JOB) == {}
+    # the job's newest step on this node, one series for all its ranks here
+    node_labels = (("node", "node-a"), ("training_job", JOB))
+    assert exp.samples(catalog.TRAINING_NODE_LAST_STEP_TIMESTAMP, JOB) == {
+        node_labels: exp.samples(catalog.TRAINING_LAST_STEP_TIMESTAMP, JOB)[labels]}
     for family_labels in exp.samples(catalog.TRAINING_STEP, None):
         assert {k for k, _ in family_labels} == {"training_job", "rank", "node"}
 

@@ -1,0 +1,115 @@
+"""What the training exporter serves so that the alert rules read one series per job and node
+instead of one per rank (issue 14): the job's newest step and heartbeat on this node, the
+hang-locating evidence only while the job's ranks here have stopped stepping, and the
+non-finite loss counter only from the first one. The collector runs on a Store with a clock
+of the test's (no network)."""
+
+from __future__ import annotations
+
+from exporters import catalog
+from exporters.training.collector import (
+    STALL_EVIDENCE_MIN_IDLE_SECONDS,
+    STALL_EVIDENCE_STEP_FACTOR,
+    TrainingCollector,
+)
+from exporters.training.store import Store
+from exporters.training.wire import RankReport
+
+JOB = "llm"
+
+
+class Wall:
+    """The Store's wall clock, moved by the test."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _report(rank: int, step: int | None, wall: float | None, *, duration: float = 0.5,
+            seq: int | None = None, nonfinite: int = 0) -> RankReport:
+    steps = [] if step is None else [(step, wall, duration, 1.0, 0.1, 1.0, 0.0)]
+    return RankReport(job=JOB, rank=rank, local_rank=rank, world_size=4, restarts=0,
+                      dropped=0, nonfinite=nonfinite, samples_total=0.0, tokens_total=0.0,
+                      rollbacks=0, applied_counts={}, command_types={}, cuda=None,
+                      collective_seq=seq, steps=steps)
+
+
+def _scrape(store: Store) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    out: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in TrainingCollector(store, "n1").collect():
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def _store(wall: Wall) -> Store:
+    return Store(600, wall=wall)
+
+
+def test_one_series_per_job_and_node_holds_the_newest_step_and_heartbeat() -> None:
+    wall = Wall(1000.0)
+    store = _store(wall)
+    store.ingest(_report(0, 10, 990.0))
+    wall.now = 1001.0
+    store.ingest(_report(1, 10, 995.0))
+    wall.now = 1002.0
+    store.ingest(_report(2, None, None))  # alive, has not finished a step yet
+    node = ((catalog.LABEL_NODE, "n1"), (catalog.LABEL_JOB, JOB))
+    node = tuple(sorted(node))
+    scrape = _scrape(store)
+    assert scrape[catalog.TRAINING_NODE_LAST_STEP_TIMESTAMP] == {node: 995.0}
+    assert scrape[catalog.TRAINING_NODE_HEARTBEAT_TIMESTAMP] == {node: 1002.0}
+    # every rank's own series are still there, for dashboards and the flat rules
+    assert len(scrape[catalog.TRAINING_HEARTBEAT_TIMESTAMP]) == 3
+
+
+def test_stall_evidence_appears_only_once_the_ranks_here_stop_stepping() -> None:
+    wall = Wall(1000.0)
+    store = _store(wall)
+    for rank, seq in ((0, 21), (1, 20)):
+        store.ingest(_report(rank, 20, 1000.0, seq=seq))
+    after = max(STALL_EVIDENCE_MIN_IDLE_SECONDS, STALL_EVIDENCE_STEP_FACTOR * 0.5)
+    wall.now = 1000.0 + after - 0.1
+    assert catalog.TRAINING_STALL_EVIDENCE not in _scrape(store)  # a job at its own pace
+    wall.now = 1000.0 + after + 0.1
+    evidence = _scrape(store)[catalog.TRAINING_STALL_EVIDENCE]
+    got = {(dict(k)["rank"], dict(k)["signal"]): v for k, v in evidence.items()}
+    assert got == {("0", "seq"): 21.0, ("0", "step"): 20.0, ("0", "heartbeat"): 1000.0,
+                   ("1", "seq"): 20.0, ("1", "step"): 20.0, ("1", "heartbeat"): 1000.0}
+    assert {dict(k)["node"] for k in evidence} == {"n1"}
+    # one rank steps again: the job's ranks here progress, the evidence goes
+    store.ingest(_report(0, 21, wall.now, seq=22))
+    assert catalog.TRAINING_STALL_EVIDENCE not in _scrape(store)
+
+
+def test_slow_steps_wait_longer_for_evidence() -> None:
+    """A job whose steps take 10 s goes 10 s without a step at every step: no evidence then."""
+    wall = Wall(1000.0)
+    store = _store(wall)
+    store.ingest(_report(0, 5, 1000.0, duration=10.0))
+    wall.now = 1000.0 + 10.0 * STALL_EVIDENCE_STEP_FACTOR - 1
+    assert catalog.TRAINING_STALL_EVIDENCE not in _scrape(store)
+    wall.now = 1000.0 + 10.0 * STALL_EVIDENCE_STEP_FACTOR + 1
+    assert _scrape(store)[catalog.TRAINING_STALL_EVIDENCE]
+
+
+def test_no_evidence_for_ranks_that_never_stepped() -> None:
+    wall = Wall(1000.0)
+    store = _store(wall)
+    store.ingest(_report(0, None, None, seq=3))
+    wall.now = 5000.0
+    scrape = _scrape(store)
+    assert catalog.TRAINING_STALL_EVIDENCE not in scrape
+    assert catalog.TRAINING_NODE_LAST_STEP_TIMESTAMP not in scrape
+
+
+def test_the_nonfinite_counter_appears_with_the_first_nonfinite_loss() -> None:
+    wall = Wall(1000.0)
+    store = _store(wall)
+    store.ingest(_report(0, 1, 1000.0))
+    assert catalog.TRAINING_NONFINITE_LOSS not in _scrape(store)
+    store.ingest(_report(0, 2, 1001.0, nonfinite=1))
+    assert list(_scrape(store)[catalog.TRAINING_NONFINITE_LOSS].values()) == [1.0]
