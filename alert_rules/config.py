@@ -19,7 +19,8 @@ PRODUCTION = "production"
 DURATION_RE = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 DURATION_KEYS = ("for", "keep_firing_for", "window", "baseline_window", "baseline_offset",
                  "trend_window", "rate_window", "lost_window", "slow_interval",
-                 "slow_alerts_min_for", "step_time_every")
+                 "slow_alerts_min_for", "medium_interval", "medium_alerts_min_for",
+                 "step_time_every", "baseline_every")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800,
                  "y": 31536000}
 
@@ -102,14 +103,24 @@ class Profile:
 
     def alert_interval(self, for_: str | None) -> str | None:
         """The `interval` of the group an alert with this `for` goes into: slow_interval when
-        `for` is at least slow_alerts_min_for (the alert then fires and resolves up to one
-        slow_interval minus the global interval later, a small part of its `for`), else None
-        (the global interval). Without the aggregation every alert stays at the global
-        interval, as the rules were."""
-        slow = self.slow_interval
-        if slow is None or not for_:
+        `for` is at least slow_alerts_min_for, else medium_interval when it is at least
+        medium_alerts_min_for (the alert then fires and resolves up to that interval minus
+        the global interval later, a small part of its `for`), else None (the global
+        interval). Without the aggregation every alert stays at the global interval, as the
+        rules were."""
+        if self.slow_interval is None or not for_:
             return None
-        return slow if seconds(for_) >= seconds(str(self.values["slow_alerts_min_for"])) else None
+        for interval, min_for in (("slow_interval", "slow_alerts_min_for"),
+                                  ("medium_interval", "medium_alerts_min_for")):
+            if seconds(for_) >= seconds(str(self.values[min_for])):
+                return str(self.values[interval])
+        return None
+
+    def alert_group_suffix(self, interval: str | None) -> str:
+        """`-slow` for the slow_interval groups, `-medium` for the medium_interval ones."""
+        if interval is None:
+            return ""
+        return "-slow" if interval == self.slow_interval else "-medium"
 
     @property
     def runbook_base_url(self) -> str:
@@ -131,6 +142,7 @@ def load_raw(path: Path = CONFIG_PATH) -> dict[str, Any]:
             not isinstance(body, dict | None) for body in profiles.values()):
         raise ConfigError(f"{path}: `profiles` must map profile names to mappings")
     missing = ({"selectors", "rate_window", "slow_interval", "slow_alerts_min_for",
+                "medium_interval", "medium_alerts_min_for", "baseline_every",
                 "runbook_base_url", "alerts"}
                - set(raw["defaults"]))
     if missing:

@@ -97,7 +97,7 @@ def groups(p: Profile) -> list[Group]:
         ),
         _stale(p),
     ]
-    return alert_groups("gpu", alerts, p.alert_interval)
+    return alert_groups("gpu", alerts, p.alert_interval, p.alert_group_suffix)
 
 
 def _reasons(p: Profile) -> str:

@@ -87,13 +87,15 @@ class Group:
 
 
 def alert_groups(component: str, alerts: list[Alert],
-                 interval_of: Callable[[str | None], str | None]) -> list[Group]:
+                 interval_of: Callable[[str | None], str | None],
+                 suffix_of: Callable[[str | None], str]) -> list[Group]:
     """`trainwatch-<component>.alerts` at the global interval and, for the alerts whose
-    `for` is long enough (interval_of gives them an interval), `trainwatch-<component>-slow
-    .alerts` at that interval: Prometheus evaluates them a quarter as often (production)."""
+    `for` is long enough (interval_of gives them an interval), `trainwatch-<component>
+    <suffix>.alerts` at that interval (`-medium`: 30 s, `-slow`: 1 m in production):
+    Prometheus evaluates them a half or a quarter as often."""
     by_interval: dict[str | None, list[Alert]] = {}
     for alert in alerts:
         by_interval.setdefault(interval_of(alert.for_), []).append(alert)
-    return [Group(f"trainwatch-{component}{'' if interval is None else '-slow'}.alerts",
-                  rules, interval)
-            for interval, rules in sorted(by_interval.items(), key=lambda kv: kv[0] is not None)]
+    return [Group(f"trainwatch-{component}{suffix_of(interval)}.alerts", rules, interval)
+            for interval, rules in sorted(by_interval.items(),
+                                          key=lambda kv: (kv[0] is not None, suffix_of(kv[0])))]

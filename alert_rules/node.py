@@ -66,4 +66,4 @@ def groups(p: Profile) -> list[Group]:
             for_=p.alert("NodeDown")["for"],
         ),
     ]
-    return alert_groups("node", alerts, p.alert_interval)
+    return alert_groups("node", alerts, p.alert_interval, p.alert_group_suffix)

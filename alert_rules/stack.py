@@ -68,4 +68,4 @@ def groups(p: Profile) -> list[Group]:
             "raises an alarm when it stops arriving (Prometheus or Alertmanager is down).",
         ),
     ]
-    return alert_groups("stack", alerts, p.alert_interval)
+    return alert_groups("stack", alerts, p.alert_interval, p.alert_group_suffix)

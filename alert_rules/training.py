@@ -48,18 +48,23 @@ def _grad_limit(cfg: dict[str, Any], baseline: str) -> str:
 
 def _baseline_records(p: Profile) -> list[Record]:
     """The spike alerts' per-rank loss baseline and gradient-norm threshold: 30-minute
-    windows that move by a thirtieth per minute, recorded every slow_interval instead of
-    scanned every round (the alerts compare this round's value with them); and whether every
-    rank of a job reported a clean finish within TrainingJobVanished's memory (one hour). The
-    job's median step time has a group of its own (step_time_every)."""
+    windows ending `baseline_offset` ago, recorded every `baseline_every` (5m: they move by a
+    sixth per recording) instead of scanned every round; the alerts compare this round's
+    value with the newest recording (`recorded_baseline`). Reading 30 minutes of every rank's
+    loss and gradient norm is, with the step-time histogram, the costliest read of all."""
     loss_cfg, grad_cfg = p.alert("TrainingLossSpike"), p.alert("TrainingGradNormExplosion")
     _, loss_mean, loss_enough = _baseline(p, catalog.TRAINING_LOSS, loss_cfg)
     _, grad_mean, grad_enough = _baseline(p, catalog.TRAINING_GRAD_NORM, grad_cfg)
     return [
         Record(LOSS_BASELINE, f"{loss_mean}\nand\n{loss_enough}"),
         Record(GRAD_NORM_LIMIT, f"{_grad_limit(grad_cfg, grad_mean)}\nand\n{grad_enough}"),
-        Record(JOB_FINISHED, _job_finished(p)),
     ]
+
+
+def recorded_baseline(p: Profile, name: str) -> str:
+    """A baseline recorded every baseline_every: its newest value within two recordings (an
+    instant read could miss one recorded exactly five minutes ago)."""
+    return f"last_over_time({name}[{_twice(str(p.values['baseline_every']))}])"
 
 
 def _loss_spike(p: Profile) -> Alert:
@@ -70,7 +75,8 @@ def _loss_spike(p: Profile) -> Alert:
     # threshold would cost one more read of every rank's series per minute, and the alert
     # would still read the baseline for its value)
     if p.aggregate:
-        expr = (f"{series} - {LOSS_BASELINE}\n> {_loss_margin(cfg, LOSS_BASELINE)}")
+        baseline = recorded_baseline(p, LOSS_BASELINE)
+        expr = f"{series} - {baseline}\n> {_loss_margin(cfg, baseline)}"
     else:
         expr = f"{series} - {mean} > {_loss_margin(cfg, mean)}\nand\n{enough}"
     return Alert(
@@ -90,7 +96,7 @@ def _grad_norm(p: Profile) -> Alert:
     cfg = p.alert("TrainingGradNormExplosion")
     series, mean, enough = _baseline(p, catalog.TRAINING_GRAD_NORM, cfg)
     if p.aggregate:
-        expr = f"{series} > {GRAD_NORM_LIMIT}"
+        expr = f"{series} > {recorded_baseline(p, GRAD_NORM_LIMIT)}"
     else:
         expr = f"{series} > {_grad_limit(cfg, mean)}\nand\n{enough}"
     return Alert(
@@ -374,10 +380,15 @@ def groups(p: Profile) -> list[Group]:
                    "abort. Check the node's network links and the peer ranks' logs."),
     ]
     baselines = ([Group("trainwatch-training-baselines.rules", _baseline_records(p),
+                        str(p.values["baseline_every"])),
+                  # whether every rank finished: TrainingJobVanished's suppression, which a
+                  # job that just finished needs within the alert's after_seconds + `for`
+                  Group("trainwatch-training-finished.rules", [Record(JOB_FINISHED,
+                                                                      _job_finished(p))],
                         p.slow_interval),
                   Group("trainwatch-training-step-time.rules", [_step_time_median(p)],
                         p.alert("TrainingStalled")["step_time_every"])]
                  if p.aggregate else [])
     return [*baselines,
             Group("trainwatch-training-stall.rules", _stall_records(p)),
-            *alert_groups("training", alerts, p.alert_interval)]
+            *alert_groups("training", alerts, p.alert_interval, p.alert_group_suffix)]

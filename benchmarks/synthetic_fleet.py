@@ -67,13 +67,9 @@ def _node(n: int) -> Iterator[Series]:
         yield Series("trainwatch_gpu_utilization_ratio", gl, "0.9")
         yield Series("trainwatch_gpu_memory_used_bytes", gl, "6e10")
         yield Series("trainwatch_gpu_memory_total_bytes", gl, "8e10")
-        yield Series("trainwatch_gpu_row_remap_failure", gl, "zero")
         for reason in REASONS:
             yield Series("trainwatch_gpu_clock_event_reason_active", {**gl, "reason": reason},
                          "zero")
-        for err in ("corrected", "uncorrected"):
-            yield Series("trainwatch_gpu_ecc_errors_total",
-                         {**gl, "error_type": err, "counter": "volatile"}, "zero")
         rl = {**train_inst, "training_job": "llm", "rank": str(n * GPUS_PER_NODE + g),
               "node": host}
         for name, kind in (

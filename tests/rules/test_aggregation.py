@@ -163,43 +163,67 @@ def test_aggregated_alerts_read_per_job_and_per_node_series() -> None:
     assert "instance:training_step:stepping_ranks" in aggregated["GpuUtilizationLowWhileTraining"]
     assert "changes(training_step" not in aggregated["TrainingThroughputDrop"]
     # the spike alerts compare this round's value with recorded per-rank thresholds
-    for alert in ("TrainingLossSpike", "TrainingGradNormExplosion"):
-        assert "_over_time" in flat[alert] and "_over_time" not in aggregated[alert]
+    for alert, metric in (("TrainingLossSpike", "training_loss"),
+                          ("TrainingGradNormExplosion", "training_grad_norm")):
+        assert f"avg_over_time({metric}{{" in flat[alert]
+        assert f"_over_time({metric}{{" not in aggregated[alert]
     # the default, what the committed files hold
     assert load_raw(CONFIG_PATH)["defaults"]["aggregate_per_job_and_node"] is True
 
 
 def test_slow_groups_hold_recordings_and_only_alerts_with_a_long_for() -> None:
-    """Recordings move to the slow groups, and alerts whose `for` is at least
-    slow_alerts_min_for (they fire up to slow_interval - 15 s later, at most 15 % of their
-    `for`); every other alert stays at the global interval, where its `for` is counted."""
+    """Recordings move to the slow groups; alerts whose `for` is at least slow_alerts_min_for
+    go to the slow_interval groups and those with at least medium_alerts_min_for to the
+    medium_interval ones (either way they fire up to interval - 15 s later, at most 15 % of
+    their `for`); every other alert stays at the global interval, where its `for` is
+    counted."""
     defaults = load_raw(CONFIG_PATH)["defaults"]
-    min_for = seconds(defaults["slow_alerts_min_for"])
-    assert min_for >= 5 * seconds(defaults["slow_interval"])
+    global_s = 15.0
+    tiers = {defaults["slow_interval"]: seconds(defaults["slow_alerts_min_for"]),
+             defaults["medium_interval"]: seconds(defaults["medium_alerts_min_for"])}
+    for interval, min_for in tiers.items():  # the delay is a small part of the `for`
+        assert seconds(interval) - global_s <= 0.15 * min_for, interval
     groups = _groups(_rules("production", True))
-    slow = [g for g in groups if "interval" in g]
+    timed = [g for g in groups if "interval" in g]
     every = defaults["alerts"]["TrainingStalled"]["step_time_every"]
-    assert {g["interval"] for g in slow} == {defaults["slow_interval"], every}
-    # the job's median step time (every rank's 8 buckets) alone at its own, longer interval;
-    # the stall threshold reads its newest value within two intervals
-    assert [r.get("record") for g in slow if g["interval"] == every
-            for r in g["rules"]] == ["training_job:training_step_duration_seconds:median"]
+    baseline_every = defaults["baseline_every"]
+    assert {g["interval"] for g in timed} == {*tiers, every, baseline_every}
+    # the job's median step time (every rank's 8 buckets) and the spike alerts' 30-minute
+    # baselines at their own, longer intervals; their readers take the newest value within
+    # two intervals
+    longer = {every, baseline_every}
+    assert sorted(r.get("record") for g in timed if g["interval"] in longer
+                  for r in g["rules"]) == [
+        "training_job:training_step_duration_seconds:median",
+        "training_job_rank:training_grad_norm:explosion_threshold",
+        "training_job_rank:training_loss:baseline_mean"]
+    readers = {r.get("alert") or r.get("record"): r["expr"] for g in groups for r in g["rules"]}
+    assert "last_over_time(training_job_rank:training_loss:baseline_mean[10m])" in readers[
+        "TrainingLossSpike"]
+    assert "last_over_time(training_job_rank:training_grad_norm:explosion_threshold[10m])" \
+        in readers["TrainingGradNormExplosion"]
     threshold = next(r["expr"] for g in groups for r in g["rules"] if r.get("record") ==
                      "training_job:training_progress:stall_threshold_seconds")
     assert "last_over_time(training_job:training_step_duration_seconds:median[10m])" \
         in threshold
-    slow_alerts = {r["alert"] for g in slow for r in g["rules"] if "alert" in r}
-    fast_alerts = {r["alert"]: r.get("for") for g in groups if "interval" not in g
-                   for r in g["rules"] if "alert" in r}
+    by_interval: dict[str | None, dict[str, float]] = {}
+    for g in groups:
+        for r in g["rules"]:
+            if "alert" in r:
+                by_interval.setdefault(g.get("interval"), {})[r["alert"]] = (
+                    seconds(r["for"]) if "for" in r else 0.0)
+    slow, medium = (by_interval[i] for i in tiers)
     assert {"GpuThrottled", "GpuMemoryNearlyFull", "GpuUtilizationLowWhileTraining",
             "TrainingStragglerRank", "TrainingThroughputDrop",
-            "NodeDiskFillingPredicted"} <= slow_alerts
-    assert all(seconds(r["for"]) >= min_for
-               for g in slow for r in g["rules"] if "alert" in r)
-    assert all(f is None or seconds(f) < min_for for f in fast_alerts.values())
+            "NodeDiskFillingPredicted"} <= set(slow)
+    assert {"TrainingLossSpike", "TrainingGradNormExplosion", "NodeDown"} <= set(medium)
+    slow_min, medium_min = tiers.values()
+    assert all(f >= slow_min for f in slow.values())
+    assert all(medium_min <= f < slow_min for f in medium.values())
+    assert all(f < medium_min for f in by_interval[None].values())
     # the short, paging ones stay at 15 s
     assert {"TrainingNonFiniteLoss", "TrainingStalled", "GpuEccUncorrectableErrors",
-            "GpuLost", "NodeDown"} <= set(fast_alerts)
+            "GpuLost", "TrainingJobVanished"} <= set(by_interval[None])
     assert not any("interval" in g for g in _groups(_rules("production", False)))
 
 
