@@ -66,6 +66,9 @@ def groups(p: Profile) -> list[Group]:
     w = p.rate_window
     training = p.selector("training")
     duration = catalog.TRAINING_STEP_DURATION
+    # the job's totals from the exporters' per-node sums (one series per node, not per rank)
+    samples, tokens = ((catalog.TRAINING_NODE_SAMPLES, catalog.TRAINING_NODE_TOKENS)
+                       if p.aggregate else (catalog.TRAINING_SAMPLES, catalog.TRAINING_TOKENS))
     training_rules = [
         # mean step time of each rank over the window (histogram sum / count)
         Record(STEP_TIME_PER_RANK,
@@ -74,10 +77,8 @@ def groups(p: Profile) -> list[Group]:
         Record(STEP_TIME_MEDIAN_RANK,
                f"quantile by (training_job) (0.5, {STEP_TIME_PER_RANK})"),
         Record(RANKS_REPORTING, f"count by (training_job) ({STEP_TIME_PER_RANK})"),
-        Record(SAMPLES_RATE,
-               f"sum by (training_job) (rate({sel(catalog.TRAINING_SAMPLES, training)}[{w}]))"),
-        Record(TOKENS_RATE,
-               f"sum by (training_job) (rate({sel(catalog.TRAINING_TOKENS, training)}[{w}]))"),
+        Record(SAMPLES_RATE, f"sum by (training_job) (rate({sel(samples, training)}[{w}]))"),
+        Record(TOKENS_RATE, f"sum by (training_job) (rate({sel(tokens, training)}[{w}]))"),
         *mfu_rules(p),
     ]
     if p.aggregate:

@@ -179,7 +179,11 @@ def _step_time_median(p: Profile) -> Record:
     """The job's median step time over step_time_window; NaN (no step in the window) is
     dropped by `> 0`, so the stall threshold falls to its floor."""
     cfg = p.alert("TrainingStalled")
-    bucket = sel(catalog.TRAINING_STEP_DURATION + "_bucket", p.selector("training"))
+    # every step of every rank: the exporters' per-node histograms hold the same buckets,
+    # added up, one series per node and bucket instead of one per rank and bucket
+    histogram = catalog.TRAINING_NODE_STEP_DURATION if p.aggregate else \
+        catalog.TRAINING_STEP_DURATION
+    bucket = sel(histogram + "_bucket", p.selector("training"))
     return Record(STEP_TIME_MEDIAN,
                   f"histogram_quantile(0.5, sum by (training_job, le) "
                   f"(rate({bucket}[{cfg['step_time_window']}]))) > 0")

@@ -60,6 +60,14 @@ def _node(n: int) -> Iterator[Series]:
     job_node = {**train_inst, "training_job": "llm", "node": host}
     yield Series("training_node_last_step_timestamp_seconds", job_node, "ts")
     yield Series("training_node_heartbeat_timestamp_seconds", job_node, "ts")
+    # ... and the sums of its GPUS_PER_NODE ranks' counters (the per-rank kinds x 8)
+    yield Series("training_node_samples_total", job_node, "steps64")
+    yield Series("training_node_tokens_total", job_node, "steps65536")
+    for le in BUCKETS:
+        yield Series("training_node_step_duration_seconds_bucket", {**job_node, "le": le},
+                     "steps8" if le in ("2.5", "5.0", "+Inf") else "zero")
+    yield Series("training_node_step_duration_seconds_sum", job_node, "steps16")
+    yield Series("training_node_step_duration_seconds_count", job_node, "steps8")
     for g in range(GPUS_PER_NODE):
         gl = {**gpu_inst, "gpu": str(g), "uuid": f"GPU-{n}-{g}", "name": "H100"}
         yield Series("trainwatch_gpu_up", gl, "one")
@@ -112,6 +120,12 @@ def value(kind: str, ts: int, start: int) -> float:
             return steps * 8.0
         case "steps8192":
             return steps * 8192.0
+        case "steps16":
+            return steps * 16.0
+        case "steps64":
+            return steps * 64.0
+        case "steps65536":
+            return steps * 65536.0
         case "flops":
             return steps * 1e15
         case "loss":

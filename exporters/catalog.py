@@ -149,6 +149,27 @@ TRAINING_NODE_HEARTBEAT_TIMESTAMP = _define(
     "training", "training_node_heartbeat_timestamp_seconds", GAUGE,
     "Unix time the newest datagram from any of the job's ranks on this node arrived.",
     TRAINING_NODE_LABELS, "seconds")
+# The job's ranks on this node added up (exporters/training/store.py NodeRollup: counters that
+# only grow, even when a rank restarts from 0): the job-wide rates, MFU and median step time
+# the rules record read these, one series per node instead of one per rank.
+TRAINING_NODE_SAMPLES = _define("training", "training_node_samples_total", COUNTER,
+                                "Samples processed by the job's ranks on this node.",
+                                TRAINING_NODE_LABELS)
+TRAINING_NODE_TOKENS = _define("training", "training_node_tokens_total", COUNTER,
+                               "Tokens processed by the job's ranks on this node.",
+                               TRAINING_NODE_LABELS)
+TRAINING_NODE_MODEL_FLOPS = _define(
+    "training", "training_node_model_flops_total", COUNTER,
+    "Model FLOPs of the samples or tokens the job's ranks on this node processed.",
+    TRAINING_NODE_LABELS, "flops")
+TRAINING_NODE_PEAK_FLOPS = _define(
+    "training", "training_node_peak_flops_per_second", GAUGE,
+    "Sum of the peak FLOP/s of the job's ranks on this node that report model FLOPs and a "
+    "peak (the job's MFU denominator).", TRAINING_NODE_LABELS, "flops_per_second")
+TRAINING_NODE_STEP_DURATION = _define(
+    "training", "training_node_step_duration_seconds", HISTOGRAM,
+    "Wall time of one training step, every step of the job's ranks on this node.",
+    TRAINING_NODE_LABELS, "seconds")
 # Hang location, exposed only while every rank of the job on this node has gone without a step
 # for a while (exporters/training/collector.py, stall_evidence_after): absent in a job that
 # steps, so the stall rules' per-rank read costs nothing until a job may be stalled.

@@ -58,6 +58,15 @@ def _newest(values: Iterator[float | None]) -> float | None:
     return max((v for v in values if v), default=None)
 
 
+def _buckets(counts: list[int], total: int) -> list[tuple[str, float]]:
+    """The store counts cumulatively already (a duration lands in every bucket whose bound it
+    does not exceed), which is what the exposition wants."""
+    buckets = [(repr(bound), float(count))
+               for bound, count in zip(STEP_DURATION_BUCKETS, counts, strict=True)]
+    buckets.append(("+Inf", float(total)))
+    return buckets
+
+
 def _family(name: str) -> Metric:
     """An empty family named, typed, documented and labelled as its table row says."""
     row = c.METRICS[name]
@@ -79,9 +88,24 @@ class TrainingCollector(Collector):
         node_last_step = _family(c.TRAINING_NODE_LAST_STEP_TIMESTAMP)
         node_heartbeat = _family(c.TRAINING_NODE_HEARTBEAT_TIMESTAMP)
         evidence = _family(c.TRAINING_STALL_EVIDENCE)
-        jobs = self._store.snapshot()
+        node_samples = _family(c.TRAINING_NODE_SAMPLES)
+        node_tokens = _family(c.TRAINING_NODE_TOKENS)
+        node_flops = _family(c.TRAINING_NODE_MODEL_FLOPS)
+        node_peak = _family(c.TRAINING_NODE_PEAK_FLOPS)
+        node_histogram = _family(c.TRAINING_NODE_STEP_DURATION)
+        jobs = self._store.snapshot_with_rollups()
         now = self._store.wall()
-        for job, ranks in jobs.items():
+        for job, (ranks, rollup) in jobs.items():
+            node_values = [job, self._node]
+            node_samples.add_metric(node_values, rollup.samples_total)
+            node_tokens.add_metric(node_values, rollup.tokens_total)
+            if rollup.flops_total:  # as per rank: a job without FLOPs has no FLOPs series
+                node_flops.add_metric(node_values, rollup.flops_total)
+                node_peak.add_metric(node_values, sum(
+                    s.peak_flops for s in ranks.values() if s.flops_total and s.peak_flops))
+            node_histogram.add_metric(node_values, _buckets(rollup.bucket_counts,
+                                                            rollup.duration_count),
+                                      rollup.duration_sum)
             last_step = _newest(s.last_step_time for s in ranks.values())
             if last_step is not None:
                 node_last_step.add_metric([job, self._node], last_step)
@@ -129,12 +153,8 @@ class TrainingCollector(Collector):
                     counters[c.TRAINING_MODEL_FLOPS].add_metric(values, s.flops_total)
                 for command, count in sorted(s.applied_counts.items()):
                     applied.add_metric([*values, command], float(count))
-                # The store counts cumulatively already (a duration lands in every bucket
-                # whose bound it does not exceed), which is what the exposition wants.
-                buckets = [(repr(bound), float(count)) for bound, count
-                           in zip(STEP_DURATION_BUCKETS, s.bucket_counts, strict=True)]
-                buckets.append(("+Inf", float(s.duration_count)))
-                histogram.add_metric(values, buckets, s.duration_sum)
+                histogram.add_metric(values, _buckets(s.bucket_counts, s.duration_count),
+                                     s.duration_sum)
         yield from g.values()
         yield from counters.values()
         yield applied
@@ -142,6 +162,11 @@ class TrainingCollector(Collector):
         yield node_last_step
         yield node_heartbeat
         yield evidence
+        yield node_samples
+        yield node_tokens
+        yield node_flops
+        yield node_peak
+        yield node_histogram
         self_jobs = _family(c.TRAINING_EXPORTER_JOBS)
         self_jobs.add_metric([], float(len(jobs)))
         yield self_jobs

@@ -74,8 +74,36 @@ class CommandRecord:
 
 
 @dataclass
+class NodeRollup:
+    """The job's ranks on this node added up, as counters that only grow: what the rules read
+    (one series per job and node instead of one per rank, docs/training.md "Series the rules
+    read"). Each rank's cumulative counters are added as increases, so a rank that restarts
+    from 0, or a new launch that replaces the rank set, never makes the sum go backwards."""
+
+    samples_total: float = 0.0
+    tokens_total: float = 0.0
+    flops_total: float = 0.0
+    bucket_counts: list[int] = field(default_factory=lambda: [0] * len(STEP_DURATION_BUCKETS))
+    duration_sum: float = 0.0
+    duration_count: int = 0
+
+    def add_counters(self, before: RankState, samples: float, tokens: float,
+                     flops: float) -> None:
+        """Add a rank's newest cumulative counters; a value below the previous one is a
+        restarted rank counting again from 0, whose whole value is new."""
+        self.samples_total += _increase(before.samples_total, samples)
+        self.tokens_total += _increase(before.tokens_total, tokens)
+        self.flops_total += _increase(before.flops_total, flops)
+
+
+def _increase(before: float, now: float) -> float:
+    return now - before if now >= before else now
+
+
+@dataclass
 class JobState:
     ranks: dict[int, RankState] = field(default_factory=dict)
+    rollup: NodeRollup = field(default_factory=NodeRollup)
     commands: OrderedDict[str, CommandRecord] = field(default_factory=OrderedDict)
     last_seen: float = 0.0
     # The launch whose ranks `ranks` holds; earlier launches' ids, whose late datagrams are
@@ -149,6 +177,9 @@ class Store:
             # starts again from 0, which Prometheus treats as a counter reset.
             state.dropped = report.dropped
             state.nonfinite = report.nonfinite
+            rollup = job.rollup
+            rollup.add_counters(state, report.samples_total, report.tokens_total,
+                                report.flops_total)
             state.samples_total = report.samples_total
             state.tokens_total = report.tokens_total
             state.flops_total, state.peak_flops = report.flops_total, report.peak_flops
@@ -169,9 +200,12 @@ class Store:
                     state.duration_sum += duration
                     state.duration_count += 1
                     state.last_duration = duration
+                    rollup.duration_sum += duration
+                    rollup.duration_count += 1
                     for i, bound in enumerate(STEP_DURATION_BUCKETS):
                         if duration <= bound:
                             state.bucket_counts[i] += 1
+                            rollup.bucket_counts[i] += 1
             for event in report.applied:
                 self._record_applied(job, report.rank, event, now, report.job)
 
@@ -325,7 +359,11 @@ class Store:
     # --- collector --------------------------------------------------------------------------
     def snapshot(self) -> dict[str, dict[int, RankState]]:
         """A private copy for one scrape, so rendering happens outside the lock."""
+        return {name: ranks for name, (ranks, _) in self.snapshot_with_rollups().items()}
+
+    def snapshot_with_rollups(self) -> dict[str, tuple[dict[int, RankState], NodeRollup]]:
+        """Each live job's ranks and their node rollup, copied for one scrape."""
         cutoff = self._clock() - self._expiry
         with self._lock:
-            return {name: copy.deepcopy(job.ranks) for name, job in self._jobs.items()
-                    if job.last_seen >= cutoff}
+            return {name: (copy.deepcopy(job.ranks), copy.deepcopy(job.rollup))
+                    for name, job in self._jobs.items() if job.last_seen >= cutoff}

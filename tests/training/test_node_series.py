@@ -113,3 +113,57 @@ def test_the_nonfinite_counter_appears_with_the_first_nonfinite_loss() -> None:
     assert catalog.TRAINING_NONFINITE_LOSS not in _scrape(store)
     store.ingest(_report(0, 2, 1001.0, nonfinite=1))
     assert list(_scrape(store)[catalog.TRAINING_NONFINITE_LOSS].values()) == [1.0]
+
+
+def _counters(rank: int, samples: float, flops: float = 0.0, peak: float = 0.0,
+              step: int = 1, duration: float = 0.5) -> RankReport:
+    report = _report(rank, step, 1000.0, duration=duration)
+    report.samples_total, report.tokens_total = samples, samples * 10
+    report.flops_total, report.peak_flops = flops, peak
+    return report
+
+
+def _node_value(scrape: dict, name: str, suffix: str = "") -> float:
+    (value,) = [v for k, v in scrape[name + suffix].items() if dict(k).get("le") in
+                (None, "+Inf")]
+    return value
+
+
+def test_node_counters_add_up_the_ranks_and_never_go_backwards() -> None:
+    """A rank that restarts counts again from 0: its whole new count is an increase."""
+    store = _store(Wall(1000.0))
+    store.ingest(_counters(0, 100.0))
+    store.ingest(_counters(1, 50.0))
+    assert _node_value(_scrape(store), catalog.TRAINING_NODE_SAMPLES) == 150.0
+    store.ingest(_counters(0, 130.0))
+    store.ingest(_counters(1, 20.0))  # rank 1 restarted: 20 new samples, not -30
+    scrape = _scrape(store)
+    assert _node_value(scrape, catalog.TRAINING_NODE_SAMPLES) == 200.0
+    assert _node_value(scrape, catalog.TRAINING_NODE_TOKENS) == 2000.0
+    # every step of every rank here lands in the node's histogram once
+    assert _node_value(scrape, catalog.TRAINING_NODE_STEP_DURATION, "_count") == 4.0
+    assert _node_value(scrape, catalog.TRAINING_NODE_STEP_DURATION, "_sum") == 2.0
+    # no rank reports FLOPs: no FLOPs series, as per rank
+    assert catalog.TRAINING_NODE_MODEL_FLOPS not in scrape
+    assert catalog.TRAINING_NODE_PEAK_FLOPS not in scrape
+
+
+def test_node_peak_counts_only_ranks_with_flops_and_a_peak() -> None:
+    """MFU's denominator, as the per-rank rule had it: a rank without a peak (CPU) or without
+    FLOPs counts in neither side."""
+    store = _store(Wall(1000.0))
+    store.ingest(_counters(0, 8.0, flops=1e15, peak=9.89e14))
+    store.ingest(_counters(1, 8.0, flops=1e15, peak=0.0))
+    store.ingest(_counters(2, 8.0, flops=0.0, peak=9.89e14))
+    scrape = _scrape(store)
+    assert _node_value(scrape, catalog.TRAINING_NODE_MODEL_FLOPS) == 2e15
+    assert _node_value(scrape, catalog.TRAINING_NODE_PEAK_FLOPS) == 9.89e14
+
+
+def test_a_new_launch_keeps_the_node_counters_growing() -> None:
+    store = _store(Wall(1000.0))
+    store.ingest(_counters(0, 100.0))
+    relaunch = _counters(0, 10.0)
+    relaunch.incarnation = "second-launch"
+    store.ingest(relaunch)
+    assert _node_value(_scrape(store), catalog.TRAINING_NODE_SAMPLES) == 110.0
