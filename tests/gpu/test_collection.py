@@ -67,6 +67,9 @@ NOT_SUPPORTED_CASES = {
 @pytest.mark.parametrize("call", sorted(NOT_SUPPORTED_CASES))
 def test_not_supported_field_is_absent_not_zero_and_not_an_error(call: str) -> None:
     fake = static_fake(2)
+    # a failed remap on both GPUs: the sparse failure flag is served on the GPU that has it
+    for gpu in range(2):
+        fake.update(lambda s, gpu=gpu: s["gpus"][gpu].update(remapped_rows=[0, 0, 0, 1]))
     fake.update(lambda s: s["gpus"][1].update(not_supported=[call]))
     loop = make_loop(fake)
     loop.run_once()

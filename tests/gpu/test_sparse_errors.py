@@ -1,0 +1,86 @@
+"""Error series a healthy GPU keeps at zero are served from their first error (the metric
+table's `sparse` rows: XIDs, ECC error counters, the row-remap failure flag).
+
+Why: every PromQL read costs Prometheus ~10 us of CPU per matched series, whatever the
+expression drops afterwards, and the GPU alerts read these every 15 s; at 8,192 GPUs the
+zeros alone cost about as much as all other GPU alerts together (docs/gpu_exporter.md,
+"Sparse error series"). The alerts' `x > 0 unless x offset w` clause catches a counter born
+non-zero (alert_rules/tests/production/gpu_test.yml proves it with promtool).
+
+The GPU is the fake NVML (exporters/gpu/fake_nvml.py: no GPU on this machine); the XID
+events go through the real XID watch thread.
+"""
+
+from __future__ import annotations
+
+from exporters import catalog as c
+from exporters.gpu.exposition import SPARSE
+from tests.gpu.helpers import (
+    Series,
+    make_loop,
+    parse,
+    render,
+    started,
+    static_fake,
+    value,
+    values,
+)
+from tests.support.net import wait_until
+
+HEALTHY_ECC = {"corrected_volatile": 0, "corrected_aggregate": 0,
+               "uncorrected_volatile": 0, "uncorrected_aggregate": 0}
+
+
+def test_the_sparse_rows_are_the_error_series_the_alerts_read() -> None:
+    assert {c.GPU_XID_ERRORS, c.GPU_ECC_ERRORS, c.GPU_ROW_REMAP_FAILURE} == SPARSE
+    for name in SPARSE:
+        assert c.SPARSE_NOTE in c.METRICS[name].source  # the docs' table says so
+
+
+def test_a_healthy_gpu_serves_no_error_series_and_an_injected_error_appears() -> None:
+    fake = static_fake(2)
+    for gpu in range(2):
+        fake.update(lambda s, gpu=gpu: s["gpus"][gpu].update(ecc=dict(HEALTHY_ECC),
+                                                             remapped_rows=[0, 0, 0, 0]))
+    loop = make_loop(fake, interval=0.05, watch_xid=True)
+    with started(loop):
+        healthy = wait_until(
+            lambda: loop.xid_watch_up() and loop.snapshot is not None and parse(render(loop)),
+            timeout=30, what="the XID watch and a first snapshot")
+        for name in SPARSE:
+            assert values(healthy, name) == [], f"{name} served by a healthy GPU"
+        # their dense neighbours from the same NVML calls are still there
+        assert len(values(healthy, c.GPU_REMAPPED_ROWS)) == 4
+        assert values(healthy, c.GPU_ROW_REMAP_PENDING) == [0.0, 0.0]
+
+        fake.inject_xid(1, 79)
+        fake.update(lambda s: s["gpus"][1].update(
+            ecc={**HEALTHY_ECC, "uncorrected_volatile": 1, "uncorrected_aggregate": 1},
+            remapped_rows=[0, 1, 0, 1]))
+
+        def errors_served() -> Series | None:
+            series = parse(render(loop))
+            return series if values(series, c.GPU_XID_ERRORS) and values(
+                series, c.GPU_ROW_REMAP_FAILURE) else None
+
+        after = wait_until(errors_served, timeout=30, what="the injected errors to be served")
+    assert value(after, c.GPU_XID_ERRORS, gpu="1", xid="79") == 1
+    assert value(after, c.GPU_ECC_ERRORS, gpu="1", error_type="uncorrected",
+                 counter="volatile") == 1
+    assert value(after, c.GPU_ROW_REMAP_FAILURE, gpu="1") == 1
+    # only the errors that happened, only on the GPU they happened on
+    assert len(values(after, c.GPU_ECC_ERRORS)) == 2
+    assert values(after, c.GPU_XID_ERRORS, gpu="0") == []
+    assert values(after, c.GPU_ROW_REMAP_FAILURE, gpu="0") == []
+
+
+def test_a_volatile_counter_reset_by_a_driver_reload_leaves_the_scrape_again() -> None:
+    fake = static_fake(1)
+    fake.update(lambda s: s["gpus"][0].update(ecc={**HEALTHY_ECC, "uncorrected_volatile": 2}))
+    loop = make_loop(fake)
+    loop.run_once()
+    assert value(parse(render(loop)), c.GPU_ECC_ERRORS, error_type="uncorrected",
+                 counter="volatile") == 2
+    fake.update(lambda s: s["gpus"][0].update(ecc=dict(HEALTHY_ECC)))
+    loop.run_once()
+    assert values(parse(render(loop)), c.GPU_ECC_ERRORS) == []
