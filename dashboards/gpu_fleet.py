@@ -53,9 +53,12 @@ def build() -> gd.Dashboard:
         timeseries_panel("GPU power", "Power draw per GPU.", "watt",
                          Q(f"{c.GPU_POWER_USAGE}{{{G}}}", WHO), min_value=0),
         timeseries_panel("Throttled GPUs by reason", "Number of GPUs with each clock-event "
-                         "(throttle) reason active. sw_power_cap is normal at full load; thermal "
-                         "and power-brake reasons are not.", "none",
-                         Q(f"sum by (reason) ({c.GPU_CLOCK_EVENT_REASON}{{{G}}})",
+                         "(throttle) reason active; \"none\" is 0 while no GPU has any. "
+                         "sw_power_cap is normal at full load; thermal and power-brake reasons "
+                         "are not.", "none",
+                         # the exporter serves a reason only while it is active
+                         Q(f"sum by (reason) ({c.GPU_CLOCK_EVENT_REASON}{{{G}}})\n"
+                           'or on () label_replace(vector(0), "reason", "none", "", "")',
                            "{{reason}}"), min_value=0),
         timeseries_panel("Uncorrectable ECC errors", "New uncorrectable ECC errors per GPU "
                          "(volatile counter), and how many GPUs have any since their driver "

@@ -64,9 +64,10 @@ def build() -> gd.Dashboard:
                          Q(f"{c.GPU_POWER_USAGE}{{{G}}}", WHO),
                          Q(f"{c.GPU_POWER_LIMIT}{{{G}}}", WHO + " limit")),
         timeseries_panel("Clock-event reasons", "1 while a throttle reason is active, per "
-                         "GPU and reason.", "none",
-                         Q(f"{c.GPU_CLOCK_EVENT_REASON}{{{G}}}",
-                           WHO + " {{reason}}")),
+                         "GPU and reason; a GPU with no reason active reads 0.", "none",
+                         # the exporter serves a reason only while it is active
+                         Q(f"{c.GPU_CLOCK_EVENT_REASON}{{{G}}}\nor on (job, instance, gpu)\n"
+                           f"{c.GPU_UP}{{{G}}} * 0", WHO + " {{reason}}")),
         timeseries_panel("ECC errors", "New ECC errors per GPU, type and counter "
                          "(corrected errors are absorbed; uncorrected corrupt memory), and how "
                          "many GPUs have any (the exporter serves a counter from its first "

@@ -66,8 +66,8 @@ class Metric(NamedTuple):
     # With a scale the row is a plain getter: the reader calls `nvml(handle)`, multiplies by
     # `scale` and emits it, with no code of its own. Without, code in exporters/gpu/ reads it.
     scale: float | None = None
-    # Served only while non-zero: an error indicator a healthy GPU keeps at 0 and an alert
-    # reads every round. Prometheus spends ~10 us of CPU per matched series and PromQL read
+    # Served only while non-zero: an error counter or flag a healthy GPU keeps at 0 and an
+    # alert reads every round. Prometheus spends ~10 us of CPU per matched series and PromQL read
     # whatever the expression drops afterwards, so 8,192 GPUs' zeros cost rule time every
     # 15 s for nothing (docs/gpu_exporter.md, "Sparse error series").
     sparse: bool = False
@@ -207,7 +207,7 @@ def _gpu(suffix: str, kind: str, help_text: str, extra: tuple[str, ...] = (), un
                    **more)
 
 
-SPARSE_NOTE = "sparse: served from its first non-zero value (absent while 0)"
+SPARSE_NOTE = "sparse: served only while non-zero (absent while 0)"
 
 
 GPU_UP = _gpu("up", GAUGE,
@@ -270,7 +270,7 @@ GPU_CLOCK_EVENT_REASON = _gpu(
     "clock_event_reason_active", GAUGE, "1 if this clock event (throttle) reason is active.",
     ("reason",), source="`nvmlDeviceGetCurrentClocksEventReasons` (drivers before 535: "
     "`...ThrottleReasons`); `reason`: exporters/gpu/reader.py CLOCK_EVENT_REASONS",
-    dcgm=("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",))
+    dcgm=("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",), sparse=True)
 GPU_ECC_ERRORS = _gpu("ecc_errors_total", COUNTER,
                       "ECC errors (volatile: since driver load; aggregate: lifetime).",
                       ("error_type", "counter"),

@@ -1,10 +1,11 @@
-"""The GPU error panels read the exporter's sparse error series right (real promtool).
+"""The GPU error panels read the exporter's sparse series right (real promtool).
 
-The exporter serves XID and ECC counters and the row-remap failure flag only from their first
-error (docs/gpu_exporter.md, "Sparse error series"). Each panel's generated queries, with the
-dashboard's default variables, are evaluated by promtool on a healthy GPU (no error series)
-and a GPU whose counters appear at 1: the panel shows 0 while nothing happened (not "no
-data"), and the first error shows although `increase()` cannot see a counter born at 1.
+The exporter serves XID and ECC counters, the row-remap failure flag and the clock-event
+reason flags only while non-zero (docs/gpu_exporter.md, "Sparse error series"). Each panel's
+generated queries, with the dashboard's default variables, are evaluated by promtool on a
+healthy GPU (no such series) and a GPU whose series appear at 1: the panel shows 0 while
+nothing happened (not "no data"), and the first error shows although `increase()` cannot
+see a counter born at 1.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ SERIES = [
     (f'trainwatch_gpu_ecc_errors_total{{{GPU},gpu="1",uuid="GPU-1",error_type="uncorrected",'
      'counter="volatile"}', "_x3 1x7"),
     (f'trainwatch_gpu_row_remap_failure{{{GPU},gpu="1",uuid="GPU-1"}}', "_x3 1x7"),
+    (f'trainwatch_gpu_clock_event_reason_active{{{GPU},gpu="1",uuid="GPU-1",'
+     'reason="hw_thermal_slowdown"}', "_x3 1x7"),
 ]
 # (dashboard uid, panel, legend of the target) -> (value at 2m: healthy, value at 6m)
 COUNTS = {
@@ -69,17 +72,33 @@ def test_error_counts_read_zero_when_healthy_and_see_a_counter_born_at_one(
     _promtool(real_binaries, tmp_path, tests)
 
 
-def test_the_remap_failure_line_is_zero_per_gpu_until_the_failure_is_served(
+def test_flag_lines_are_zero_per_gpu_until_the_flag_is_served(
         real_binaries: dict[str, str], tmp_path: Path) -> None:
-    expr = _targets()[("trainwatch-gpu-node", "Remapped rows", "GPU {{gpu}} failure")]
+    targets = _targets()
+    remap = targets[("trainwatch-gpu-node", "Remapped rows", "GPU {{gpu}} failure")]
+    reasons = targets[("trainwatch-gpu-node", "Clock-event reasons", "GPU {{gpu}} {{reason}}")]
 
-    def samples(failed: int) -> list[dict]:
+    def samples(flag: int, extra: str = "") -> list[dict]:
         return [{"labels": f'{{{GPU},gpu="0",uuid="GPU-0"}}', "value": 0},
-                {"labels": f'{{{GPU},gpu="1",uuid="GPU-1"}}', "value": failed}]
+                {"labels": f'{{{GPU},gpu="1",uuid="GPU-1"{extra}}}', "value": flag}]
 
+    # the served flag keeps its name, the zero lines (trainwatch_gpu_up * 0) have none
     _promtool(real_binaries, tmp_path, [
-        {"expr": expr, "eval_time": "2m", "exp_samples": samples(0)},
-        # gauge: the served flag keeps its name; the zero lines are trainwatch_gpu_up * 0
-        {"expr": f"sum without (__name__) ({expr})", "eval_time": "6m",
+        {"expr": remap, "eval_time": "2m", "exp_samples": samples(0)},
+        {"expr": f"sum without (__name__) ({remap})", "eval_time": "6m",
          "exp_samples": samples(1)},
+        {"expr": reasons, "eval_time": "2m", "exp_samples": samples(0)},
+        {"expr": f"sum without (__name__) ({reasons})", "eval_time": "6m",
+         "exp_samples": samples(1, ',reason="hw_thermal_slowdown"')},
+    ])
+
+
+def test_throttled_gpus_by_reason_reads_none_zero_until_a_reason_is_active(
+        real_binaries: dict[str, str], tmp_path: Path) -> None:
+    expr = _targets()[("trainwatch-gpu-fleet", "Throttled GPUs by reason", "{{reason}}")]
+    _promtool(real_binaries, tmp_path, [
+        {"expr": expr, "eval_time": "2m",
+         "exp_samples": [{"labels": '{reason="none"}', "value": 0}]},
+        {"expr": expr, "eval_time": "6m",
+         "exp_samples": [{"labels": '{reason="hw_thermal_slowdown"}', "value": 1}]},
     ])

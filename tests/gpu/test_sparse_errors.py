@@ -1,5 +1,6 @@
-"""Error series a healthy GPU keeps at zero are served from their first error (the metric
-table's `sparse` rows: XIDs, ECC error counters, the row-remap failure flag).
+"""Error series a healthy GPU keeps at zero are served only while non-zero (the metric
+table's `sparse` rows: XIDs, ECC error counters, the row-remap failure flag, the clock-event
+reason flags).
 
 Why: every PromQL read costs Prometheus ~10 us of CPU per matched series, whatever the
 expression drops afterwards, and the GPU alerts read these every 15 s; at 8,192 GPUs the
@@ -32,7 +33,8 @@ HEALTHY_ECC = {"corrected_volatile": 0, "corrected_aggregate": 0,
 
 
 def test_the_sparse_rows_are_the_error_series_the_alerts_read() -> None:
-    assert {c.GPU_XID_ERRORS, c.GPU_ECC_ERRORS, c.GPU_ROW_REMAP_FAILURE} == SPARSE
+    assert {c.GPU_XID_ERRORS, c.GPU_ECC_ERRORS, c.GPU_ROW_REMAP_FAILURE,
+            c.GPU_CLOCK_EVENT_REASON} == SPARSE
     for name in SPARSE:
         assert c.SPARSE_NOTE in c.METRICS[name].source  # the docs' table says so
 
@@ -56,7 +58,7 @@ def test_a_healthy_gpu_serves_no_error_series_and_an_injected_error_appears() ->
         fake.inject_xid(1, 79)
         fake.update(lambda s: s["gpus"][1].update(
             ecc={**HEALTHY_ECC, "uncorrected_volatile": 1, "uncorrected_aggregate": 1},
-            remapped_rows=[0, 1, 0, 1]))
+            remapped_rows=[0, 1, 0, 1], clock_event_reasons=0x40))
 
         def errors_served() -> Series | None:
             series = parse(render(loop))
@@ -68,6 +70,8 @@ def test_a_healthy_gpu_serves_no_error_series_and_an_injected_error_appears() ->
     assert value(after, c.GPU_ECC_ERRORS, gpu="1", error_type="uncorrected",
                  counter="volatile") == 1
     assert value(after, c.GPU_ROW_REMAP_FAILURE, gpu="1") == 1
+    assert value(after, c.GPU_CLOCK_EVENT_REASON, gpu="1") == 1  # only the active reason
+    assert value(after, c.GPU_CLOCK_EVENT_REASON, reason="hw_thermal_slowdown") == 1
     # only the errors that happened, only on the GPU they happened on
     assert len(values(after, c.GPU_ECC_ERRORS)) == 2
     assert values(after, c.GPU_XID_ERRORS, gpu="0") == []
@@ -84,3 +88,14 @@ def test_a_volatile_counter_reset_by_a_driver_reload_leaves_the_scrape_again() -
     fake.update(lambda s: s["gpus"][0].update(ecc=dict(HEALTHY_ECC)))
     loop.run_once()
     assert values(parse(render(loop)), c.GPU_ECC_ERRORS) == []
+
+
+def test_a_reason_that_ends_leaves_the_scrape() -> None:
+    fake = static_fake(1)
+    fake.update(lambda s: s["gpus"][0].update(clock_event_reasons=0x4 | 0x40))
+    loop = make_loop(fake)
+    loop.run_once()
+    assert len(values(parse(render(loop)), c.GPU_CLOCK_EVENT_REASON)) == 2
+    fake.update(lambda s: s["gpus"][0].update(clock_event_reasons=0x4))
+    loop.run_once()
+    assert values(parse(render(loop)), c.GPU_CLOCK_EVENT_REASON) == [1.0]
