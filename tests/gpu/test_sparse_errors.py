@@ -14,6 +14,10 @@ events go through the real XID watch thread.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pynvml
+
 from exporters import catalog as c
 from exporters.gpu.exposition import SPARSE
 from tests.gpu.helpers import (
@@ -99,3 +103,29 @@ def test_a_reason_that_ends_leaves_the_scrape() -> None:
     fake.update(lambda s: s["gpus"][0].update(clock_event_reasons=0x4))
     loop.run_once()
     assert values(parse(render(loop)), c.GPU_CLOCK_EVENT_REASON) == [1.0]
+
+
+H100_IDLE_SCRAPE = Path(__file__).parent / "fixtures" / "h100" / "trainwatch-scrape-idle.prom"
+
+
+def _sparse_samples(series: Series) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The sparse rows' samples, without the GPU's identity labels."""
+    return {(name, frozenset((k, v) for k, v in labels if k not in c.GPU_LABELS)): val
+            for (name, labels), val in series.items() if name in SPARSE}
+
+
+def test_the_real_idle_h100_scrape_keeps_only_its_non_zero_sparse_samples() -> None:
+    """The H100 scrape (tests/gpu/fixtures/h100/, taken before the sparse rows) served 13
+    zeros in these rows; today's exporter, on a fake NVML answering as that idle H100 did
+    (no ECC error, no remap, the gpu_idle reason), serves exactly its non-zero ones."""
+    real = _sparse_samples(parse(H100_IDLE_SCRAPE.read_text()))
+    assert sorted(real.values()).count(0.0) == 13
+    fake = static_fake(1)
+    fake.update(lambda s: s["gpus"][0].update(
+        ecc=dict(HEALTHY_ECC), remapped_rows=[0, 0, 0, 0],
+        clock_event_reasons=pynvml.nvmlClocksEventReasonGpuIdle))
+    loop = make_loop(fake)
+    loop.run_once()
+    served = _sparse_samples(parse(render(loop)))
+    assert served == {key: val for key, val in real.items() if val != 0.0}
+    assert served == {(c.GPU_CLOCK_EVENT_REASON, frozenset({("reason", "gpu_idle")})): 1.0}
