@@ -21,8 +21,6 @@ _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]")
 
 # (dashboard uid, panel title) -> why the panel is empty while nothing is wrong
 FAILURE_ONLY: dict[tuple[str, str], str] = {
-    ("trainwatch-gpu-fleet", "XID errors"):
-        "the GPU exporter creates an XID series only when the driver reports an XID",
     ("trainwatch-training-job", "CUDA memory"):
         "ranks report CUDA memory only when they run on a GPU; the CPU demo has none",
     ("trainwatch-training-job", "MFU"):

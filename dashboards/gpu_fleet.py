@@ -8,6 +8,7 @@ from dashboards.panels import (
     SCOPE,
     Q,
     add_panels,
+    gpus_with_errors,
     instance_label_variable,
     scoped_dashboard,
     stat_panel,
@@ -18,6 +19,7 @@ from exporters import catalog as c
 UID = "trainwatch-gpu-fleet"
 G = f'{SCOPE},gpu=~"$gpu"'
 WHO = "{{instance}} GPU {{gpu}}"
+ECC_UNCORRECTED = f'{c.GPU_ECC_ERRORS}{{{G},error_type="uncorrected",counter="volatile"}}'
 
 
 def build() -> gd.Dashboard:
@@ -51,19 +53,28 @@ def build() -> gd.Dashboard:
         timeseries_panel("GPU power", "Power draw per GPU.", "watt",
                          Q(f"{c.GPU_POWER_USAGE}{{{G}}}", WHO), min_value=0),
         timeseries_panel("Throttled GPUs by reason", "Number of GPUs with each clock-event "
-                         "(throttle) reason active. sw_power_cap is normal at full load; thermal "
-                         "and power-brake reasons are not.", "none",
-                         Q(f"sum by (reason) ({c.GPU_CLOCK_EVENT_REASON}{{{G}}})",
+                         "(throttle) reason active; \"none\" is 0 while no GPU has any. "
+                         "sw_power_cap is normal at full load; thermal and power-brake reasons "
+                         "are not.", "none",
+                         # the exporter serves a reason only while it is active
+                         Q(f"sum by (reason) ({c.GPU_CLOCK_EVENT_REASON}{{{G}}})\n"
+                           'or on () label_replace(vector(0), "reason", "none", "", "")',
                            "{{reason}}"), min_value=0),
         timeseries_panel("Uncorrectable ECC errors", "New uncorrectable ECC errors per GPU "
-                         "(volatile counter). Any non-zero value means corrupted memory.",
-                         "none",
-                         Q(f'increase({c.GPU_ECC_ERRORS}{{{G},error_type="uncorrected",'
-                           f'counter="volatile"}}[$__rate_interval])', WHO), min_value=0),
-        timeseries_panel("XID errors", "XID events reported by the driver, per GPU and XID code.",
-                         "none",
+                         "(volatile counter), and how many GPUs have any since their driver "
+                         "loaded (the exporter serves the counter from the first error, so "
+                         "that count is what shows a GPU's first one). Any non-zero value "
+                         "means corrupted memory.", "none",
+                         Q(f"increase({ECC_UNCORRECTED}[$__rate_interval])", WHO),
+                         Q(gpus_with_errors(ECC_UNCORRECTED), "GPUs with errors"), min_value=0),
+        timeseries_panel("XID errors", "XID events reported by the driver, per GPU and XID code, "
+                         "and how many GPUs reported any since their exporter started (the "
+                         "exporter serves a GPU's XID counter from its first XID, so that "
+                         "count is what shows the first one).", "none",
                          Q(f"increase({c.GPU_XID_ERRORS}{{{G}}}[$__rate_interval])",
-                           "{{instance}} GPU {{gpu}} XID {{xid}}"), min_value=0),
+                           "{{instance}} GPU {{gpu}} XID {{xid}}"),
+                         Q(gpus_with_errors(f"{c.GPU_XID_ERRORS}{{{G}}}"), "GPUs with XIDs"),
+                         min_value=0),
         timeseries_panel("Energy use", "Energy drawn per node (sum of its GPUs).", "watt",
                          Q(f"sum by (instance) (rate({c.GPU_ENERGY}{{{G}}}"
                            f"[$__rate_interval]))", "{{instance}}"), min_value=0),

@@ -8,6 +8,7 @@ from dashboards.panels import (
     SCOPE,
     Q,
     add_panels,
+    gpus_with_errors,
     instance_label_variable,
     scoped_dashboard,
     table_panel,
@@ -63,19 +64,25 @@ def build() -> gd.Dashboard:
                          Q(f"{c.GPU_POWER_USAGE}{{{G}}}", WHO),
                          Q(f"{c.GPU_POWER_LIMIT}{{{G}}}", WHO + " limit")),
         timeseries_panel("Clock-event reasons", "1 while a throttle reason is active, per "
-                         "GPU and reason.", "none",
-                         Q(f"{c.GPU_CLOCK_EVENT_REASON}{{{G}}}",
-                           WHO + " {{reason}}")),
+                         "GPU and reason; a GPU with no reason active reads 0.", "none",
+                         # the exporter serves a reason only while it is active
+                         Q(f"{c.GPU_CLOCK_EVENT_REASON}{{{G}}}\nor on (job, instance, gpu)\n"
+                           f"{c.GPU_UP}{{{G}}} * 0", WHO + " {{reason}}")),
         timeseries_panel("ECC errors", "New ECC errors per GPU, type and counter "
-                         "(corrected errors are absorbed; uncorrected corrupt memory).", "none",
+                         "(corrected errors are absorbed; uncorrected corrupt memory), and how "
+                         "many GPUs have any (the exporter serves a counter from its first "
+                         "error, so that count is what shows the first one).", "none",
                          Q(f"increase({c.GPU_ECC_ERRORS}{{{G}}}[$__rate_interval])",
-                           WHO + " {{error_type}} {{counter}}")),
+                           WHO + " {{error_type}} {{counter}}"),
+                         Q(gpus_with_errors(f"{c.GPU_ECC_ERRORS}{{{G}}}"), "GPUs with errors")),
         timeseries_panel("Remapped rows", "Rows remapped for correctable/uncorrectable causes, "
                          "a pending remap (needs a GPU reset) and remap failure (needs RMA).",
                          "none",
                          Q(f"{c.GPU_REMAPPED_ROWS}{{{G}}}", WHO + " {{cause}}"),
                          Q(f"{c.GPU_ROW_REMAP_PENDING}{{{G}}}", WHO + " pending"),
-                         Q(f"{c.GPU_ROW_REMAP_FAILURE}{{{G}}}", WHO + " failure")),
+                         # served only while a remap failed: 0 for every other GPU
+                         Q(f"{c.GPU_ROW_REMAP_FAILURE}{{{G}}}\nor on (job, instance, gpu)\n"
+                           f"{c.GPU_UP}{{{G}}} * 0", WHO + " failure")),
         timeseries_panel("PCIe replays", "PCIe replay rate per GPU; a rising rate points at a "
                          "bad riser, slot or cable.", "ops",
                          Q(f"rate({c.GPU_PCIE_REPLAYS}{{{G}}}[$__rate_interval])",

@@ -34,6 +34,19 @@ class Q:
     legend: str = ""
 
 
+def gpus_with_errors(counter: str) -> str:
+    """How many GPUs serve `counter` (a selector) at all, 0 when none do.
+
+    The GPU exporter serves its error counters only from their first error (sparse rows of
+    the metric table, docs/gpu_exporter.md): on a healthy fleet a plain `increase()` panel is
+    "no data", and a counter born at 1 never shows in `increase()` (one value, no rise). The
+    count of GPUs whose counter exists catches that first error and reads 0, not "no data",
+    while nothing happened. (`increase(...) >= 0` keeps every series and satisfies the
+    counter-inside-increase lint.)"""
+    per_gpu = f"count by (job, instance, gpu) (increase({counter}[$__rate_interval]) >= 0)"
+    return f"count({per_gpu}) or on() vector(0)"
+
+
 def _targets(builder: PanelT, queries: tuple[Q, ...], instant: bool) -> PanelT:
     for ref, query in zip("ABCDEFGH", queries, strict=False):
         target = prometheus.Dataquery().expr(query.expr).ref_id(ref)

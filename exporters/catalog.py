@@ -66,6 +66,11 @@ class Metric(NamedTuple):
     # With a scale the row is a plain getter: the reader calls `nvml(handle)`, multiplies by
     # `scale` and emits it, with no code of its own. Without, code in exporters/gpu/ reads it.
     scale: float | None = None
+    # Served only while non-zero: an error counter or flag a healthy GPU keeps at 0 and an
+    # alert reads every round. Prometheus spends ~10 us of CPU per matched series and PromQL read
+    # whatever the expression drops afterwards, so 8,192 GPUs' zeros cost rule time every
+    # 15 s for nothing (docs/gpu_exporter.md, "Sparse error series").
+    sparse: bool = False
 
 
 METRICS: dict[str, Metric] = {}
@@ -241,8 +246,13 @@ GPU_EXPORTER_PREFIX = "trainwatch_gpu_exporter_"
 
 def _gpu(suffix: str, kind: str, help_text: str, extra: tuple[str, ...] = (), unit: str = "",
          **more: Any) -> str:
+    if more.get("sparse"):  # the docs' source column says so, from the flag alone
+        more["source"] = f"{more.get('source', '')}; {SPARSE_NOTE}"
     return _define("gpu", GPU_PREFIX + suffix, kind, help_text, (*GPU_LABELS, *extra), unit,
                    **more)
+
+
+SPARSE_NOTE = "sparse: served only while non-zero (absent while 0)"
 
 
 GPU_UP = _gpu("up", GAUGE,
@@ -253,7 +263,7 @@ GPU_INFO = _gpu("info", GAUGE, "GPU identity; value 1.", ("pci_bus_id",),
 GPU_XID_ERRORS = _gpu("xid_errors_total", COUNTER,
                       "XID errors reported by the NVML event API since the exporter started.",
                       ("xid",), source="NVML event API, own thread",
-                      dcgm=("DCGM_FI_DEV_XID_ERRORS",))
+                      dcgm=("DCGM_FI_DEV_XID_ERRORS",), sparse=True)
 GPU_UTILIZATION = _gpu("utilization_ratio", GAUGE,
                        "Fraction of time a kernel was running on the GPU (0-1).", unit="ratio",
                        source="`nvmlDeviceGetUtilizationRates`", dcgm=("DCGM_FI_DEV_GPU_UTIL",))
@@ -305,12 +315,13 @@ GPU_CLOCK_EVENT_REASON = _gpu(
     "clock_event_reason_active", GAUGE, "1 if this clock event (throttle) reason is active.",
     ("reason",), source="`nvmlDeviceGetCurrentClocksEventReasons` (drivers before 535: "
     "`...ThrottleReasons`); `reason`: exporters/gpu/reader.py CLOCK_EVENT_REASONS",
-    dcgm=("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",))
+    dcgm=("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",), sparse=True)
 GPU_ECC_ERRORS = _gpu("ecc_errors_total", COUNTER,
                       "ECC errors (volatile: since driver load; aggregate: lifetime).",
                       ("error_type", "counter"),
                       source="`nvmlDeviceGetTotalEccErrors`; `error_type` corrected|uncorrected, "
-                      "`counter` volatile|aggregate", dcgm=("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",))
+                      "`counter` volatile|aggregate", dcgm=("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",),
+                      sparse=True)
 GPU_REMAPPED_ROWS = _gpu("remapped_rows", GAUGE, "Memory rows remapped, by cause.", ("cause",),
                          source="`nvmlDeviceGetRemappedRows`; `cause` correctable|uncorrectable",
                          dcgm=("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
@@ -321,7 +332,7 @@ GPU_ROW_REMAP_PENDING = _gpu("row_remap_pending", GAUGE,
 GPU_ROW_REMAP_FAILURE = _gpu("row_remap_failure", GAUGE,
                              "1 if a row remap failed (the GPU should be replaced).",
                              source="`nvmlDeviceGetRemappedRows`",
-                             dcgm=("DCGM_FI_DEV_ROW_REMAP_FAILURE",))
+                             dcgm=("DCGM_FI_DEV_ROW_REMAP_FAILURE",), sparse=True)
 GPU_PCIE_LINK_GENERATION = _gpu("pcie_link_generation", GAUGE, "Current PCIe link generation.",
                                 source="`nvmlDeviceGetCurrPcieLinkGeneration`",
                                 nvml="nvmlDeviceGetCurrPcieLinkGeneration", simulated=5, scale=1.0)

@@ -7,7 +7,8 @@ nvidia-smi's units) and whether they agree within the field's tolerance: roundin
 static values, a small band for values that move between the two reads (utilization, power,
 temperature, clocks). Exit 0 when every compared field agrees, 1 otherwise, 2 when nvidia-smi
 or the exporter cannot be reached. Fields nvidia-smi reports as [N/A] or [Not Supported] must
-be absent from the scrape; a value there is a mismatch.
+be absent from the scrape; a value there is a mismatch. A sparse row (the metric table's
+`sparse`: error counters served from their first error) absent from the scrape reads as 0.
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ def compare(smi_rows: list[dict[str, str]], scraped: dict,
                 ok, expected = exported is None, None
             else:
                 expected = float(raw)
+                if exported is None and c.METRICS[field.metric].sparse:
+                    exported = 0.0  # served only once non-zero
                 ok = exported is not None and abs(exported * field.scale - expected) <= (
                     field.tolerance + 1e-9)
             results.append({"gpu": row["index"], "field": field.query, "nvidia_smi": expected,

@@ -23,6 +23,9 @@ from exporters.gpu.text_format import Family, counter, gauge
 GPU_METRICS = c.metrics_of("gpu")
 HELP: dict[str, str] = {row.name: row.help for row in GPU_METRICS}
 COUNTERS = frozenset(row.name for row in GPU_METRICS if row.type == c.COUNTER)
+# Served only while non-zero (the table's `sparse` rows): the snapshot keeps NVML's zeros, the
+# scrape leaves them out, so a healthy fleet's alerts read no error series at all.
+SPARSE = frozenset(row.name for row in GPU_METRICS if row.sparse)
 
 
 def _family(name: str, labels: list[str]) -> Family:
@@ -45,6 +48,8 @@ def snapshot_families(snapshot: Snapshot) -> list[Family]:
         base = list(gpu.identity.labels())
         family(c.GPU_UP, ()).add_metric(base, 1.0 if gpu.up else 0.0)
         for sample in gpu.samples:
+            if sample.value == 0.0 and sample.metric in SPARSE:
+                continue
             extra = tuple(k for k, _ in sample.labels)
             family(sample.metric, extra).add_metric(
                 base + [v for _, v in sample.labels], sample.value)

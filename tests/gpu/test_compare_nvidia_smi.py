@@ -6,6 +6,7 @@ GPU, in its units (MiB, %, W, MHz).
 
 from __future__ import annotations
 
+from exporters import catalog as c
 from exporters.gpu.compare_nvidia_smi import FIELDS, compare, per_gpu_values
 from tests.gpu.helpers import make_loop, render, static_fake
 
@@ -42,8 +43,23 @@ def test_a_real_difference_is_reported() -> None:
 
 def test_not_supported_in_nvidia_smi_must_be_absent_in_the_scrape() -> None:
     row = {**SMI_ROW, "ecc.errors.corrected.volatile.total": "[N/A]"}
-    assert not next(r for r in compare([row], scraped())
+    counted = scraped(ecc={"corrected_volatile": 3})
+    assert not next(r for r in compare([row], counted)
                     if r["field"] == "ecc.errors.corrected.volatile.total")["ok"]
     absent = scraped(not_supported=["nvmlDeviceGetTotalEccErrors"])
     assert next(r for r in compare([row], absent)
                 if r["field"] == "ecc.errors.corrected.volatile.total")["ok"]
+
+
+def test_an_absent_sparse_error_counter_reads_as_zero_and_a_served_one_is_compared() -> None:
+    """ECC counters are served from their first error: absent is nvidia-smi's 0, and once
+    served the value itself is compared."""
+    field = "ecc.errors.uncorrected.aggregate.total"
+    healthy = scraped()
+    assert (c.GPU_ECC_ERRORS, "0", (("counter", "aggregate"), ("error_type", "uncorrected"))) \
+        not in healthy
+    assert next(r for r in compare([SMI_ROW], healthy) if r["field"] == field)["ok"]
+    counted = scraped(ecc={"uncorrected_aggregate": 2})
+    assert next(r for r in compare([{**SMI_ROW, field: "2"}], counted)
+                if r["field"] == field)["ok"]
+    assert not next(r for r in compare([SMI_ROW], counted) if r["field"] == field)["ok"]

@@ -34,6 +34,11 @@ def current_exposition() -> str:
     fake.update(lambda s: s["gpus"][5].update(lost=True))
     fake.update(lambda s: s["gpus"][2].pop("gpm"))  # a GPU before Hopper: no GPM
     fake.update(lambda s: s["gpus"][4].update(errors={"nvmlGpmMetricsGet": "Unknown"}))
+    # GPU 6 hit an uncorrectable memory error whose row could not be remapped: the sparse
+    # error series (served from their first error) show up for it alone
+    fake.update(lambda s: s["gpus"][6].update(
+        ecc={"corrected_aggregate": 2, "uncorrected_volatile": 1, "uncorrected_aggregate": 1},
+        remapped_rows=[0, 1, 0, 1]))
     loop = make_loop(fake)
     loop.run_once()
     loop.run_once()  # GPM values need two cycles' samples

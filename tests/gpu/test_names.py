@@ -15,6 +15,8 @@ def test_served_families_are_the_tables_gpu_rows() -> None:
     fake = static_fake(2)
     devices = [{"uuid": "MIG-0", "memory_total": 2**30, "memory_used": 0}]
     fake.update(lambda s: s["gpus"][0].update(mig={"enabled": True, "devices": devices}))
+    # the sparse rows are served only while non-zero: give GPU 1 each of them
+    fake.update(lambda s: s["gpus"][1].update(remapped_rows=[0, 1, 0, 1], clock_event_reasons=0x4))
     loop = make_loop(fake, watch_xid=False)
     loop.run_once()
     loop.run_once()  # GPM values need two cycles
