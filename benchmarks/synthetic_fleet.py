@@ -27,7 +27,8 @@ from exporters.catalog import PORTS
 
 GPUS_PER_NODE = 8
 BUCKETS = ("0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "+Inf")
-REASONS = ("sw_power_cap", "hw_slowdown", "hw_thermal_slowdown", "sw_thermal_slowdown")
+# clock-event reasons are exposed only while active: power capping is, at full load
+REASONS = ("sw_power_cap",)
 # Samples older than the head's newest minus half a chunk range (1 h) are refused as out of
 # bounds, so a band must be shorter than that.
 BAND_SECONDS = 30 * 60
@@ -77,7 +78,7 @@ def _node(n: int) -> Iterator[Series]:
         yield Series("trainwatch_gpu_memory_total_bytes", gl, "8e10")
         for reason in REASONS:
             yield Series("trainwatch_gpu_clock_event_reason_active", {**gl, "reason": reason},
-                         "zero")
+                         "one")
         rl = {**train_inst, "training_job": "llm", "rank": str(n * GPUS_PER_NODE + g),
               "node": host}
         for name, kind in (
