@@ -43,8 +43,14 @@ def gpus_with_errors(counter: str) -> str:
     count of GPUs whose counter exists catches that first error and reads 0, not "no data",
     while nothing happened. (`increase(...) >= 0` keeps every series and satisfies the
     counter-inside-increase lint.)"""
-    per_gpu = f"count by (job, instance, gpu) (increase({counter}[$__rate_interval]) >= 0)"
-    return f"count({per_gpu}) or on() vector(0)"
+    return holders_of(counter, "job, instance, gpu")
+
+
+def holders_of(counter: str, by: str) -> str:
+    """How many `by` groups (GPUs, ranks) serve the sparse `counter` at all, 0 when none do
+    (see gpus_with_errors)."""
+    per_holder = f"count by ({by}) (increase({counter}[$__rate_interval]) >= 0)"
+    return f"count({per_holder}) or on() vector(0)"
 
 
 def _targets(builder: PanelT, queries: tuple[Q, ...], instant: bool) -> PanelT:

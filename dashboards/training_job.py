@@ -10,6 +10,7 @@ from dashboards.panels import (
     SCOPE,
     Q,
     add_panels,
+    holders_of,
     instance_label_variable,
     query_variable,
     scoped_dashboard,
@@ -99,9 +100,12 @@ def build() -> gd.Dashboard:
                          Q(f"{c.TRAINING_CUDA_MEM_ALLOCATED}{{{T}}}", RANK + " allocated"),
                          Q(f"{c.TRAINING_CUDA_MEM_RESERVED}{{{T}}}", RANK + " reserved")),
         timeseries_panel("Non-finite losses", "Steps whose loss was NaN or infinite, per rank "
-                         "(TrainingNonFiniteLoss).", "none",
+                         "(TrainingNonFiniteLoss), and how many ranks had one (the counter "
+                         "exists from a rank's first).", "none",
                          Q(f"increase({c.TRAINING_NONFINITE_LOSS}{{{T}}}[$__rate_interval])",
-                           RANK), min_value=0),
+                           RANK),
+                         Q(holders_of(f"{c.TRAINING_NONFINITE_LOSS}{{{T}}}",
+                                      "training_job, rank"), "ranks with one"), min_value=0),
         timeseries_panel("Log events", "Anomalies the log scanner found in the ranks' logs, by "
                          "kind (CUDA OOM, NCCL timeout/error, XID, ...).", "none",
                          Q(f"sum by (training_job, rank, kind) (increase({c.LOG_EVENTS}"
