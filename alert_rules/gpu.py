@@ -109,7 +109,7 @@ def _utilization_low(p: Profile) -> Alert:
     window = cfg["window"]
     util = (f"{recording.GPU_UTILIZATION_AVG}{{{p.selector('gpu')}}}"
             if recording.utilization_recorded(p) else recording.gpu_utilization_avg(p))
-    stepping = recording.STEPPING_RANKS if p.aggregate else recording.stepping(p)
+    stepping = recording.STEPPING_JOBS if p.aggregate else recording.stepping(p)
     # GPU and training series of one machine share the scrape host, whatever their labels say;
     # the threshold first, so the label rewriting runs on the idle GPUs only
     idle = f"{util} < {cfg['threshold_ratio']}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from alert_rules import metric_names as m
-from alert_rules.config import Profile
+from alert_rules.config import Profile, seconds
 from alert_rules.model import Group, Record
 from alert_rules.promql import sel
 from exporters import catalog
@@ -20,12 +20,10 @@ MFU_PER_RANK = "training_job_rank:training_mfu:ratio"
 MFU_PER_JOB = "training_job:training_mfu:ratio"
 GPU_MEMORY_USED_RATIO = "instance_gpu:trainwatch_gpu_memory_used_bytes:ratio"
 NODE_MEMORY_UTILISATION = "instance:node_memory_utilisation:ratio"
-# per node: ranks that stepped within GpuUtilizationLowWhileTraining's window
-STEPPING_RANKS = "instance:training_step:stepping_ranks"
+# per node: jobs whose ranks there stepped within GpuUtilizationLowWhileTraining's window
+STEPPING_JOBS = "instance:training_progress:stepping_jobs"
 # per GPU: utilization averaged over GpuUtilizationLowWhileTraining's window
 GPU_UTILIZATION_AVG = "instance_gpu:trainwatch_gpu_utilization_ratio:avg_over_time"
-# per job: whether any rank stepped within the rate window (TrainingThroughputDrop)
-JOB_STEPPING = "training_job:training_step:changes_max"
 
 ALL = (STEP_TIME_PER_RANK, STEP_TIME_MEDIAN_RANK, RANKS_REPORTING, SAMPLES_RATE, TOKENS_RATE,
        FLOPS_PER_RANK, FLOPS_PER_JOB, MFU_PER_RANK, MFU_PER_JOB,
@@ -57,6 +55,15 @@ def job_stepping(p: Profile) -> str:
     return f"max by (training_job) (changes({step}[{p.rate_window}]))"
 
 
+def stepping_jobs(p: Profile) -> str:
+    """Per node: the jobs whose ranks there stepped within GpuUtilizationLowWhileTraining's
+    window, from the exporters' newest step per job and node (one series per node, where
+    `stepping` reads a window of every rank's step)."""
+    window = seconds(p.alert("GpuUtilizationLowWhileTraining")["window"])
+    newest = sel(catalog.TRAINING_NODE_LAST_STEP_TIMESTAMP, p.selector("training"))
+    return f"count by (instance) (time() - {newest} < {window:g})"
+
+
 def groups(p: Profile) -> list[Group]:
     """Rates over the rate window and ratios for dashboards and the slower alerts. With the
     aggregation they run every `slow_interval` (their windows are 5 minutes and more, the
@@ -82,8 +89,7 @@ def groups(p: Profile) -> list[Group]:
         *mfu_rules(p),
     ]
     if p.aggregate:
-        training_rules += [Record(STEPPING_RANKS, f"count by (instance) ({stepping(p)})"),
-                           Record(JOB_STEPPING, job_stepping(p))]
+        training_rules.append(Record(STEPPING_JOBS, stepping_jobs(p)))
     infra_rules = [
         Record(GPU_MEMORY_USED_RATIO,
                f"{sel(m.GPU_MEMORY_USED, p.selector('gpu'))}\n"
@@ -105,12 +111,17 @@ def mfu_rules(p: Profile) -> list[Record]:
     job's ratio."""
     training = p.selector("training")
     peak = sel(catalog.TRAINING_PEAK_FLOPS, training)
+    job_mfu = (f"sum by (training_job) ({FLOPS_PER_RANK} and {peak})\n"
+               f"/\nsum by (training_job) ({peak} and {FLOPS_PER_RANK})")
+    if p.aggregate:  # the exporters' per-node sums over the same ranks: one series per node
+        node_flops = sel(catalog.TRAINING_NODE_MODEL_FLOPS, training)
+        job_mfu = (f"sum by (training_job) (rate({node_flops}[{p.rate_window}]))\n"
+                   f"/\nsum by (training_job) "
+                   f"({sel(catalog.TRAINING_NODE_PEAK_FLOPS, training)})")
     return [
         Record(FLOPS_PER_RANK,
                f"rate({sel(catalog.TRAINING_MODEL_FLOPS, training)}[{p.rate_window}])"),
         Record(FLOPS_PER_JOB, f"sum by (training_job) ({FLOPS_PER_RANK})"),
         Record(MFU_PER_RANK, f"{FLOPS_PER_RANK}\n/\n{peak}"),
-        Record(MFU_PER_JOB,
-               f"sum by (training_job) ({FLOPS_PER_RANK} and {peak})\n"
-               f"/\nsum by (training_job) ({peak} and {FLOPS_PER_RANK})"),
+        Record(MFU_PER_JOB, job_mfu),
     ]

@@ -116,8 +116,13 @@ def _nonfinite(p: Profile) -> Alert:
     loss = sel(catalog.TRAINING_LOSS, training)
     counter = sel(catalog.TRAINING_NONFINITE_LOSS, training)
     # NaN x 0 and Inf x 0 are NaN, which is != 0; a finite loss x 0 is 0 (one read of the
-    # loss instead of three for `loss != loss or abs(loss) == Inf`)
-    expr = f"{new_events(counter, cfg['window'])}\nor\n({loss} * 0 != 0)"
+    # loss instead of three for `loss != loss or abs(loss) == Inf`). Aggregated, the counter
+    # alone: the exporter counts every non-finite loss it receives, whatever the client
+    # counted, and serves the counter only from the first, so the read costs nothing until
+    # then, where the loss is every rank's series every round.
+    expr = new_events(counter, cfg["window"])
+    if not p.aggregate:
+        expr = f"{expr}\nor\n({loss} * 0 != 0)"
     return Alert(
         "TrainingNonFiniteLoss", expr, "critical", "training",
         f"Non-finite (NaN/Inf) loss in {JOB_RANK}",
@@ -136,7 +141,9 @@ def _throughput(p: Profile) -> Alert:
     baseline = (f"avg_over_time({recording.SAMPLES_RATE}"
                 f"[{cfg['baseline_window']}] offset {cfg['baseline_offset']})")
     # only while the job still steps: a stopped job is TrainingStalled's (or simply finished)
-    stepping = f"{recording.JOB_STEPPING if p.aggregate else recording.job_stepping(p)} > 0"
+    stepping = f"{recording.job_stepping(p)} > 0"
+    if p.aggregate:  # the job's newest step, per job and node from the exporters, recorded
+        stepping = f"{PROGRESS_AGE} < {seconds(p.rate_window):g}"
     expr = (f"{recording.SAMPLES_RATE} < {cfg['factor']} * {baseline}\n"
             f"and\n{baseline} > {cfg['min_baseline']}\n"
             f"and on (training_job)\n{stepping}")

@@ -165,7 +165,8 @@ TRAINING_NODE_TOKENS = _define("training", "training_node_tokens_total", COUNTER
                                TRAINING_NODE_LABELS)
 TRAINING_NODE_MODEL_FLOPS = _define(
     "training", "training_node_model_flops_total", COUNTER,
-    "Model FLOPs of the samples or tokens the job's ranks on this node processed.",
+    "Model FLOPs of the samples or tokens the job's ranks on this node that know their "
+    "GPU's peak processed (the job's MFU numerator).",
     TRAINING_NODE_LABELS, "flops")
 TRAINING_NODE_PEAK_FLOPS = _define(
     "training", "training_node_peak_flops_per_second", GAUGE,

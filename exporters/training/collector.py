@@ -4,7 +4,8 @@ Besides every rank's series, it serves what the alert rules read every round in 
 costs Prometheus little (each series read costs it about 10 us, so 8,192 ranks cost 80 ms per
 read): per job and node, the newest step and heartbeat of the job's ranks here; and the
 per-rank evidence that locates a hang only while the job's ranks here have stopped stepping
-(see stall_evidence_after). The non-finite loss counter appears with the first one.
+(see stall_evidence_after). The non-finite loss counter appears with the first one (counted
+here too, so every non-finite loss gauge comes with it and the alert reads only the counter).
 """
 
 from __future__ import annotations
@@ -141,8 +142,10 @@ class TrainingCollector(Collector):
                                              strict=True):
                         if value is not None:
                             evidence.add_metric([*values, signal], float(value))
-                if s.nonfinite:
-                    counters[c.TRAINING_NONFINITE_LOSS].add_metric(values, float(s.nonfinite))
+                # the client's count, or what this exporter saw of a client that counts none
+                nonfinite = max(s.nonfinite, s.nonfinite_seen)
+                if nonfinite:
+                    counters[c.TRAINING_NONFINITE_LOSS].add_metric(values, float(nonfinite))
                 for name, value in ((c.TRAINING_SAMPLES, s.samples_total),
                                     (c.TRAINING_TOKENS, s.tokens_total),
                                     (c.TRAINING_DROPPED_SAMPLES, s.dropped),

@@ -39,6 +39,9 @@ class RankState:
     restarts: int = 0
     dropped: int = 0
     nonfinite: int = 0
+    # non-finite losses among the steps this exporter received: a client that does not count
+    # them (another implementation of the wire format) still gets the counter
+    nonfinite_seen: int = 0
     samples_total: float = 0.0
     tokens_total: float = 0.0
     flops_total: float = 0.0
@@ -88,12 +91,15 @@ class NodeRollup:
     duration_count: int = 0
 
     def add_counters(self, before: RankState, samples: float, tokens: float,
-                     flops: float) -> None:
+                     flops: float, peak: float) -> None:
         """Add a rank's newest cumulative counters; a value below the previous one is a
-        restarted rank counting again from 0, whose whole value is new."""
+        restarted rank counting again from 0, whose whole value is new. FLOPs count only
+        while the rank knows its peak: they are the job's MFU numerator, over the peaks of
+        the same ranks (a rank without a peak, on a CPU, counts in neither side)."""
         self.samples_total += _increase(before.samples_total, samples)
         self.tokens_total += _increase(before.tokens_total, tokens)
-        self.flops_total += _increase(before.flops_total, flops)
+        if peak > 0:
+            self.flops_total += _increase(before.flops_total, flops)
 
 
 def _increase(before: float, now: float) -> float:
@@ -179,7 +185,7 @@ class Store:
             state.nonfinite = report.nonfinite
             rollup = job.rollup
             rollup.add_counters(state, report.samples_total, report.tokens_total,
-                                report.flops_total)
+                                report.flops_total, report.peak_flops)
             state.samples_total = report.samples_total
             state.tokens_total = report.tokens_total
             state.flops_total, state.peak_flops = report.flops_total, report.peak_flops
@@ -193,6 +199,8 @@ class Store:
                 state.step = step
                 state.last_step_time = wall if wall is not None else state.last_step_time
                 state.loss = loss
+                if loss is not None and not math.isfinite(loss):
+                    state.nonfinite_seen += 1
                 state.lr = lr if lr is not None else state.lr
                 state.grad_norm = grad_norm if grad_norm is not None else state.grad_norm
                 state.data_wait = data_wait if data_wait is not None else state.data_wait

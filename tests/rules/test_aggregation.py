@@ -160,7 +160,9 @@ def test_aggregated_alerts_read_per_job_and_per_node_series() -> None:
     assert "training_node_last_step_timestamp_seconds" in aggregated[
         "training_job:training_progress:age_seconds"]
     assert "changes(training_step" not in aggregated["GpuUtilizationLowWhileTraining"]
-    assert "instance:training_step:stepping_ranks" in aggregated["GpuUtilizationLowWhileTraining"]
+    assert "instance:training_progress:stepping_jobs" in aggregated[
+        "GpuUtilizationLowWhileTraining"]
+    assert "training_job:training_progress:age_seconds" in aggregated["TrainingThroughputDrop"]
     assert "changes(training_step" not in aggregated["TrainingThroughputDrop"]
     # the spike alerts compare this round's value with recorded per-rank thresholds
     for alert, metric in (("TrainingLossSpike", "training_loss"),

@@ -153,10 +153,10 @@ def test_node_peak_counts_only_ranks_with_flops_and_a_peak() -> None:
     FLOPs counts in neither side."""
     store = _store(Wall(1000.0))
     store.ingest(_counters(0, 8.0, flops=1e15, peak=9.89e14))
-    store.ingest(_counters(1, 8.0, flops=1e15, peak=0.0))
+    store.ingest(_counters(1, 8.0, flops=3e15, peak=0.0))
     store.ingest(_counters(2, 8.0, flops=0.0, peak=9.89e14))
     scrape = _scrape(store)
-    assert _node_value(scrape, catalog.TRAINING_NODE_MODEL_FLOPS) == 2e15
+    assert _node_value(scrape, catalog.TRAINING_NODE_MODEL_FLOPS) == 1e15
     assert _node_value(scrape, catalog.TRAINING_NODE_PEAK_FLOPS) == 9.89e14
 
 
@@ -167,3 +167,17 @@ def test_a_new_launch_keeps_the_node_counters_growing() -> None:
     relaunch.incarnation = "second-launch"
     store.ingest(relaunch)
     assert _node_value(_scrape(store), catalog.TRAINING_NODE_SAMPLES) == 110.0
+
+
+def test_the_exporter_counts_nonfinite_losses_a_client_did_not() -> None:
+    """Another implementation of the wire format may send a NaN loss without counting it:
+    the alert reads only the counter, so the exporter counts what it receives."""
+    store = _store(Wall(1000.0))
+    report = _report(0, 1, 1000.0)
+    report.steps = [(1, 1000.0, 0.5, float("nan"), 0.1, 1.0, 0.0),
+                    (2, 1000.5, 0.5, float("inf"), 0.1, 1.0, 0.0)]
+    store.ingest(report)
+    assert list(_scrape(store)[catalog.TRAINING_NONFINITE_LOSS].values()) == [2.0]
+    # a client that counts (tensors resolved late, reports it could not ship) is not undercut
+    store.ingest(_report(0, 3, 1001.0, nonfinite=5))
+    assert list(_scrape(store)[catalog.TRAINING_NONFINITE_LOSS].values()) == [5.0]
