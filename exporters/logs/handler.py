@@ -349,8 +349,13 @@ class AsyncEcsHandler(logging.Handler):
             # filled queue to the callers then. It takes the queue itself on the timer (records
             # are written within flush_interval), for flush()/close(), and when it encodes.
             flush_wanted, self._flush_wanted = self._flush_wanted, False
-            wrote = self._drain(
-                take_queue=not woken or flush_wanted or not self._encode_on_caller)
+            everything = not woken or flush_wanted or not self._encode_on_caller
+            # Woken by a caller: write what waits, then wait again unless a full wake-up's
+            # worth is waiting already. Every return from a write needs the GIL back, which the
+            # caller only gives up when forced (after sys.getswitchinterval()): each extra
+            # round costs the training loop a forced thread switch.
+            wrote = self._drain(take_queue=everything,
+                                least=1 if everything else self._wake_batches)
             if not woken and not wrote:  # idle for a whole interval: give the memory back
                 self._spent.clear()
             if self._stopping:
@@ -358,13 +363,14 @@ class AsyncEcsHandler(logging.Handler):
                 self._spent.clear()
                 return
 
-    def _drain(self, take_queue: bool) -> bool:
-        """Write every waiting batch (and the queue, if `take_queue`); True if it wrote any."""
+    def _drain(self, take_queue: bool, least: int = 1) -> bool:
+        """Write the waiting batches (and the queue, if `take_queue`) until fewer than `least`
+        batches wait; True if it wrote any."""
         taken = self._taken
         wrote = False
         while True:
             with self._cond:
-                if ((not taken and not (take_queue and self._queue))
+                if ((len(taken) < least and not (take_queue and self._queue))
                         and self._dropped == self._dropped_reported):
                     self._cond.notify_all()
                     return wrote
