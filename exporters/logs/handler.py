@@ -58,9 +58,11 @@ OVERFLOW_POLICIES = ("drop", "block")
 # package writes for the same record (slower; for pipelines built around that formatter).
 LAYOUTS = ("ecs", "ecs-logging")
 _IMMUTABLE_ARG_TYPES = frozenset({int, float, str, bytes, bool, type(None)})
-# Written blocks kept for reuse (about 100 KB each at the default batch size): enough for the
-# writer's largest write (8 batches) twice over.
-_SPENT_BLOCKS = 16
+# Callers wake the writer once this many encoded batches wait (at most a quarter of the
+# capacity). Each wake-up costs the caller two forced GIL hand-offs (see _run), and each one
+# waits for the writer thread to be scheduled: on a busy machine that is where a queueing
+# handler loses most. 16 batches of 256 records is ~1.6 MB of lines per write.
+_WAKE_BATCHES = 16
 
 
 class LineWriter(Protocol):
@@ -134,7 +136,7 @@ class AsyncEcsHandler(logging.Handler):
         self._wake_at = min(batch_size, capacity) - 1
         # Callers wake the writer once several encoded batches wait (fewer GIL hand-offs and
         # thread switches); its timer writes whatever waits within `flush_interval`.
-        self._wake_batches = max(1, min(8, capacity // batch_size // 4))
+        self._wake_batches = max(1, min(_WAKE_BATCHES, capacity // batch_size // 4))
         self._flush_interval = flush_interval
         self._close_timeout = close_timeout
         self._queue: deque[logging.LogRecord] = deque()
@@ -143,8 +145,9 @@ class AsyncEcsHandler(logging.Handler):
         self._taken: deque[list] = deque()
         # Blocks the writer has written, kept until a caller encodes its next batch: that
         # caller drops one just before it allocates the next block, so the allocator hands
-        # the same memory back (see _encode_on_caller_batch). Bounded; cleared when idle.
-        self._spent: deque[bytes] = deque(maxlen=_SPENT_BLOCKS)
+        # the same memory back (see _encode_on_caller_batch). Bounded by two writes' worth;
+        # cleared when idle.
+        self._spent: deque[bytes] = deque(maxlen=2 * self._wake_batches)
         self._encode_on_caller = encode_on_caller
         self._wake = threading.Event()
         self._cond = threading.Condition()
@@ -380,7 +383,7 @@ class AsyncEcsHandler(logging.Handler):
                 self._take()
             parts: list[bytes] = []
             count = 0
-            while taken and count < self._batch_size * 8:
+            while taken and count < self._batch_size * self._wake_batches:
                 batch = taken.popleft()[:]  # a copy: its caller may still be encoding it
                 if len(batch) == 2 and type(batch[1]) is bytes:  # encoded: [count, bytes]
                     count += batch[0]
