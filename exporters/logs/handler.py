@@ -35,6 +35,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from functools import partial
 from operator import call
 from pathlib import Path
@@ -57,6 +58,11 @@ OVERFLOW_POLICIES = ("drop", "block")
 # package writes for the same record (slower; for pipelines built around that formatter).
 LAYOUTS = ("ecs", "ecs-logging")
 _IMMUTABLE_ARG_TYPES = frozenset({int, float, str, bytes, bool, type(None)})
+# Callers wake the writer once this many encoded batches wait (at most a quarter of the
+# capacity). Each wake-up costs the caller two forced GIL hand-offs (see _run), and each one
+# waits for the writer thread to be scheduled: on a busy machine that is where a queueing
+# handler loses most. 16 batches of 256 records is ~1.6 MB of lines per write.
+_WAKE_BATCHES = 16
 
 
 class LineWriter(Protocol):
@@ -130,13 +136,18 @@ class AsyncEcsHandler(logging.Handler):
         self._wake_at = min(batch_size, capacity) - 1
         # Callers wake the writer once several encoded batches wait (fewer GIL hand-offs and
         # thread switches); its timer writes whatever waits within `flush_interval`.
-        self._wake_batches = max(1, min(8, capacity // batch_size // 4))
+        self._wake_batches = max(1, min(_WAKE_BATCHES, capacity // batch_size // 4))
         self._flush_interval = flush_interval
         self._close_timeout = close_timeout
         self._queue: deque[logging.LogRecord] = deque()
         # Batches taken off `_queue`, in order: a list of records, or [count, bytes] once the
         # caller that took it has encoded it (see _take and _encode_on_caller_batch).
         self._taken: deque[list] = deque()
+        # Blocks the writer has written, kept until a caller encodes its next batch: that
+        # caller drops one just before it allocates the next block, so the allocator hands
+        # the same memory back (see _encode_on_caller_batch). Bounded by two writes' worth;
+        # cleared when idle.
+        self._spent: deque[bytes] = deque(maxlen=2 * self._wake_batches)
         self._encode_on_caller = encode_on_caller
         self._wake = threading.Event()
         self._cond = threading.Condition()
@@ -266,6 +277,16 @@ class AsyncEcsHandler(logging.Handler):
                     with self._drop_lock:
                         self._dropped += len(dropped)
                     return
+            spent = self._spent
+            if spent:
+                # Free one block the writer is done with right before the next block is
+                # allocated: the allocator reuses that memory. Freed all at once by the writer,
+                # a few hundred KB would reach the top of the heap, which glibc gives back
+                # to the OS (past its 128 KB trim threshold) and the next blocks then fault
+                # in fresh pages: ~40 page faults per 1,000 records, measured ~0.15 us per
+                # record end to end here (docs/logging.md).
+                with suppress(IndexError):  # the writer may have cleared it in between
+                    spent.pop()  # the newest: the likeliest to be in cache
             batch = self._take()
             if batch:
                 # One C call swaps the records for [count, bytes]: the records are freed here,
@@ -331,25 +352,38 @@ class AsyncEcsHandler(logging.Handler):
             # filled queue to the callers then. It takes the queue itself on the timer (records
             # are written within flush_interval), for flush()/close(), and when it encodes.
             flush_wanted, self._flush_wanted = self._flush_wanted, False
-            self._drain(take_queue=not woken or flush_wanted or not self._encode_on_caller)
+            everything = not woken or flush_wanted or not self._encode_on_caller
+            # Woken by a caller: write what waits, then wait again unless a full wake-up's
+            # worth is waiting already. Every return from a write needs the GIL back, which the
+            # caller only gives up when forced (after sys.getswitchinterval()): each extra
+            # round costs the training loop a forced thread switch.
+            wrote = self._drain(take_queue=everything,
+                                least=1 if everything else self._wake_batches)
+            if not woken and not wrote:  # idle for a whole interval: give the memory back
+                self._spent.clear()
             if self._stopping:
                 self._drain(take_queue=True)
+                self._spent.clear()
                 return
 
-    def _drain(self, take_queue: bool) -> None:
+    def _drain(self, take_queue: bool, least: int = 1) -> bool:
+        """Write the waiting batches (and the queue, if `take_queue`) until fewer than `least`
+        batches wait; True if it wrote any."""
         taken = self._taken
+        wrote = False
         while True:
             with self._cond:
-                if ((not taken and not (take_queue and self._queue))
+                if ((len(taken) < least and not (take_queue and self._queue))
                         and self._dropped == self._dropped_reported):
                     self._cond.notify_all()
-                    return
+                    return wrote
+                wrote = True
                 self._busy = True
             if take_queue and self._queue:
                 self._take()
             parts: list[bytes] = []
             count = 0
-            while taken and count < self._batch_size * 8:
+            while taken and count < self._batch_size * self._wake_batches:
                 batch = taken.popleft()[:]  # a copy: its caller may still be encoding it
                 if len(batch) == 2 and type(batch[1]) is bytes:  # encoded: [count, bytes]
                     count += batch[0]
@@ -370,6 +404,8 @@ class AsyncEcsHandler(logging.Handler):
                 if not taken and not self._queue:
                     self._writer.flush()
                 self.written += count
+                if self._encode_on_caller:
+                    self._spent.extend(parts)  # callers free them (_encode_on_caller_batch)
             except Exception as exc:  # a full disk must not kill the writer
                 self.lost += count
                 print(f"trainwatch AsyncEcsHandler: lost {count} records: {exc!r}",
@@ -426,6 +462,7 @@ class AsyncEcsHandler(logging.Handler):
         self._stopping = True
         self._queue.clear()
         self._taken.clear()
+        self._spent.clear()
 
     def close(self) -> None:
         """Write what is queued and stop the writer; safe to call any number of times."""

@@ -296,3 +296,44 @@ def test_batch_a_caller_fails_to_encode_is_written_once_in_order_by_the_writer(
     assert len(failed) == 3
     assert messages == [f"i={i}" for i in range(1000)]
     assert handler.dropped == 0 and handler.written == 1000
+
+
+class CountingWriter:
+    """A LineWriter that keeps every block and counts the writes."""
+
+    def __init__(self) -> None:
+        self.writes: list[list[bytes]] = []
+
+    def write_lines(self, lines: list[bytes]) -> None:
+        self.writes.append([line + b"\n" for line in lines])
+
+    def write_blocks(self, blocks: list[bytes]) -> None:
+        self.writes.append(list(blocks))
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_writer_writes_a_full_wake_up_at_a_time_and_gives_spent_blocks_back_when_idle() -> None:
+    """Each return from a write takes the GIL back from the training loop by a forced switch,
+    so a caller's wake-up gets one write of `_wake_batches` batches, not a loop of small ones.
+    Written blocks are kept (bounded) for callers to reuse, and released once idle."""
+    writer = CountingWriter()
+    handler = AsyncEcsHandler(job="wake-job", rank=0, batch_size=10, capacity=100_000,
+                              flush_interval=60.0, writer=writer, install_signal_handler=False)
+    assert handler._wake_batches == 16
+    logger = new_logger(handler)
+    for i in range(640):  # 64 batches: four wake-ups' worth
+        logger.info("i=%d", i)
+    assert handler.flush(timeout=30)
+    assert len(handler._spent) <= 2 * handler._wake_batches
+    lines = b"".join(b"".join(blocks) for blocks in writer.writes).splitlines()
+    assert [json.loads(line)["message"] for line in lines] == [f"i={i}" for i in range(640)]
+    assert len(writer.writes) <= 5  # at most 4 full writes, and flush() writing what is left
+    handler._flush_interval = 0.05  # an idle interval now frees the blocks kept for reuse
+    handler._wake.set()
+    wait_until(lambda: not handler._spent, what="spent blocks released when idle")
+    handler.close()
