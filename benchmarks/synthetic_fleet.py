@@ -64,11 +64,10 @@ def _node(n: int) -> Iterator[Series]:
     # ... and the sums of its GPUS_PER_NODE ranks' counters (the per-rank kinds x 8)
     yield Series("training_node_samples_total", job_node, "steps64")
     yield Series("training_node_tokens_total", job_node, "steps65536")
-    for le in BUCKETS:
-        yield Series("training_node_step_duration_seconds_bucket", {**job_node, "le": le},
-                     "steps8" if le in ("2.5", "5.0", "+Inf") else "zero")
-    yield Series("training_node_step_duration_seconds_sum", job_node, "steps16")
-    yield Series("training_node_step_duration_seconds_count", job_node, "steps8")
+    yield Series("training_node_model_flops_total", job_node, "flops8")
+    yield Series("training_node_peak_flops_per_second", job_node, "7.912e15")
+    yield from _step_histogram("training_node_step_duration_seconds", job_node, "steps8",
+                               "steps16")
     for g in range(GPUS_PER_NODE):
         gl = {**gpu_inst, "gpu": str(g), "uuid": f"GPU-{n}-{g}", "name": "H100"}
         yield Series("trainwatch_gpu_up", gl, "one")
@@ -90,11 +89,17 @@ def _node(n: int) -> Iterator[Series]:
                 ("training_samples_total", "steps8"), ("training_tokens_total", "steps8192"),
                 ("training_model_flops_total", "flops")):
             yield Series(name, rl, kind)
-        for le in BUCKETS:
-            yield Series("training_step_duration_seconds_bucket", {**rl, "le": le},
-                         "steps" if le in ("2.5", "5.0", "+Inf") else "zero")
-        yield Series("training_step_duration_seconds_sum", rl, "steps2")
-        yield Series("training_step_duration_seconds_count", rl, "steps")
+        yield from _step_histogram("training_step_duration_seconds", rl, "steps", "steps2")
+
+
+def _step_histogram(name: str, labels: dict[str, str], count: str,
+                    total: str) -> Iterator[Series]:
+    """Steps of 2 s: every step in the buckets from 2.5 s up, `count` of them, `total` s."""
+    for le in BUCKETS:
+        yield Series(f"{name}_bucket", {**labels, "le": le},
+                     count if le in ("2.5", "5.0", "+Inf") else "zero")
+    yield Series(f"{name}_sum", labels, total)
+    yield Series(f"{name}_count", labels, count)
 
 
 def fleet(nodes: int) -> Iterator[Series]:
@@ -129,6 +134,8 @@ def value(kind: str, ts: int, start: int) -> float:
             return steps * 65536.0
         case "flops":
             return steps * 1e15
+        case "flops8":
+            return steps * 8e15
         case "loss":
             return 2.0 + 1.0 / (1 + steps / 100)
         case "temp":
