@@ -78,7 +78,10 @@ def groups(p: Profile) -> list[Group]:
         ),
         Alert(
             "GpuLost",
-            with_node(f"{sel(catalog.GPU_UP, gpu)} == 0"),
+            # aggregated: the exporter's flag that exists only for a lost GPU, where `up == 0`
+            # reads every GPU's series every round
+            with_node(sel(catalog.GPU_LOST, gpu) if p.aggregate
+                      else f"{sel(catalog.GPU_UP, gpu)} == 0"),
             "critical", "gpu",
             f"{GPU_ID} is lost",
             f"NVML cannot talk to {GPU_ID} (fallen off the bus, XID 79, or a failed reset). "

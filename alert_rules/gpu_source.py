@@ -122,6 +122,7 @@ def groups(p: Profile) -> list[Group]:
         rec(c.GPU_ECC_ERRORS, f"{d(ECC_DBE_VOLATILE)}\nor\n{d(UNCORRECTABLE_REMAPPED_ROWS)}",
             error_type="uncorrected", counter="volatile"),
         rec(c.GPU_UP, _gpu_up(p)),
+        rec(c.GPU_LOST, f"(({_gpu_up(p)}) == 0) + 1"),
         # identity (dcgm-exporter puts pci_bus_id on every series): the inventory panel
         rec(c.GPU_INFO, f"{d(GPU_TEMP)} * 0 + 1"),
     ]

@@ -259,6 +259,10 @@ SPARSE_NOTE = "sparse: served only while non-zero (absent while 0)"
 GPU_UP = _gpu("up", GAUGE,
               "1 if the GPU answered NVML in the last cycle, 0 if it is lost or unreachable.",
               source="0 when the GPU is lost or its handle fails")
+# GpuLost reads this, not every GPU's `up`, every round (docs/gpu_exporter.md "Sparse error
+# series"): present only while the GPU is lost.
+GPU_LOST = _gpu("lost", GAUGE, "1 while the GPU is lost or unreachable (absent otherwise).",
+                source="1 when `up` is 0", sparse=True)
 GPU_INFO = _gpu("info", GAUGE, "GPU identity; value 1.", ("pci_bus_id",),
                 source="`nvmlDeviceGetPciInfo` (matches the log scanner's `pci_bus_id`)")
 GPU_XID_ERRORS = _gpu("xid_errors_total", COUNTER,

@@ -47,6 +47,8 @@ def snapshot_families(snapshot: Snapshot) -> list[Family]:
     for gpu in snapshot.gpus:
         base = list(gpu.identity.labels())
         family(c.GPU_UP, ()).add_metric(base, 1.0 if gpu.up else 0.0)
+        if not gpu.up:
+            family(c.GPU_LOST, ()).add_metric(base, 1.0)
         for sample in gpu.samples:
             if sample.value == 0.0 and sample.metric in SPARSE:
                 continue

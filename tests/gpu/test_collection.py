@@ -103,14 +103,18 @@ def test_other_nvml_errors_are_counted_by_call_and_error() -> None:
 
 
 def test_gpu_lost_mid_run_goes_down_and_the_others_keep_reporting() -> None:
-    fake = static_fake(4)
+    fake = static_fake(4)  # the fake NVML stands in for the GPUs
     loop = make_loop(fake)
     loop.run_once()
+    assert values(parse(render(loop)), c.GPU_LOST) == []  # sparse: no lost GPU, no series
     fake.update(lambda s: s["gpus"][2].update(lost=True))
     loop.run_once()
     series = parse(render(loop))
     assert value(series, c.GPU_UP, gpu="2", uuid="GPU-5a1e0000-0000-4000-8000-000000000002") == 0
     assert values(series, c.GPU_TEMPERATURE, gpu="2") == []
+    # the flag GpuLost reads: only the lost GPU has it
+    assert value(series, c.GPU_LOST, gpu="2") == 1
+    assert values(series, c.GPU_LOST, gpu="0") == []
     for gpu in ("0", "1", "3"):
         assert value(series, c.GPU_UP, gpu=gpu) == 1
         assert value(series, c.GPU_TEMPERATURE, gpu=gpu) > 0

@@ -12,13 +12,14 @@ from tests.support import metric_table
 
 
 def test_served_families_are_the_tables_gpu_rows() -> None:
-    fake = static_fake(2)
+    fake = static_fake(3)
     devices = [{"uuid": "MIG-0", "memory_total": 2**30, "memory_used": 0}]
     fake.update(lambda s: s["gpus"][0].update(mig={"enabled": True, "devices": devices}))
-    # the sparse rows are served only while non-zero: give GPU 1 each of them
+    # the sparse rows are served only while non-zero: give GPU 1 each of them, lose GPU 2
     fake.update(lambda s: s["gpus"][1].update(remapped_rows=[0, 1, 0, 1], clock_event_reasons=0x4))
     loop = make_loop(fake, watch_xid=False)
     loop.run_once()
+    fake.update(lambda s: s["gpus"][2].update(lost=True))
     loop.run_once()  # GPM values need two cycles
     loop.xid_counts.inc((loop.reader.identities[0], "79"))
     loop.errors.inc(("nvmlDeviceGetPowerUsage", "Unknown"))

@@ -38,7 +38,7 @@ HEALTHY_ECC = {"corrected_volatile": 0, "corrected_aggregate": 0,
 
 def test_the_sparse_rows_are_the_error_series_the_alerts_read() -> None:
     assert {c.GPU_XID_ERRORS, c.GPU_ECC_ERRORS, c.GPU_ROW_REMAP_FAILURE,
-            c.GPU_CLOCK_EVENT_REASON} == SPARSE
+            c.GPU_CLOCK_EVENT_REASON, c.GPU_LOST} == SPARSE
     for name in SPARSE:
         assert c.SPARSE_NOTE in c.METRICS[name].source  # the docs' table says so
 

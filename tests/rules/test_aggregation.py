@@ -159,6 +159,10 @@ def test_aggregated_alerts_read_per_job_and_per_node_series() -> None:
         in aggregated["TrainingJobVanished"]
     assert "training_node_last_step_timestamp_seconds" in aggregated[
         "training_job:training_progress:age_seconds"]
+    # a GPU's flag that exists only while it is lost, not every GPU's `up`
+    assert "trainwatch_gpu_lost{" in aggregated["GpuLost"]
+    assert "trainwatch_gpu_up{" not in aggregated["GpuLost"]
+    assert "trainwatch_gpu_up{" in flat["GpuLost"]
     assert "changes(training_step" not in aggregated["GpuUtilizationLowWhileTraining"]
     assert "instance:training_progress:stepping_jobs" in aggregated[
         "GpuUtilizationLowWhileTraining"]
