@@ -117,11 +117,14 @@ def _firing_spike_alert(prometheus: str, job: str) -> bool:
 
 
 def _spike_intent(remediation: str, token: str, job: str) -> dict[str, Any] | None:
+    """The spike's remediation intent: the one that acted, else the first. Every rank's alert
+    makes an intent; the service acts on one and cools the others down, and which one acts
+    depends on which a worker takes first, not on the order they were created in."""
     body = requests.get(f"{remediation}/v1/actions", params={"limit": 50}, timeout=2,
                         headers={"Authorization": f"Bearer {token}"}).json()
     fired = [i for i in body["actions"] if i["alertname"] == ALERT and i.get("phase") == "fire"
              and i["labels"].get("training_job") == job]
-    return min(fired, key=lambda i: i["id"]) if fired else None
+    return min(fired, key=lambda i: (not i.get("acted"), i["id"])) if fired else None
 
 
 def run_spike_demo(endpoints: Endpoints, *, job: str, spike_at: int = 300, steps: int = 600,
