@@ -21,7 +21,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from exporters import catalog as c
-from exporters.training.store import STEP_DURATION_BUCKETS, RankState, Store
+from exporters.training.store import STEP_DURATION_BUCKETS, RankState, StepHistogram, Store
 
 
 def _base(name: str) -> str:
@@ -59,13 +59,11 @@ def _newest(values: Iterator[float | None]) -> float | None:
     return max((v for v in values if v), default=None)
 
 
-def _buckets(counts: list[int], total: int) -> list[tuple[str, float]]:
-    """The store counts cumulatively already (a duration lands in every bucket whose bound it
-    does not exceed), which is what the exposition wants."""
-    buckets = [(repr(bound), float(count))
-               for bound, count in zip(STEP_DURATION_BUCKETS, counts, strict=True)]
-    buckets.append(("+Inf", float(total)))
-    return buckets
+def _add_histogram(family: Metric, labels: list[str], durations: StepHistogram) -> None:
+    buckets = [(repr(bound), float(count)) for bound, count
+               in zip(STEP_DURATION_BUCKETS, durations.bucket_counts, strict=True)]
+    buckets.append(("+Inf", float(durations.duration_count)))
+    family.add_metric(labels, buckets, durations.duration_sum)  # type: ignore[attr-defined]
 
 
 def _family(name: str) -> Metric:
@@ -104,15 +102,13 @@ class TrainingCollector(Collector):
                 node_flops.add_metric(node_values, rollup.flops_total)
                 node_peak.add_metric(node_values, sum(
                     s.peak_flops for s in ranks.values() if s.flops_total and s.peak_flops))
-            node_histogram.add_metric(node_values, _buckets(rollup.bucket_counts,
-                                                            rollup.duration_count),
-                                      rollup.duration_sum)
+            _add_histogram(node_histogram, node_values, rollup.durations)
             last_step = _newest(s.last_step_time for s in ranks.values())
             if last_step is not None:
-                node_last_step.add_metric([job, self._node], last_step)
+                node_last_step.add_metric(node_values, last_step)
             beat = _newest(s.heartbeat for s in ranks.values())
             if beat is not None:
-                node_heartbeat.add_metric([job, self._node], beat)
+                node_heartbeat.add_metric(node_values, beat)
             # A job none of whose ranks here stepped yet is not one the rules call stalled.
             idle = last_step is not None and now - last_step >= stall_evidence_after(ranks)
             for rank, s in ranks.items():
@@ -156,8 +152,7 @@ class TrainingCollector(Collector):
                     counters[c.TRAINING_MODEL_FLOPS].add_metric(values, s.flops_total)
                 for command, count in sorted(s.applied_counts.items()):
                     applied.add_metric([*values, command], float(count))
-                histogram.add_metric(values, _buckets(s.bucket_counts, s.duration_count),
-                                     s.duration_sum)
+                _add_histogram(histogram, values, s.durations)
         yield from g.values()
         yield from counters.values()
         yield applied

@@ -31,6 +31,23 @@ MAX_RETIRED = 16
 
 
 @dataclass
+class StepHistogram:
+    """Step wall times in STEP_DURATION_BUCKETS, counted cumulatively (a duration lands in
+    every bucket whose bound it does not exceed), as the exposition wants them."""
+
+    bucket_counts: list[int] = field(default_factory=lambda: [0] * len(STEP_DURATION_BUCKETS))
+    duration_sum: float = 0.0
+    duration_count: int = 0
+
+    def observe(self, duration: float) -> None:
+        self.duration_sum += duration
+        self.duration_count += 1
+        for i, bound in enumerate(STEP_DURATION_BUCKETS):
+            if duration <= bound:
+                self.bucket_counts[i] += 1
+
+
+@dataclass
 class RankState:
     """Latest values and cumulative counters of one rank."""
 
@@ -57,9 +74,7 @@ class RankState:
     grad_norm: float | None = None
     data_wait: float | None = None
     last_step_time: float | None = None
-    bucket_counts: list[int] = field(default_factory=lambda: [0] * len(STEP_DURATION_BUCKETS))
-    duration_sum: float = 0.0
-    duration_count: int = 0
+    durations: StepHistogram = field(default_factory=StepHistogram)
     last_duration: float | None = None  # the newest step's wall time (stall evidence's pace)
     last_seen: float = 0.0
     heartbeat: float = 0.0  # wall time of the rank's last datagram (any datagram is one)
@@ -86,9 +101,7 @@ class NodeRollup:
     samples_total: float = 0.0
     tokens_total: float = 0.0
     flops_total: float = 0.0
-    bucket_counts: list[int] = field(default_factory=lambda: [0] * len(STEP_DURATION_BUCKETS))
-    duration_sum: float = 0.0
-    duration_count: int = 0
+    durations: StepHistogram = field(default_factory=StepHistogram)
 
     def add_counters(self, before: RankState, samples: float, tokens: float,
                      flops: float, peak: float) -> None:
@@ -205,15 +218,9 @@ class Store:
                 state.grad_norm = grad_norm if grad_norm is not None else state.grad_norm
                 state.data_wait = data_wait if data_wait is not None else state.data_wait
                 if duration is not None and math.isfinite(duration) and duration >= 0:
-                    state.duration_sum += duration
-                    state.duration_count += 1
+                    state.durations.observe(duration)
                     state.last_duration = duration
-                    rollup.duration_sum += duration
-                    rollup.duration_count += 1
-                    for i, bound in enumerate(STEP_DURATION_BUCKETS):
-                        if duration <= bound:
-                            state.bucket_counts[i] += 1
-                            rollup.bucket_counts[i] += 1
+                    rollup.durations.observe(duration)
             for event in report.applied:
                 self._record_applied(job, report.rank, event, now, report.job)
 
