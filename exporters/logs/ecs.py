@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from itertools import chain
 from math import floor
-from typing import Any
+from typing import Any, NoReturn
 
 # The spec (spec.json: "ecs": {"version": "1.x"}) pins the major version; ecs-logging-python
 # writes 1.6.0, and every field written here exists in ECS 1.6.
@@ -42,6 +42,13 @@ _DICT = operator.attrgetter("__dict__")
 
 class _NotPlain(Exception):
     """A batch holds a record the fast path cannot write (extras, an error, a stack, an odd msg)."""
+
+
+def _not_plain() -> NoReturn:
+    """Raised from inside the render comprehension for a record the fast path cannot write:
+    cheaper than marking it and scanning the batch for the mark afterwards (a `None in list`
+    scan compares every message with None through the rich-compare fallback)."""
+    raise _NotPlain
 
 
 def _default(value: Any) -> str:
@@ -196,11 +203,9 @@ class EcsFormatter:
         new_stamp = self._new_stamp
         try:
             messages = [(r.msg % r.args if r.args else r.msg)
-                        if type(r.msg) is str and not r.stack_info else None for r in batch]
+                        if type(r.msg) is str and not r.stack_info else _not_plain() for r in batch]
         except Exception:  # a bad format string: the line reports it (render_message)
             raise _NotPlain from None
-        if None in messages:
-            raise _NotPlain
         escaped = _orjson.dumps(messages)[2:-2].split(b'","')  # type: ignore[union-attr]
         if len(escaped) != len(batch):
             raise _NotPlain
