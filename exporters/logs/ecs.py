@@ -1,4 +1,7 @@
-"""Turn captured LogRecords into ECS JSON lines (runs on the writer thread, never the caller's).
+"""Turn captured LogRecords into ECS JSON lines.
+
+Who runs it: the caller that fills a batch (while its records are still in that CPU's cache),
+or the writer thread for what it takes itself (on its timer, flush and close).
 
 The layout follows Elastic's ECS logging spec (`spec/spec.json` of elastic/ecs-logging, vendored
 in tests/logs/data/): `@timestamp`, `log.level` and `message` come first and in that order,
