@@ -111,13 +111,14 @@ def mfu_rules(p: Profile) -> list[Record]:
     job's ratio."""
     training = p.selector("training")
     peak = sel(catalog.TRAINING_PEAK_FLOPS, training)
-    job_mfu = (f"sum by (training_job) ({FLOPS_PER_RANK} and {peak})\n"
-               f"/\nsum by (training_job) ({peak} and {FLOPS_PER_RANK})")
     if p.aggregate:  # the exporters' per-node sums over the same ranks: one series per node
         node_flops = sel(catalog.TRAINING_NODE_MODEL_FLOPS, training)
         job_mfu = (f"sum by (training_job) (rate({node_flops}[{p.rate_window}]))\n"
                    f"/\nsum by (training_job) "
                    f"({sel(catalog.TRAINING_NODE_PEAK_FLOPS, training)})")
+    else:
+        job_mfu = (f"sum by (training_job) ({FLOPS_PER_RANK} and {peak})\n"
+                   f"/\nsum by (training_job) ({peak} and {FLOPS_PER_RANK})")
     return [
         Record(FLOPS_PER_RANK,
                f"rate({sel(catalog.TRAINING_MODEL_FLOPS, training)}[{p.rate_window}])"),

@@ -141,9 +141,10 @@ def _throughput(p: Profile) -> Alert:
     baseline = (f"avg_over_time({recording.SAMPLES_RATE}"
                 f"[{cfg['baseline_window']}] offset {cfg['baseline_offset']})")
     # only while the job still steps: a stopped job is TrainingStalled's (or simply finished)
-    stepping = f"{recording.job_stepping(p)} > 0"
     if p.aggregate:  # the job's newest step, per job and node from the exporters, recorded
         stepping = f"{PROGRESS_AGE} < {seconds(p.rate_window):g}"
+    else:
+        stepping = f"{recording.job_stepping(p)} > 0"
     expr = (f"{recording.SAMPLES_RATE} < {cfg['factor']} * {baseline}\n"
             f"and\n{baseline} > {cfg['min_baseline']}\n"
             f"and on (training_job)\n{stepping}")

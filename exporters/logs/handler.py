@@ -254,10 +254,10 @@ class AsyncEcsHandler(logging.Handler):
 
         Why on the caller: with the GIL, work on the writer thread is not free for the
         training loop either (it takes the GIL from it), and the records are still in the
-        CPU's cache here, which made the whole path ~20 % cheaper end to end (measured, see
-        docs/logging.md). The writer only writes. If the writer is behind by `capacity`
-        records (a stalled disk), the batch is dropped and counted instead of encoded, so
-        the caller's cost stays flat; with overflow="block" the caller waits for room.
+        CPU's cache here: the handler's own cost fell from ~2.4 to ~1.85 us per record
+        (measured, docs/performance.md). The writer only writes. If the writer is behind by
+        `capacity` records (a stalled disk), the batch is dropped and counted instead of
+        encoded, so the caller's cost stays flat; with overflow="block" the caller waits.
         """
         try:
             taken = self._taken
@@ -283,8 +283,8 @@ class AsyncEcsHandler(logging.Handler):
                 # allocated: the allocator reuses that memory. Freed all at once by the writer,
                 # a few hundred KB would reach the top of the heap, which glibc gives back
                 # to the OS (past its 128 KB trim threshold) and the next blocks then fault
-                # in fresh pages: ~40 page faults per 1,000 records, measured ~0.15 us per
-                # record end to end here (docs/logging.md).
+                # in fresh pages: ~80 page faults per 1,000 records in a fresh process, ~0.3 us
+                # per record here (docs/performance.md, issue 17's fifth pass).
                 with suppress(IndexError):  # the writer may have cleared it in between
                     spent.pop()  # the newest: the likeliest to be in cache
             batch = self._take()

@@ -60,6 +60,8 @@ def _newest(values: Iterator[float | None]) -> float | None:
 
 
 def _add_histogram(family: Metric, labels: list[str], durations: StepHistogram) -> None:
+    """One rank's or one node's step times; the store already counts cumulatively, which is
+    what the exposition wants, so only the +Inf bucket (the count) is added here."""
     buckets = [(repr(bound), float(count)) for bound, count
                in zip(STEP_DURATION_BUCKETS, durations.bucket_counts, strict=True)]
     buckets.append(("+Inf", float(durations.duration_count)))
