@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from exporters.training import commands as training_commands
 from remediation.durations import seconds
 from remediation.schemas import first_error
 from remediation.templating import referenced_labels
@@ -57,6 +58,21 @@ class Playbook:
             m.matches(labels) for m in self.matchers)
 
 
+def _check_command_args(step: dict[str, Any], where: str) -> None:
+    """A built-in training command's args must pass the schema the exporter and the ranks
+    apply (bounds included), at load time rather than as a 400 in the middle of a play.
+    Args filled from labels at run time are checked there (and by the exporter)."""
+    if step["action"] != "training_command" or referenced_labels([step.get("args", {})]):
+        return
+    if step["command"] not in training_commands.BUILTIN_SCHEMAS:
+        return
+    try:
+        training_commands.validate({"type": step["command"], "args": step.get("args", {})},
+                                   training_commands.BUILTIN_SCHEMAS)
+    except training_commands.CommandError as exc:
+        raise PlaybookError(f"{where}/args: {exc}") from None
+
+
 def parse_playbook(doc: object, source: Path) -> Playbook:
     """Validate one parsed playbook document and type it."""
     error = first_error("playbook", doc)
@@ -75,6 +91,9 @@ def parse_playbook(doc: object, source: Path) -> Playbook:
         matchers.append(LabelMatcher(name, op, value, pattern))
     steps = tuple(doc["steps"])
     on_resolve = tuple(doc.get("on_resolve", ()))
+    for where, step in [*((f"steps/{i}", s) for i, s in enumerate(steps)),
+                        *((f"on_resolve/{i}", s) for i, s in enumerate(on_resolve))]:
+        _check_command_args(step, f"{source}: {where}")
     rate = doc.get("rate_limit")
     used = set(doc["target"]) | referenced_labels([*steps, *on_resolve])
     for step in (*steps, *on_resolve):  # silence matchers copy label values into Alertmanager

@@ -2,7 +2,9 @@
 
 The exporter validates before it accepts a command (so a bad command gets a 400 and never
 reaches a rank); the ranks validate again before applying (they may have learned a command
-from a peer rank whose exporter is older or misconfigured). Both use the same JSON schemas.
+from a peer rank whose exporter is older or misconfigured). Both use the same JSON schemas,
+and both refuse a NaN or infinite number anywhere in the arguments first: a schema's bounds
+do not (every comparison with NaN is false), and a registered type's schema may have none.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import jsonschema
 import referencing.exceptions
 
+from exporters.finite import first_non_finite
 from exporters.identity import JOB_NAME_PATTERN
 
 # A command id has a job name's shape: both are URL path segments and label-safe ids.
@@ -24,12 +27,14 @@ SCALE_LR = "scale_lr"
 ROLLBACK = "rollback"
 CHECKPOINT = "checkpoint"
 
+MAX_BATCH = 2**53  # batch positions: exact in a float, far beyond any run
+
 BUILTIN_SCHEMAS: dict[str, dict[str, Any]] = {
     SCALE_LR: {
         "type": "object",
         "properties": {
             "factor": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
-            "floor": {"type": "number", "minimum": 0},
+            "floor": {"type": "number", "minimum": 0, "maximum": 1},
         },
         "required": ["factor"],
         "additionalProperties": False,
@@ -38,7 +43,8 @@ BUILTIN_SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "object",
         "properties": {"skip_batches": {"type": "integer", "minimum": 0, "maximum": 10_000_000},
                        # the window the playbook names; default: the first bad batch seen
-                       "skip_from_batch": {"type": "integer", "minimum": 0}},
+                       "skip_from_batch": {"type": "integer", "minimum": 0,
+                                           "maximum": MAX_BATCH}},
         "additionalProperties": False,
     },
     CHECKPOINT: {"type": "object", "additionalProperties": False},
@@ -103,6 +109,9 @@ def validate(payload: Any, schemas: dict[str, dict[str, Any]]) -> Command:
     args = payload.get("args", {})
     if args is None:
         args = {}
+    bad = first_non_finite(args)
+    if bad is not None:
+        raise CommandError(f"{command_type}: {bad}: must be a finite number")
     _check_schema(schemas[command_type], args, command_type)
     return Command(id=command_id, type=command_type, args=dict(args))
 

@@ -16,6 +16,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
+from exporters import finite
 from exporters.tokens import bearer, token_matches
 from exporters.training.store import ApiError, Store
 
@@ -88,7 +89,9 @@ class ControlApp:
                            f"body required, at most {MAX_BODY_BYTES} bytes with Content-Length")
         raw = request.get_data(cache=False)
         try:
-            payload = json.loads(raw)
+            payload = finite.loads(raw)
+        except finite.NonFiniteError as exc:
+            raise ApiError(400, f"body is not valid JSON: {exc}") from None
         except (ValueError, UnicodeDecodeError, RecursionError):
             raise ApiError(400, "body is not valid JSON") from None
         status, body = self._store.post_command(job, payload)

@@ -64,6 +64,8 @@ class ControlPoller:
             return []
         if response.status != 200:
             raise OSError(f"control API answered {response.status}")
+        # NaN/Infinity literals parse here on purpose: cmd.validate refuses that one entry
+        # (non-finite argument) and the commands beside it still arrive.
         document = json.loads(body)
         commands = document.get("commands", []) if isinstance(document, dict) else []
         return commands if isinstance(commands, list) else []

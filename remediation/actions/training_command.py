@@ -21,6 +21,7 @@ from urllib.parse import quote
 import requests
 
 from exporters.catalog import LABEL_JOB, TRAINING_STEP
+from exporters.finite import NonFiniteError, require_finite
 from remediation.actions.base import ActionContext, ActionError, timeout_of
 from remediation.templating import TemplateError, render
 
@@ -52,7 +53,8 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
         raise ActionError(f"training_command: alert has no {LABEL_JOB} label")
     try:
         args = render(step.get("args", {}), ctx.labels, ctx.template_config)
-    except TemplateError as exc:
+        require_finite(args, "args")  # the playbook was checked at load; this is what is sent
+    except (TemplateError, NonFiniteError) as exc:
         raise ActionError(f"training_command: {exc}") from exc
     command = {"id": ctx.command_id(), "type": step["command"], "args": args}
     instances = job_instances(ctx, job)

@@ -8,6 +8,8 @@ from importlib import resources
 
 from jsonschema import Draft202012Validator
 
+from exporters.finite import first_non_finite
+
 
 @cache
 def validator(name: str) -> Draft202012Validator:
@@ -19,7 +21,16 @@ def validator(name: str) -> Draft202012Validator:
 
 
 def first_error(name: str, document: object) -> str | None:
-    """A one-line description of the first schema violation, naming the key path; None if valid."""
+    """A one-line description of the first schema violation, naming the key path; None if valid.
+
+    A NaN or infinite number anywhere is a violation of every schema here, checked first:
+    `json.loads` and YAML (`.nan`, `.inf`) produce them, and a schema's numeric bounds let NaN
+    through (every comparison with it is false), so a cooldown, a rate limit or a training
+    command's argument could otherwise be NaN.
+    """
+    bad = first_non_finite(document)
+    if bad is not None:
+        return f"{bad}: must be a finite number"
     errors = sorted(validator(name).iter_errors(document), key=lambda e: list(e.absolute_path))
     if not errors:
         return None

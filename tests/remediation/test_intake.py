@@ -245,6 +245,53 @@ def test_bad_config_names_file_and_key(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "surprise" in proc.stderr
 
 
+LR_STEP = {"action": "training_command", "command": "scale_lr"}
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    ({"steps": [{**LR_STEP, "args": {"factor": float("nan")}}]}, "steps/0/args/factor"),
+    ({"steps": [{**LR_STEP, "args": {"factor": 0.5, "floor": float("inf")}}]}, "floor"),
+    ({"steps": [{**LR_STEP, "args": {"factor": 5}}]}, "factor"),
+    ({"steps": [{"action": "training_command", "command": "rollback",
+                 "args": {"skip_batches": -3}}]}, "skip_batches"),
+    ({"cooldown": float("nan")}, "cooldown"),
+    ({"rate_limit": {"count": 2, "window": float("inf")}}, "rate_limit/window"),
+    ({"steps": [{"action": "ansible", "playbook": "gpu_power_limit.yml",
+                 "vars": {"reduce_by_percent": float("nan")}}]}, "reduce_by_percent"),
+])
+def test_non_finite_or_out_of_bounds_playbook_numbers_are_refused(
+        tmp_path: Path, change: dict, fragment: str) -> None:
+    """Issue 25 item 5, playbook boundary: YAML's .nan/.inf (and a training command's
+    arguments out of the exporter's bounds) stop the playbook from loading, naming the key.
+    On the code before the fix `factor: .nan` loaded and was sent to every rank."""
+    write_playbook(tmp_path, {"name": "lr", "match": {"alertname": ["TrainingLossSpike"]},
+                              "target": ["training_job"], "steps": [LR_STEP], **change})
+    text = (tmp_path / "lr.yaml").read_text()
+    assert ".nan" in text or ".inf" in text or "nan" not in str(change)
+    with pytest.raises(PlaybookError, match=fragment):
+        load_playbooks(tmp_path)
+
+
+def test_non_finite_config_numbers_and_webhook_literals_are_refused(tmp_path: Path,
+                                                                     service_factory) -> None:
+    """Issue 25 item 5, config and webhook: a NaN passes `"exclusiveMinimum": 0` (every
+    comparison with it is false), so `poll_interval_seconds: .nan` loaded on the code before
+    the fix; a NaN literal in a webhook body is a 400 like any other non-JSON."""
+    path = write_config(tmp_path / "cfg")
+    raw = yaml.safe_load(path.read_text())
+    raw["poll_interval_seconds"] = float("nan")
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="poll_interval_seconds: must be a finite number"):
+        load_config(path)
+    with service_factory([PAGE], start_worker=False) as svc:
+        body = json.dumps(payload(alert("TrainingLossSpike", {"training_job": "j"})))
+        body = body[:-1] + ', "weight": NaN}'
+        resp = svc.client.post("/v1/alerts", data=body, headers=auth(),
+                               content_type="application/json")
+        assert resp.status_code == 400 and "finite" in resp.json["error"]
+        assert svc.store.list_intents() == []
+
+
 def test_approver_file_holds_digests_and_refuses_the_webhook_token(tmp_path: Path) -> None:
     """Issue 11 item 3: approver tokens are made by the tool and stored hashed; a file that
     would let the webhook token approve stops the service at start."""

@@ -135,3 +135,20 @@ def test_builtin_and_registered_commands_apply_and_report_status(tmp_path: Path)
             assert optimizer.param_groups[0]["lr"] == 0.5
         finally:
             monitor.close()
+
+
+@pytest.mark.parametrize("args", [
+    {"factor": float("nan")}, {"factor": 0.5, "floor": float("inf")},
+    {"factor": 0.5, "floor": float("nan")},
+])
+def test_ranks_refuse_non_finite_arguments_whatever_the_source(args: dict) -> None:
+    """Issue 25 item 5, rank side: a command learned from a peer rank (not through this
+    node's exporter) is validated again before it is applied; NaN passed the schema's bounds
+    on the code before the fix."""
+    from exporters.training import commands as cmd
+
+    with pytest.raises(cmd.CommandError, match="finite"):
+        cmd.validate({"id": "c1", "type": "scale_lr", "args": args}, cmd.BUILTIN_SCHEMAS)
+    custom = {**cmd.BUILTIN_SCHEMAS, "nudge": cmd.DEFAULT_CUSTOM_SCHEMA}
+    with pytest.raises(cmd.CommandError, match="finite"):
+        cmd.validate({"id": "c2", "type": "nudge", "args": {"by": float("inf")}}, custom)

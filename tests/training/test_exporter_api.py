@@ -117,6 +117,27 @@ def test_bad_commands_get_a_clear_4xx_and_change_nothing(
     assert exp.api("GET", f"/v1/jobs/{JOB}/commands").json() == {"commands": []}
 
 
+@pytest.mark.parametrize("raw", [
+    '{"type": "scale_lr", "args": {"factor": NaN}}',
+    '{"type": "scale_lr", "args": {"factor": -Infinity}}',
+    '{"type": "scale_lr", "args": {"factor": 0.5, "floor": Infinity}}',
+    '{"type": "scale_lr", "args": {"factor": 0.5, "floor": 1e400}}',
+    '{"type": "scale_lr", "args": {"factor": 0.5, "floor": 2}}',
+    '{"type": "rollback", "args": {"skip_from_batch": 1152921504606846976}}',
+    '{"type": "set_batch_size", "args": {"batch_size": NaN}}',
+])
+def test_non_finite_or_unbounded_command_arguments_are_400(
+        node: tuple[Exporter, TrainingMonitor], raw: str) -> None:
+    """Issue 25 item 5: Python's json accepts NaN/Infinity literals and a schema bound lets NaN
+    through (every comparison is false). On the code before the fix `scale_lr` with factor
+    NaN (or floor Infinity) answered 202 and every rank applied it."""
+    exp, _ = node
+    response = exp.api("POST", f"/v1/jobs/{JOB}/commands", data=raw,
+                       headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert exp.api("GET", f"/v1/jobs/{JOB}/commands").json() == {"commands": []}
+
+
 def test_unknown_job_bad_json_and_oversized_body(node: tuple[Exporter, TrainingMonitor]) -> None:
     exp, _ = node
     good = {"type": "scale_lr", "args": {"factor": 0.5}}
