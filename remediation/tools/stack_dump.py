@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from exporters.catalog import ENV_DIAGNOSTICS_DIR
-from exporters.identity import job_from_env
-from remediation.labels import SAFE_VALUE
+from exporters.identity import is_job_name, job_from_env
 
 MAX_DUMP_BYTES = 16 << 20
 LAST_ENTRIES = 5
@@ -173,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--py-spy", default=None, help="py-spy binary (default: next to python)")
     parser.add_argument("--timeout", type=float, default=30.0)
     args = parser.parse_args(argv)
-    if not SAFE_VALUE.match(args.job):
-        print("stack_dump: --job has characters outside the allowlist", file=sys.stderr)
+    if not is_job_name(args.job):  # fullmatch: no trailing newline, one spelling per job
+        print("stack_dump: --job is not a training job name", file=sys.stderr)
         return 2
     py_spy = args.py_spy or shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(py_spy).exists():

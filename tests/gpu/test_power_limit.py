@@ -39,14 +39,19 @@ def test_reduce_then_restore_puts_back_the_operators_limit(scenario_file: Path, 
     result = run_json(capsys, "--gpu", "0", "--reduce-by-percent", "15")
     assert (result["before_watts"], result["after_watts"]) == (600.0, 510.0)
     assert limit_mw(scenario_file) == 510_000
+    # absolute: 10 % below the saved original (600 W), not below the 510 W in force
     run_json(capsys, "--gpu", "0", "--reduce-by-percent", "10")
-    assert limit_mw(scenario_file) == 459_000
+    assert limit_mw(scenario_file) == 540_000
     result = run_json(capsys, "--gpu", "0", "--restore")
     assert result["after_watts"] == 600.0  # the saved original, not the 700 W default
     assert limit_mw(scenario_file) == 600_000
-    result = run_json(capsys, "--gpu", "0", "--restore")  # nothing saved any more: default
-    assert result["after_watts"] == 700.0
+    result = run_json(capsys, "--gpu", "0", "--restore")  # the original is back: no change
+    assert result["after_watts"] == 600.0
     assert limit_mw(scenario_file, gpu=1) == 700_000  # the other GPU is untouched
+    scenario = json.loads(scenario_file.read_text())  # nothing of ours saved for this GPU:
+    scenario["gpus"][1]["power_limit_mw"] = 650_000  # restore falls back to the default
+    scenario_file.write_text(json.dumps(scenario))
+    assert run_json(capsys, "--gpu", "1", "--restore")["after_watts"] == 700.0
 
 
 def test_target_is_clamped_to_the_cards_range(scenario_file: Path, capsys) -> None:
@@ -102,4 +107,95 @@ def test_module_entry_point_runs_as_ansible_calls_it(scenario_file: Path) -> Non
     assert "600 W -> 510 W" in proc.stdout
     assert limit_mw(scenario_file) == 510_000
     state = json.loads(scenario_file.with_name("scenario.power_limit_state.json").read_text())
-    assert state == {UUID0: 600_000}
+    assert state == {"version": 2, "gpus": {UUID0: {
+        "original_mw": 600_000, "ours": True, "command_id": None, "complete": True,
+        "done": []}}}
+
+
+# --- Issue 25 item 3: a re-run of the same step is a no-op ---------------------------------
+
+def test_repeated_reduction_converges_on_one_absolute_target(scenario_file: Path,
+                                                              capsys) -> None:
+    """Even without a command id (an operator's manual re-run) a reduction is computed from
+    the saved original. On the code before the fix: 600 -> 510 -> 433.5 -> 368.5 W."""
+    for _ in range(3):
+        result = run_json(capsys, "--gpu", "0", "--reduce-by-percent", "15")
+        assert result["after_watts"] == 510.0
+    assert limit_mw(scenario_file) == 510_000
+
+
+def test_rerun_of_a_reduction_is_a_no_op_whatever_crashed(scenario_file: Path, capsys) -> None:
+    """The documented recovery after a crash is to run the step again. On the code before the
+    fix every run cut 15 % below the limit in force: 600 -> 510 -> 433.5 -> 368.5 W."""
+    for _ in range(3):
+        run_json(capsys, "--gpu", "0", "--reduce-by-percent", "15", "--command-id", "c1")
+        assert limit_mw(scenario_file) == 510_000
+    # another alert's command converges on the same absolute target
+    result = run_json(capsys, "--gpu", "0", "--reduce-by-percent", "15", "--command-id", "c2")
+    assert result["after_watts"] == 510.0 and result["original_watts"] == 600.0
+    # a restore re-run (its first run completed) leaves the operator's limit alone
+    run_json(capsys, "--gpu", "0", "--restore", "--command-id", "r1")
+    scenario = json.loads(scenario_file.read_text())
+    scenario["gpus"][0]["power_limit_mw"] = 620_000  # the operator changes it afterwards
+    scenario_file.write_text(json.dumps(scenario))
+    result = run_json(capsys, "--gpu", "0", "--restore", "--command-id", "r1")
+    assert result["already_applied"] is True and limit_mw(scenario_file) == 620_000
+
+
+def test_a_run_killed_between_saving_and_setting_is_finished_by_the_rerun(
+        scenario_file: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The state is written before the limit changes: a crash in between leaves the original
+    saved, and the re-run completes the change from it (not from the current limit)."""
+    from exporters.gpu import fake_nvml
+
+    def crash(*_args: object) -> None:
+        raise SystemExit(137)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fake_nvml.FakeNvml, "nvmlDeviceSetPowerManagementLimit", crash)
+        with pytest.raises(SystemExit):
+            power_limit.main(["--gpu", "0", "--reduce-by-percent", "15", "--command-id", "c1"])
+    assert limit_mw(scenario_file) == 600_000
+    run_json(capsys, "--gpu", "0", "--reduce-by-percent", "15", "--command-id", "c1")
+    assert limit_mw(scenario_file) == 510_000
+    # the restore: killed after setting the limit, before it was marked complete
+    real_write = power_limit._write_state
+    writes: list[int] = []
+
+    def die_on_second_write(path: Path, state: dict) -> None:
+        writes.append(1)
+        if len(writes) == 2:
+            raise SystemExit(137)
+        real_write(path, state)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(power_limit, "_write_state", die_on_second_write)
+        with pytest.raises(SystemExit):
+            power_limit.main(["--gpu", "0", "--restore", "--command-id", "r1"])
+    assert limit_mw(scenario_file) == 600_000
+    result = run_json(capsys, "--gpu", "0", "--restore", "--command-id", "r1")
+    assert (result["after_watts"], result["already_applied"]) == (600.0, False)
+    again = run_json(capsys, "--gpu", "0", "--restore", "--command-id", "r1")
+    assert again["already_applied"] is True and limit_mw(scenario_file) == 600_000
+
+
+@pytest.mark.parametrize("argv", [
+    ["--gpu", "0", "--watts", "nan"],
+    ["--gpu", "0", "--watts", "inf"],
+    ["--gpu", "0", "--reduce-by-percent", "nan"],
+    ["--gpu", "0", "--reduce-by-percent", "NaN"],
+    ["--gpu", "07", "--watts", "300"],
+    ["--gpu", "0\n", "--watts", "300"],
+    ["--gpu", " 0", "--watts", "300"],
+    ["--gpu", "+0", "--watts", "300"],
+    ["--gpu", "0_0", "--watts", "300"],
+    ["--gpu", "0", "--watts", "300", "--command-id", "a b"],
+])
+def test_non_finite_and_non_canonical_arguments_exit_2(scenario_file: Path, argv, capsys) -> None:
+    """Issue 25 items 2 and 5: NaN passed the range check (every comparison is false) and
+    int() took " 0", "07", "0\\n" and "0_0" as GPU 0, aliases the service keys apart."""
+    before = scenario_file.read_text()
+    with pytest.raises(SystemExit) as exc:
+        power_limit.main(argv)
+    assert exc.value.code == 2
+    assert scenario_file.read_text() == before
