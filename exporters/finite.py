@@ -38,8 +38,28 @@ def loads(data: str | bytes | bytearray) -> Any:
     return json.loads(data, parse_constant=_reject_constant, parse_float=_finite_float)
 
 
+def _any_non_finite(value: Any) -> bool:
+    """Whether any float inside `value` is NaN or infinite: one pass over the document with no
+    path bookkeeping (the webhook runs this on every payload)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is int or kind is bool or item is None:
+            continue
+        if kind is dict:
+            stack.extend(item.values())
+        elif kind is list or kind is tuple:
+            stack.extend(item)
+        elif isinstance(item, float) and item - item != 0.0:  # inf - inf and nan are NaN
+            return True
+    return False
+
+
 def first_non_finite(value: Any, where: str = "") -> str | None:
     """The path ("args/factor") of the first NaN or infinite float inside `value`, or None."""
+    if not _any_non_finite(value):
+        return None
     if isinstance(value, float):
         return None if math.isfinite(value) else (where or "<value>")
     if isinstance(value, dict):
