@@ -32,6 +32,7 @@ import shutil
 import stat
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -239,8 +240,15 @@ def _rewrite_manifest(path: Path, root: Path, drop: list[tuple[str, Any]]) -> se
     try:
         current = _read_manifest(name, dir_fd)
         entries = _entries(current) or []
-        doomed = set(drop)
-        keep = [e for e in entries if (_entry_name(e), e.get("step")) not in doomed]
+        doomed = Counter(drop)  # as many entries as were planned: a duplicate may be kept
+        keep = []
+        for entry in entries:
+            step = entry.get("step")
+            pair = (_entry_name(entry) or "", step)
+            if type(step) is int and doomed[pair] > 0:
+                doomed[pair] -= 1
+            else:
+                keep.append(entry)
         doc = {**current, "checkpoints": keep} if isinstance(current, dict) else keep
         atomic_write_json(Path(name), doc, dir_fd=dir_fd, indent=2)
         return {n for n in map(_entry_name, keep) if n is not None}

@@ -251,3 +251,16 @@ def test_a_slot_named_by_a_kept_entry_is_never_deleted(tmp_path: Path) -> None:
     assert [Path(r["path"]).name for r in report["remove"]] == ["s2"]
     assert sorted(p.name for p in ckpt.iterdir()) == ["manifest.json", "s3", "slot-a"]
     assert [e["step"] for e in json.loads((ckpt / "manifest.json").read_text())] == [3, 4]
+
+
+def test_a_duplicated_entry_keeps_the_copy_that_is_kept(tmp_path: Path) -> None:
+    """Two identical entries, one kept and one dropped: the manifest keeps one of them (the
+    rewrite drops as many entries as were planned, not every entry that looks the same)."""
+    ckpt = checkpoints(tmp_path, [(1, False), (2, False)])
+    entries = json.loads((ckpt / "manifest.json").read_text())
+    (ckpt / "manifest.json").write_text(json.dumps([*entries, entries[-1]]))
+    out = run_tool("--allowed-root", str(tmp_path), "--checkpoints", str(ckpt), "--keep", "1",
+                   "--json")
+    assert out.returncode == 0, out.stderr
+    assert [e["step"] for e in json.loads((ckpt / "manifest.json").read_text())] == [2]
+    assert sorted(p.name for p in ckpt.glob("*.pt")) == ["s2.pt"]
