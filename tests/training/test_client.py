@@ -157,3 +157,27 @@ def test_bad_sync_period_is_refused_with_a_clear_error(monkeypatch: pytest.Monke
     with pytest.raises(ValueError, match="sync_every"):
         TrainingMonitor(rank_info=INFO, socket_path=str(tmp_path / "x.sock"), control=False,
                         sync_every=-1)
+
+
+def test_a_non_finite_command_is_reported_failed_and_the_lr_is_untouched(
+        receiver: tuple[socket.socket, Path]) -> None:
+    """Issue 25 item 5, the client that applies commands: a `scale_lr` with factor NaN that
+    reaches a rank (from its exporter's poll or a peer rank, through the same queue) fails
+    there. On the code before the fix every rank applied it and the LR became NaN."""
+    class Optimizer:
+        param_groups = [{"lr": 0.1}]
+
+    _, path = receiver
+    optimizer = Optimizer()
+    monitor = TrainingMonitor(rank_info=INFO, socket_path=str(path), control=False,
+                              optimizer=optimizer, flush_interval=60.0)
+    try:
+        for number, factor in enumerate((math.nan, math.inf, 0.5)):
+            monitor._incoming.append({"id": f"c{number}", "type": "scale_lr",
+                                      "args": {"factor": factor}})
+        control = monitor.step_end(0)
+        statuses = {e["id"]: e["status"] for e in control.applied}
+        assert statuses == {"c0": "failed", "c1": "failed", "c2": "applied"}
+        assert optimizer.param_groups[0]["lr"] == 0.05
+    finally:
+        monitor.close()
