@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--watts", type=_bounded(float, 0, MAX_WATTS, low_inclusive=False),
                       help="new limit in watts (clamped to the card's range)")
     mode.add_argument("--reduce-by-percent", type=_bounded(float, 0, 90, low_inclusive=False),
-                      metavar="P", help="lower the current limit by P percent (0 < P <= 90)")
+                      metavar="P", help="set the limit P percent below the operator's (saved) "
+                                        "limit, however often it runs (0 < P <= 90)")
     mode.add_argument("--restore", action="store_true",
                       help="restore the limit saved before the first change (else the default)")
     parser.add_argument("--command-id", type=_matching(COMMAND_ID, "--command-id"),
@@ -132,7 +133,10 @@ def _read_state(path: Path) -> dict[str, dict[str, Any]]:
         return {}
     except (OSError, json.JSONDecodeError) as exc:
         raise PowerLimitError(f"cannot read state file {path}: {exc}") from exc
-    if isinstance(data, dict) and data.get("version") == STATE_VERSION:
+    if isinstance(data, dict) and "version" in data:  # else the bare {uuid: mW} of before
+        if data["version"] != STATE_VERSION:
+            raise PowerLimitError(f"state file {path} has version {data['version']!r}; this "
+                                  f"tool reads version {STATE_VERSION}")
         data = data.get("gpus")
     entries = {k: _entry(v) for k, v in data.items()} if isinstance(data, dict) else None
     if entries is None or any(v is None for v in entries.values()):

@@ -199,3 +199,14 @@ def test_non_finite_and_non_canonical_arguments_exit_2(scenario_file: Path, argv
         power_limit.main(argv)
     assert exc.value.code == 2
     assert scenario_file.read_text() == before
+
+
+def test_a_state_file_of_the_earlier_format_still_restores(scenario_file: Path, capsys) -> None:
+    """`{uuid: milliwatts}` (written before the state had versions) reads as "original saved,
+    our change in force"; an unknown version is refused, not guessed at."""
+    state = scenario_file.with_name("scenario.power_limit_state.json")
+    state.write_text(json.dumps({UUID0: 650_000}))
+    assert run_json(capsys, "--gpu", "0", "--restore")["after_watts"] == 650.0
+    state.write_text(json.dumps({"version": 3, "gpus": {}}))
+    assert power_limit.main(["--gpu", "0", "--restore"]) == 1
+    assert "version 3" in capsys.readouterr().err
