@@ -14,9 +14,10 @@ writer's `write_data`, to a writer process:
     afterwards a save only sends where each tensor lies in it (a few bytes per tensor);
   * the writer runs DCP's own FileSystemWriter.write_data on those tensors, so the files and
     the write results are exactly those of an in-process save;
-  * it runs at idle priority (SCHED_IDLE, else nice 19) from its first instruction, its
-    start-up included (importing torch costs seconds of a core), so it only ever takes CPU
-    time the training process and its data loaders leave unused; the checkpoint manager
+  * it runs at the lowest priority (nice 19; SCHED_IDLE with `idle=True`) from its first
+    instruction, its start-up included (importing torch costs seconds of a core), so it
+    takes next to no CPU time the training process and its data loaders want (a nice-19
+    process beside a nice-0 one on a core gets 15/1039 of it); the checkpoint manager
     waits for it to be ready (warm) before the first step, so that start-up never overlaps
     training (issue 28: it made a short run's first 100 steps 1.9x slower). Where training
     keeps every core busy, a write proceeds in the training process's idle moments, and at
@@ -49,8 +50,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the writer imports torch only once it runs at idle priority (main)
     import torch
 
-# Idle priority: the writer (its start-up included) runs only on CPU time the training
-# process and its data loaders leave unused. SCHED_IDLE where the OS has it, else nice 19.
+# The lowest priority: the writer (its start-up included) runs on CPU time the training
+# process and its data loaders leave unused. Nice 19 rather than SCHED_IDLE by default: on a
+# host whose every core is busy (a shared test machine) SCHED_IDLE's weight of 3 against
+# nice 19's 15 can stall the writer's start-up and writes for tens of seconds, which the
+# next save would then wait for.
 WRITER_NICE = 19
 READY_TIMEOUT_S = 600.0  # importing torch on a loaded host can take a minute
 _HEADER = struct.Struct("!QI")  # payload length, number of file descriptors
@@ -117,7 +121,7 @@ def _child_env() -> dict[str, str]:
 class WriterProcess:
     """Client of one writer process; thread-safe (one request at a time)."""
 
-    def __init__(self, nice: int = WRITER_NICE, idle: bool = True) -> None:
+    def __init__(self, nice: int = WRITER_NICE, idle: bool = False) -> None:
         self._nice = nice
         self._idle = idle
         self._lock = threading.Lock()
@@ -289,10 +293,10 @@ def shared_writer_pid() -> int | None:
 
 
 def lower_priority(pid: int, nice: int, idle: bool) -> str:
-    """Put process `pid` (0: this one) at idle priority: SCHED_IDLE where the OS has it and
-    `idle`, else `nice` (an increment from 0; lowering never needs privileges). Returns
-    what was set; an OS that refuses both leaves the priority as it is (logged by nobody:
-    the writer still works, only less politely)."""
+    """Put process `pid` (0: this one) at the lowest priority: SCHED_IDLE where the OS has
+    it and `idle`, else nice `nice` (lowering never needs privileges). Returns what was set;
+    an OS that refuses both leaves the priority as it is (the writer still works, only less
+    politely)."""
     if idle and hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
         try:
             os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))

@@ -9,12 +9,12 @@ construction, and every rank computes the same ordered union from the same gathe
 Megatron-LM's signal handler uses the same all-gather-every-N-steps pattern.
 
 The common case is that nobody knows anything new, so a sync step is one fixed-size
-all-reduce (MAX of the number of not-yet-applied commands each rank knows: one int64,
-whatever the world size); only when that is non-zero do the ranks exchange the commands
-themselves (`all_gather_object`). On a backend other than gloo (NCCL) the all-reduce runs on
-a side gloo group over the same ranks, so the step gains no host-device synchronisation
-(reading an NCCL result on the host would wait for the GPU stream). Numbers:
-docs/performance.md ("Command agreement").
+all-reduce (MAX of the number of not-yet-applied commands each rank knows: one int64, two
+with the first bad batch below, whatever the world size); only when that is non-zero do the
+ranks exchange the commands themselves (`all_gather_object`). On a backend other than gloo
+(NCCL) the all-reduce runs on a side gloo group over the same ranks, so the step gains no
+host-device synchronisation (reading an NCCL result on the host would wait for the GPU
+stream). Numbers: docs/performance.md ("Command agreement").
 
 The same all-reduce carries one more int64: the earliest batch any rank saw a non-finite loss
 at (`mark`, MIN as MAX of its negation), so every rank holds the same first bad batch and rank
