@@ -113,9 +113,10 @@ def test_rollback_after_a_restart_skips_from_the_journalled_first_bad_batch(
         tmp_path: Path) -> None:
     """Point 2: batch 10 is bad (step 10). That sync step agrees it and journals it (and the
     next checkpoint holds it); the process then dies (no rollback yet) and a new one resumes
-    from the step-8 checkpoint. The rollback command (skip 1) arrives at step 9 of the new process, which read batch 9,
-    before batch 10 is read again: it skips batch 10 (the journalled one, not the batch just
-    read), so the weights stay finite and the command is `applied` truthfully."""
+    from the step-8 checkpoint. The rollback command (skip 1) arrives at step 9 of the new
+    process, which read batch 9, before batch 10 is read again: it skips batch 10 (the
+    journalled one, not the batch just read), so the weights stay finite and the command is
+    `applied` truthfully."""
     directory = tmp_path / "ckpt"
     first = Job(directory, poison={10})
     step = 0
