@@ -16,6 +16,10 @@ Then the cost of a sync step with no new commands (the in-band agreement's commo
 exporters.training.sync.Agreement.exchange) at 2 and 4 gloo ranks, next to a 1-float
 all-reduce and the former unconditional all_gather_object, interleaved in the same run
 (`--only sync` runs just that part).
+Then (issue 28, `--runs 400,2000`; `--only runs` runs just that part) whole runs of a training
+loop without Trainwatch and with the client plus an asynchronous checkpoint every 50 steps,
+each run in a fresh process so the checkpoint writer's start-up is paid, start-up shown
+apart: benchmarks/checkpoint.py's part 3, the same code (`bench_runs`).
 The last line printed is a JSON object with every figure and ratio.
 """
 
@@ -286,6 +290,17 @@ def print_sync(result: dict[str, Any]) -> None:
               f"all-reduce {result['growth_all_reduce']}x")
 
 
+def whole_runs(lengths: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """benchmarks/checkpoint.py's whole-run comparison (one implementation), printed."""
+    from benchmarks.checkpoint import bench_runs, print_runs
+
+    runs = bench_runs(lengths, args.run_rounds, args.run_width, args.run_threads, every=50)
+    print_runs(runs)
+    longest = runs[f"steps_{max(lengths)}"]
+    runs["long_run_overhead_le_2pct"] = longest["loop_overhead_pct"] <= 2
+    return runs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000)
@@ -293,8 +308,19 @@ def main() -> int:
     parser.add_argument("--loop-rounds", type=int, default=60, help="off/on/control rounds")
     parser.add_argument("--sync-iters", type=int, default=300, help="warm-up calls per variant")
     parser.add_argument("--sync-rounds", type=int, default=10, help="x sync-iters timed calls")
-    parser.add_argument("--only", choices=("sync",), default=None)
+    parser.add_argument("--only", choices=("sync", "runs"), default=None)
+    parser.add_argument("--runs", default="400,2000",
+                        help="whole-run lengths (client + async checkpoints vs none); '' skips")
+    parser.add_argument("--run-rounds", type=int, default=2)
+    parser.add_argument("--run-width", type=int, default=2500,
+                        help="width of the 4 layers of the runs' model (2500: 200 MB state)")
+    parser.add_argument("--run-threads", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     args = parser.parse_args()
+    lengths = [int(n) for n in args.runs.split(",") if n.strip()]
+    if args.only == "runs":
+        runs = whole_runs(lengths, args)
+        print(json.dumps({"benchmark": "training_client.runs", "runs": runs}))
+        return 0
     sync_result = bench_sync((2, 4), args.sync_iters, args.sync_rounds)
     sync_goals = {
         "sync_le_1_5x_all_reduce": all(v["sync_over_all_reduce"] <= 1.5
@@ -330,6 +356,7 @@ def main() -> int:
         "gauge_set_over_report_median": round(calls["gauge_set"]["median_us"] / report_median, 2),
         "loop_10ms": loop,
         "sync": sync_result,
+        "runs": whole_runs(lengths, args) if lengths else None,
     }
     result["goals_met"] = {
         "median_le_5us": report_median <= 5,

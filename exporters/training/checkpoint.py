@@ -73,7 +73,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from exporters.atomic_file import atomic_write
 from exporters.training import train_state as ts
-from exporters.training.checkpoint_writer import WriterProcess, shared_writer
+from exporters.training.checkpoint_writer import WriterError, WriterProcess, shared_writer
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -83,6 +83,10 @@ PROBE_PREFIX = ".layout-probe-"
 # Where an asynchronous save's shards are written: a writer process of its own (default; see
 # checkpoint_writer.py) or a thread of the training process.
 WRITERS = ("process", "thread")
+# When an asynchronous save copies the state: in the background, the next optimizer.step()
+# waiting for the copy ("background"), or before save() returns ("on_save"). See
+# docs/training.md "What an asynchronous checkpoint holds".
+STAGING = ("background", "on_save")
 # DCP's CheckpointException derives from BaseException: name it wherever failures are caught.
 
 
@@ -206,6 +210,35 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
+def _step_hook_target(optimizer: Any) -> Any:
+    """The torch optimizer under framework wrappers (accelerate's AcceleratedOptimizer in the
+    Hugging Face Trainer, Lightning's LightningOptimizer keep it in `.optimizer`): the one
+    whose `step()` changes the weights and that takes a step pre-hook. AcceleratedOptimizer
+    subclasses torch's Optimizer without running its constructor (no hook table), so the
+    innermost one is taken. None if there is no torch optimizer inside."""
+    for _ in range(8):
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer:
+            break
+        optimizer = inner
+    if isinstance(optimizer, torch.optim.Optimizer) and \
+            hasattr(optimizer, "_optimizer_step_pre_hooks"):
+        return optimizer
+    return None
+
+
+def _nonfinite_weights(state: dict[str, Any]) -> list[str]:
+    """Names of floating-point tensors holding NaN or Inf (this rank's local shards)."""
+    bad = []
+    for key, value in state.items():
+        if hasattr(value, "to_local"):
+            value = value.to_local()
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel() \
+                and not bool(torch.isfinite(value).all()):
+            bad.append(key)
+    return bad
+
+
 def _finite(loss: Any) -> bool:
     if loss is None:
         return True
@@ -246,11 +279,13 @@ class CheckpointManager:
     def __init__(self, directory: str | Path, model: torch.nn.Module, optimizer: Any = None,
                  scheduler: Any = None, *, scaler: Any = None, data: Any = None, keep: int = 3,
                  asynchronous: bool = True, writer: str = "process",
-                 process_group: Any = None) -> None:
+                 staging: str = "background", process_group: Any = None) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
         if writer not in WRITERS:
             raise ValueError(f"writer must be one of {WRITERS}, not {writer!r}")
+        if staging not in STAGING:
+            raise ValueError(f"staging must be one of {STAGING}, not {staging!r}")
         self.directory = Path(directory)
         self.model = model
         self.optimizer = optimizer
@@ -278,7 +313,11 @@ class CheckpointManager:
         # memory path does the same with the device-to-host copy).
         # With the process writer the copy lives in shared memory, which the writer process
         # maps once and reads at every save (no second copy).
-        self._async_staging = asynchronous and optimizer is not None
+        # Under a framework's optimizer wrapper the hook goes on the torch optimizer inside;
+        # an optimizer with no torch optimizer inside gets the copy before save() returns.
+        hook_target = _step_hook_target(optimizer)
+        self._async_staging = (asynchronous and staging == "background"
+                               and hook_target is not None)
         self._writer: WriterProcess | None = (shared_writer() if asynchronous
                                               and writer == "process" else None)
         self._stager = (DefaultStager(StagingOptions(False, self._writer is not None,
@@ -286,7 +325,7 @@ class CheckpointManager:
                         if asynchronous else None)
         self._staging: Future[Any] | None = None
         if self._async_staging:
-            optimizer.register_step_pre_hook(lambda *_: self.wait_staged())
+            hook_target.register_step_pre_hook(lambda *_: self.wait_staged())
         # DCP's collectives (and the commit all-reduce) run on a group of their own, so a
         # background write never interleaves with the training job's collectives.
         self._group = (dist.new_group(backend="gloo") if self._distributed
@@ -300,6 +339,14 @@ class CheckpointManager:
             self._remove_uncommitted()
         self._barrier()
         self.state.merge_effects(ts.read_effects(self.directory))
+        if self._writer is not None:
+            # Warm before the first step: the writer's start-up (importing torch, seconds of
+            # a core at idle priority) runs while the job is still setting up, never beside
+            # its first steps. A writer that cannot start fails its saves, reported there.
+            try:
+                self._writer.ensure_ready()
+            except WriterError as exc:
+                log.error("checkpoint writer process did not start: %s", exc)
 
     # --- collectives (training thread, only while nothing is in flight) ---------------------
     @property
@@ -316,6 +363,14 @@ class CheckpointManager:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._group)
         return bool(flag.item())
+
+    def _all_ok_pair(self, first: bool, second: bool) -> tuple[bool, bool]:
+        """Both flags AND-ed over ranks in one all-reduce (on the manager's own group)."""
+        if not self._multi:
+            return first, second
+        flags = torch.tensor([int(first), int(second)], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=self._group)
+        return bool(flags[0]), bool(flags[1])
 
     def _from_rank0(self, value: Any) -> Any:
         if not self._multi:
@@ -374,9 +429,23 @@ class CheckpointManager:
         atomic_write(self.directory / MANIFEST, lambda f: f.write(body))
 
     def newest_healthy(self, before_step: int | None = None) -> dict[str, Any] | None:
-        healthy = [e for e in self.manifest() if e.get("healthy")
+        return self._newest_healthy_except(before_step, [])
+
+    def _newest_healthy_except(self, before_step: int | None,
+                               refused: list[str]) -> dict[str, Any] | None:
+        healthy = [e for e in self.manifest() if e.get("healthy") and e["dir"] not in refused
                    and (before_step is None or e["step"] <= before_step)]
         return max(healthy, key=lambda e: (e["step"], e.get("time", 0))) if healthy else None
+
+    def _mark_unhealthy(self, name: str) -> None:
+        """Rank 0: the manifest no longer offers this checkpoint as a rollback target."""
+        with self._lock:
+            entries = self.manifest()
+            for entry in entries:
+                if entry["dir"] == name:
+                    entry["healthy"] = False
+                    entry["refused"] = "non-finite weights"
+            self._write_manifest(entries)
 
     def _retain(self, entries: list[dict[str, Any]]
                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -566,21 +635,43 @@ class CheckpointManager:
         NoHealthyCheckpoint or RollbackFailed identically on every rank.
         """
         self.wait()
-        entry = self._from_rank0(self.newest_healthy(before_step) if self.rank == 0 else None)
-        if entry is None:
-            raise NoHealthyCheckpoint(f"no healthy checkpoint in {self.directory}")
-        error: str | None = None
-        loaded = None
-        try:
-            loaded = self._read(entry)
-        except (Exception, CheckpointException) as exc:  # the latter is a BaseException
-            error = f"{type(exc).__name__}: {exc}"[:300]
-            log.error("rank %d cannot read checkpoint %s: %s", self.rank, entry["dir"], error)
-        if not self._all_ok(error is None) or loaded is None:
-            raise RollbackFailed(
-                f"checkpoint {entry['dir']} could not be read by every rank "
-                f"({'this rank: ' + error if error else 'another rank failed'}); "
-                "no rank changed its state")
+        refused: list[str] = []
+        while True:
+            entry = self._from_rank0(self._newest_healthy_except(before_step, refused)
+                                     if self.rank == 0 else None)
+            if entry is None:
+                raise NoHealthyCheckpoint(
+                    f"no healthy checkpoint in {self.directory}"
+                    + (f" (refused, non-finite weights: {', '.join(refused)})" if refused
+                       else ""))
+            error: str | None = None
+            loaded = None
+            finite = True
+            try:
+                loaded = self._read(entry)
+                nonfinite = _nonfinite_weights(loaded[0]["model"])
+                if nonfinite:
+                    finite = False
+                    log.error("checkpoint %s holds non-finite weights on rank %d (%s): not a "
+                              "rollback target", entry["dir"], self.rank,
+                              ", ".join(nonfinite[:5]))
+            except (Exception, CheckpointException) as exc:  # the latter is a BaseException
+                error = f"{type(exc).__name__}: {exc}"[:300]
+                log.error("rank %d cannot read checkpoint %s: %s", self.rank, entry["dir"],
+                          error)
+            ok, all_finite = self._all_ok_pair(error is None, finite)
+            if not ok or loaded is None:
+                raise RollbackFailed(
+                    f"checkpoint {entry['dir']} could not be read by every rank "
+                    f"({'this rank: ' + error if error else 'another rank failed'}); "
+                    "no rank changed its state")
+            if all_finite:
+                break
+            # Labelled healthy by its losses, yet its weights are NaN or Inf on some rank:
+            # restoring it would leave the job poisoned. Marked unhealthy; the next older one.
+            refused.append(str(entry["dir"]))
+            if self.rank == 0:
+                self._mark_unhealthy(str(entry["dir"]))
         effects = self.state.effects()
         saved_multiplier = float((loaded[1].get("train_state") or {}).get("lr_multiplier", 1.0))
         restored = self._apply(*loaded)

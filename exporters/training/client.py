@@ -153,8 +153,11 @@ class TrainingMonitor:
         # Data position and non-finite losses by report sequence number (the shipper fills
         # _nonfinite_seqs for floats and tensors alike), so a rollback knows the batch the
         # failure was first seen at; _health_mark is the count seen at the last checkpoint.
+        # _batch is the first batch taken since the previous report: a step that reads
+        # several (gradient accumulation) is known by its first, where a skip must start.
         self._own_state = TrainState()
         self._batch: int | None = None
+        self._bad_scan = (-1, None)  # (_nonfinite_seen when scanned, first bad batch then)
         self._batch_by_seq: deque[tuple[int, int]] = deque(maxlen=4096)
         self._nonfinite_seqs: deque[int] = deque(maxlen=1024)
         self._nonfinite_seen = 0
@@ -224,7 +227,7 @@ class TrainingMonitor:
                 self._nonfinite += 1
                 self._shipper.wake.set()
         self._seq += 1
-        if batch is not None:
+        if batch is not None:  # the caller knows the step's first batch better
             self._batch = batch
         if self._batch is not None:
             self._batch_by_seq.append((self._seq, self._batch))
@@ -266,12 +269,15 @@ class TrainingMonitor:
     def next_batch(self) -> int:
         """Which batch to read for this step: the data position, past any skipped range.
 
-        Call once per step before `report`; the index is global (the same on every rank) and
-        each rank maps it to its own shard. Restored by rollback and restart; batches a
-        rollback skipped are never returned again.
+        Call before `report`, once per batch the step trains on (several under gradient
+        accumulation: the step is known by its first, where a skip starts); the index is
+        global (the same on every rank) and each rank maps it to its own shard. Restored by
+        rollback and restart; batches a rollback skipped are never returned again.
         """
-        self._batch = self.train_state.take_batch()
-        return self._batch
+        index = self.train_state.take_batch()
+        if self._batch is None:
+            self._batch = index
+        return index
 
     def _drained(self, timeout: float = 10.0) -> bool:
         """Wait until the shipper has looked at every report made so far (losses given as
@@ -293,16 +299,49 @@ class TrainingMonitor:
         self._health_mark = seen
         return healthy
 
-    def _failure_batch(self) -> int | None:
-        """The batch of the first non-finite loss since the last rollback, else the batch of
-        the newest report (the failure was seen now)."""
+    def _first_bad_batch(self) -> int | None:
+        """This rank's first batch of the earliest step with a non-finite loss since the last
+        rollback, from what the shipper has looked at so far (no waiting). Rescanned only
+        when the shipper saw another non-finite loss: a sync step pays one comparison."""
+        seen = self._nonfinite_seen
+        if self._bad_scan[0] == seen:
+            return self._bad_scan[1]
+        bad = sorted(q for q in list(self._nonfinite_seqs) if q > self._rollback_seq)
+        found = None
+        if bad:
+            batches = dict(self._batch_by_seq)
+            found = next((batches[q] for q in bad if q in batches), None)
+        self._bad_scan = (seen, found)
+        return found
+
+    def _failure_batches(self) -> tuple[int | None, int | None]:
+        """(first bad batch since the last rollback: this rank's, after waiting for the
+        shipper to look at every report, or the agreed durable one, the earlier; the batch
+        of the newest report, where the failure was seen when no loss was non-finite)."""
         self._drained()
-        bad = [q for q in list(self._nonfinite_seqs) if q > self._rollback_seq]
-        batches = dict(self._batch_by_seq)
-        for seq in sorted(bad):
-            if seq in batches:
-                return batches[seq]
-        return self._batch_by_seq[-1][1] if self._batch_by_seq else None
+        known = [b for b in (self._first_bad_batch(), self.train_state.bad_batch)
+                 if b is not None]
+        newest = self._batch_by_seq[-1][1] if self._batch_by_seq else None
+        return (min(known) if known else None), newest
+
+    def _agree_bad_batch(self) -> None:
+        """Adopt the earliest first bad batch over ranks (from this sync step's all-reduce)
+        into the training state and journal it, so a rollback after a restart skips from
+        it. Rare: once per failure."""
+        agreed = self._agreement.mark
+        state = self.train_state
+        if agreed is None or agreed == state.bad_batch:
+            return
+        state.bad_batch = agreed
+        self._journal()
+
+    def _journal(self) -> None:
+        if self._checkpoints is not None:
+            try:
+                self._checkpoints.journal_effects()
+            except OSError as exc:  # the effect holds in memory and rides in the next save
+                log.error("cannot journal command effects in %s: %s",
+                          self._checkpoints.directory, exc)
 
     def step_end(self, step: int) -> Control:
         """Call once per step on every rank, after `report`. Applies agreed commands.
@@ -323,8 +362,12 @@ class TrainingMonitor:
                 # is not stuck pending.
                 outcome = self._applied_log.get(command["id"]) or durable[command["id"]]
                 self._applied_events.append((time.monotonic(), outcome))
-        agreed = sync.union(self._agreement.exchange(list(self._known.values())),
-                            self._applied_ids | set(durable))
+        mine = [b for b in (self._first_bad_batch(), self.train_state.bad_batch)
+                if b is not None]
+        gathered = self._agreement.exchange(list(self._known.values()),
+                                            min(mine) if mine else None)
+        self._agree_bad_batch()
+        agreed = sync.union(gathered, self._applied_ids | set(durable))
         control = Control(next_step=step + 1)
         for command in agreed:
             self._apply(command, step, control)
@@ -367,12 +410,7 @@ class TrainingMonitor:
         while len(self._applied_log) > 1000:
             self._applied_log.pop(next(iter(self._applied_log)))
         self.train_state.record_applied(command_id, event)
-        if self._checkpoints is not None:
-            try:
-                self._checkpoints.journal_effects()
-            except OSError as exc:  # the effect holds in memory and rides in the next save
-                log.error("cannot journal command effects in %s: %s",
-                          self._checkpoints.directory, exc)
+        self._journal()
         self._shipper.wake.set()
 
     def _run(self, command: cmd.Command, step: int, control: Control) -> Any:
@@ -389,21 +427,34 @@ class TrainingMonitor:
                 raise RuntimeError("no CheckpointManager given to TrainingMonitor")
             return {"path": str(self._checkpoints.save(step, loss=self._last_loss))}
         handler, _ = self._custom[command.type]
+        if self._checkpoints is not None:  # a handler may change weights in place: the
+            self._checkpoints.wait_staged()  # save in flight keeps the state at save()
         return handler(args, step)
 
     def _rollback(self, skip: int, skip_from: int | None, control: Control) -> dict[str, Any]:
         """One decision for all ranks (CheckpointManager.rollback), then skip the bad data:
-        `skip` batches from the first one the failure was seen at (agreed across ranks: the
-        earliest any rank saw), or from `skip_from` when the playbook names the window."""
-        start = skip_from if skip_from is not None else self._failure_batch()
-        if skip:
-            start = sync.min_over_ranks(start, self._group)
+        `skip` batches from the first batch of the first step whose loss was non-finite
+        (agreed across ranks: the earliest any rank saw; durable, so also after a restart),
+        else from the newest step's first batch (the failure was seen now), or from
+        `skip_from` when the playbook names the window. A first bad batch before the restored
+        data position is stale (a healthy checkpoint was taken after it) and not used.
+        The agreement runs on the Agreement's group (a side gloo group on NCCL)."""
+        bad = newest = None
+        if skip and skip_from is None:
+            bad, newest = self._agreement.min_over_ranks(list(self._failure_batches()))
         restored = self._checkpoints.rollback()  # raises on every rank alike
         self._rollbacks += 1
         self._rollback_seq = self._seq
         self._health_mark = self._nonfinite_seen
+        self._bad_scan = (-1, None)
+        self.train_state.bad_batch = None  # used (or stale): the next failure sets it anew
         control.rolled_back = True
         control.next_step = restored.step + 1
+        position = self.train_state.next_batch
+        if skip_from is not None:
+            start = int(skip_from)
+        else:
+            start = bad if bad is not None and bad >= position else newest
         window = None
         if skip and start is not None:
             window = self.train_state.add_skip(start, skip)

@@ -9,12 +9,18 @@ construction, and every rank computes the same ordered union from the same gathe
 Megatron-LM's signal handler uses the same all-gather-every-N-steps pattern.
 
 The common case is that nobody knows anything new, so a sync step is one fixed-size
-all-reduce (MAX of the number of not-yet-applied commands each rank knows: one int64,
-whatever the world size); only when that is non-zero do the ranks exchange the commands
-themselves (`all_gather_object`). On a backend other than gloo (NCCL) the all-reduce runs on
-a side gloo group over the same ranks, so the step gains no host-device synchronisation
-(reading an NCCL result on the host would wait for the GPU stream). Numbers:
-docs/performance.md ("Command agreement").
+all-reduce (MAX of the number of not-yet-applied commands each rank knows: one int64, two
+with the first bad batch below, whatever the world size); only when that is non-zero do the
+ranks exchange the commands themselves (`all_gather_object`). On a backend other than gloo
+(NCCL) the all-reduce runs on a side gloo group over the same ranks, so the step gains no
+host-device synchronisation (reading an NCCL result on the host would wait for the GPU
+stream). Numbers: docs/performance.md ("Command agreement").
+
+The same all-reduce carries one more int64: the earliest batch any rank saw a non-finite loss
+at (`mark`, MIN as MAX of its negation), so every rank holds the same first bad batch and rank
+0 can journal it (exporters.training.train_state) without a collective of its own. Every
+collective of the rollback path (`min_over_ranks`) runs on this object's group too: the side
+gloo group on NCCL, where a CPU tensor on the job's own group would raise.
 
 `Agreement` also counts its own collectives and records when it entered one (`seq`,
 `since`): the shipper reports them, so a rank blocked elsewhere while its peers wait in the
@@ -26,6 +32,8 @@ from __future__ import annotations
 
 import time
 from typing import Any
+
+NONE = 2**62  # "no value" in a MIN over ranks (larger than any batch index)
 
 
 def _distributed() -> Any:
@@ -51,6 +59,7 @@ class Agreement:
         self.seq = 0  # collectives this object entered (same count on every rank)
         self.since: float | None = None  # wall time it entered the one it is in, else None
         self.side_group = False
+        self.mark: int | None = None  # the earliest `mark` over ranks at the last exchange
         self._dist = None
         self._group = process_group
         self._src = 0
@@ -71,7 +80,11 @@ class Agreement:
                      else dist.get_process_group_ranks(process_group))
             self._group = dist.new_group(ranks=ranks, backend="gloo")
             self.side_group = True
-        self._flag = torch.zeros(1, dtype=torch.int64)
+        self._flag = torch.zeros(2, dtype=torch.int64)
+        try:  # a numpy view: element stores cost ~0.1 us where tensor indexing costs several
+            self._view: Any = self._flag.numpy()
+        except RuntimeError:  # torch without numpy
+            self._view = self._flag
 
     def _enter(self) -> None:
         self.seq += 1
@@ -89,16 +102,25 @@ class Agreement:
             self.since = None
         return box[0]
 
-    def exchange(self, known: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-        """What every rank knows, by rank; [] when no rank knows anything (the common path)."""
+    def exchange(self, known: list[dict[str, Any]],
+                 mark: int | None = None) -> list[list[dict[str, Any]]]:
+        """What every rank knows, by rank; [] when no rank knows anything (the common path).
+
+        `mark` (a batch index or None) rides in the same all-reduce: afterwards `self.mark`
+        is the smallest over ranks (None when no rank gave one).
+        """
         if self._dist is None:
+            self.mark = mark
             return [known] if known else []
-        flag = self._flag
-        flag.fill_(len(known))
+        view = self._view
+        view[0] = len(known)
+        view[1] = -(NONE if mark is None else int(mark))  # MAX of -x is MIN of x
         self._enter()
         try:
-            self._dist.all_reduce(flag, op=self._max, group=self._group)
-            if flag.item() == 0:
+            self._dist.all_reduce(self._flag, op=self._max, group=self._group)
+            earliest = -int(view[1])
+            self.mark = None if earliest >= NONE else earliest
+            if int(view[0]) == 0:
                 return []
             self.seq += 1
             gathered: list[Any] = [None] * self.world
@@ -106,6 +128,21 @@ class Agreement:
             return gathered
         finally:
             self.since = None
+
+    def min_over_ranks(self, values: list[int | None]) -> list[int | None]:
+        """Each position's smallest value over ranks (None where no rank has one): one
+        all-reduce on this object's group (the side gloo group on NCCL)."""
+        if self._dist is None:
+            return list(values)
+        import torch
+
+        box = torch.tensor([NONE if v is None else int(v) for v in values], dtype=torch.int64)
+        self._enter()
+        try:
+            self._dist.all_reduce(box, op=self._dist.ReduceOp.MIN, group=self._group)
+        finally:
+            self.since = None
+        return [None if int(v) >= NONE else int(v) for v in box.tolist()]
 
 
 def gather(known: list[dict[str, Any]], process_group: Any = None) -> list[list[dict[str, Any]]]:
@@ -134,19 +171,3 @@ def union(gathered: list[list[dict[str, Any]]], already_applied: set[str]) -> li
                 seen.add(command_id)
                 result.append(command)
     return result
-
-
-def min_over_ranks(value: int | None, process_group: Any = None) -> int | None:
-    """The smallest of every rank's value (None where a rank has none): one tiny all-reduce."""
-    try:
-        import torch
-        import torch.distributed as dist
-    except ImportError:
-        return value
-    if not (dist.is_available() and dist.is_initialized()) or \
-            dist.get_world_size(process_group) == 1:
-        return value
-    none = 2**62
-    box = torch.tensor([none if value is None else int(value)], dtype=torch.int64)
-    dist.all_reduce(box, op=dist.ReduceOp.MIN, group=process_group)
-    return None if int(box.item()) == none else int(box.item())

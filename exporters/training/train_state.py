@@ -32,6 +32,10 @@ class TrainState:
     [start, end) batch ranges that `take_batch` never returns. `lr_multiplier` is the product
     of every applied LR cut, `lr_floor` the highest floor asked for. `applied` maps command id
     to its outcome, newest last. `loader` is a data loader's own state dict, when it has one.
+    `bad_batch` is the first batch of the earliest step whose loss was non-finite on any rank
+    since the last rollback (agreed at sync steps, so the same on every rank): a rollback
+    skips from it even after a restart, when the losses that showed it are gone with the
+    process. It is an effect (kept across a rollback's restore) until a rollback uses it.
     """
 
     next_batch: int = 0
@@ -41,6 +45,7 @@ class TrainState:
     lr_floor: float = 0.0
     applied: dict[str, dict[str, Any]] = field(default_factory=dict)
     loader: dict[str, Any] | None = None
+    bad_batch: int | None = None
 
     # --- data position ------------------------------------------------------------------
     def take_batch(self) -> int:
@@ -75,7 +80,8 @@ class TrainState:
     def effects(self) -> dict[str, Any]:
         """The part a rollback must keep: what remediation did, not where training was."""
         return {"skip": [list(w) for w in self.skip], "lr_multiplier": self.lr_multiplier,
-                "lr_floor": self.lr_floor, "applied": dict(self.applied)}
+                "lr_floor": self.lr_floor, "applied": dict(self.applied),
+                "bad_batch": self.bad_batch}
 
     def merge_effects(self, effects: dict[str, Any]) -> None:
         """Adopt effects recorded later than this state (the in-memory or journalled ones)."""
@@ -85,6 +91,9 @@ class TrainState:
         self.skip.sort()
         self.lr_multiplier = float(effects.get("lr_multiplier", self.lr_multiplier))
         self.lr_floor = float(effects.get("lr_floor", self.lr_floor))
+        if "bad_batch" in effects:  # the newer record wins, a cleared one (None) included
+            bad = effects["bad_batch"]
+            self.bad_batch = bad if type(bad) is int and bad >= 0 else None
         for command_id, outcome in dict(effects.get("applied", {})).items():
             if command_id not in self.applied:
                 self.record_applied(command_id, outcome)

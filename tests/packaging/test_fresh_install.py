@@ -3,7 +3,9 @@
 A fresh virtualenv without system site-packages, `pip install .` and `pip install
 torch==2.13.0` (the local CPU wheel), nothing else: then a real checkpoint is saved and
 restored. Before numpy was declared this crashed at the first save (the torch wheel does not
-pull numpy in, and the manager turns RNG state into bytes through `.numpy()`).
+pull numpy in, and the manager turns RNG state into bytes through `.numpy()`). The script
+changes the weights in place after an asynchronous save, so it calls `wait_staged()` first,
+as docs/training.md asks of any change Trainwatch does not drive itself.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ model = torch.nn.Linear(4, 2)
 manager = CheckpointManager(sys.argv[1], model, torch.optim.SGD(model.parameters(), lr=0.1))
 manager.save(1, loss=0.5)
 digest = weights_digest(model)
+manager.wait_staged()  # the contract: an own in-place change waits for the save's copy
 with torch.no_grad():
     model.weight.add_(1.0)
 assert manager.rollback().step == 1

@@ -126,3 +126,46 @@ def test_a_training_process_killed_with_sigkill_leaves_no_writer_behind(tmp_path
         proc.kill()
         proc.wait()
     wait_until(lambda: not _alive(writer_pid), timeout=60, what="the writer exited")
+
+
+WARM_AT_START = """
+import json, os, sys, torch
+from exporters.training.checkpoint import CheckpointManager
+from exporters.training.checkpoint_writer import shared_writer
+model = torch.nn.Linear(4, 2)
+manager = CheckpointManager(sys.argv[1], model, torch.optim.SGD(model.parameters(), lr=0.1))
+writer = shared_writer()
+print(json.dumps({"ready": writer._ready, "policy": os.sched_getscheduler(writer.pid),
+                  "nice": os.getpriority(os.PRIO_PROCESS, writer.pid)}))
+manager.close()
+"""
+
+
+def test_the_writer_is_warm_before_the_first_step_and_runs_at_idle_priority(
+        tmp_path: Path) -> None:
+    """Issue 28, point 9: the writer's start-up (importing torch: seconds of a core) must not
+    overlap the first training steps, nor take a core from them. A fresh training process:
+    when the manager's constructor returns, the writer has started, imported what it needs and
+    said so, and it runs at the lowest priority (nice 19, or SCHED_IDLE). The priority is set
+    before its imports: by the parent right after the process starts, and by the writer
+    itself first thing."""
+    done = subprocess.run([sys.executable, "-c", WARM_AT_START, str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, check=False,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["ready"], "the constructor waited for the writer's start-up"
+    assert seen["nice"] == 19 or seen["policy"] == getattr(os, "SCHED_IDLE", None), seen
+
+
+def test_a_fresh_writer_is_at_idle_priority_while_it_starts() -> None:
+    from exporters.training.checkpoint_writer import WriterProcess, priority_of
+
+    writer = WriterProcess()
+    try:
+        during = priority_of(writer.pid)  # it is importing torch now
+        writer.ensure_ready()
+        assert during == priority_of(writer.pid)
+        assert during[0] == "SCHED_IDLE" or during[1] == 19, during
+    finally:
+        writer.close()
