@@ -44,6 +44,14 @@ ENV_SYNC_EVERY = "TRAINWATCH_SYNC_EVERY"
 # Where a stalled rank dumps PyTorch's flight recorder for the diagnostics (docs/training.md).
 ENV_DIAGNOSTICS_DIR = "TRAINWATCH_DIAGNOSTICS_DIR"
 DEFAULT_EXPORTER_SOCKET = "/run/trainwatch/training.sock"
+# A rank whose datagrams (one at least every second, exporters/training/shipper.py
+# HEARTBEAT_SECONDS, even while it is blocked in a collective) stopped this long ago has left
+# the job: killed, its node gone, or the job scaled down without it. The training exporter no
+# longer counts it as a member a command waits for (its series stay until the job expires:
+# the stall and vanished alerts read them), and the training_command remediation action
+# sends only to exporters with a job heartbeat this recent. The same bound as
+# TrainingStalled's heartbeat_stale_seconds in production.
+RANK_DEPARTED_AFTER_SECONDS = 30.0
 
 # === The metric table ===================================================================
 
