@@ -142,6 +142,10 @@ TRAINING_HEARTBEAT_TIMESTAMP = _training("training_heartbeat_timestamp_seconds",
                                          unit="seconds")
 TRAINING_FINISHED = _training("training_finished", GAUGE,
                               "1 once the rank closed its monitor (a clean end).")
+TRAINING_EXITED = _training("training_exited", GAUGE,
+                            "1 once the rank's monitor ended without a clean finish (an "
+                            "exception or SIGTERM, often after a peer died); absent "
+                            "otherwise.")
 TRAINING_IN_COLLECTIVE = _training("training_in_collective", GAUGE,
                                    "1 while the rank is inside a collective.")
 TRAINING_COLLECTIVE_START = _training("training_collective_start_timestamp_seconds", GAUGE,
@@ -150,6 +154,10 @@ TRAINING_COLLECTIVE_START = _training("training_collective_start_timestamp_secon
 TRAINING_COLLECTIVE_SEQ = _training(
     "training_collective_sequence", GAUGE,
     "Sequence number of the last collective the rank entered on the job's group.")
+TRAINING_COLLECTIVE_ID = _training(
+    "training_collective_id", GAUGE,
+    "Number naming the collective the rank is inside, on any process group (equal on every "
+    "rank inside the same one: group, sequence, operation); 0 outside any.")
 # Per job and node, one series per exporter and job instead of one per rank: what the alert
 # rules read every round to tell whether a job steps and lives (a read costs Prometheus about
 # 10 us per series; docs/training.md "Series the rules read").
@@ -190,9 +198,11 @@ TRAINING_NODE_STEP_DURATION = _define(
 TRAINING_STALL_EVIDENCE = _training(
     "training_stall_evidence", GAUGE,
     "While the job's ranks on this node make no progress: the rank's collective sequence "
-    "(signal=seq), last step (signal=step) or heartbeat Unix time (signal=heartbeat).",
+    "(signal=seq), last step (signal=step), heartbeat Unix time (signal=heartbeat), the "
+    "collective it is inside (signal=collective, as training_collective_id) or whether it "
+    "ended without a clean finish (signal=exited, 0 or 1).",
     extra=("signal",))
-STALL_EVIDENCE_SIGNALS = ("seq", "step", "heartbeat")
+STALL_EVIDENCE_SIGNALS = ("seq", "step", "heartbeat", "collective", "exited")
 TRAINING_SAMPLES = _training("training_samples_total", COUNTER, "Samples processed.")
 TRAINING_TOKENS = _training("training_tokens_total", COUNTER, "Tokens processed.")
 # Exposed from the rank's first non-finite loss (absent before): the alert reads it every

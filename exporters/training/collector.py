@@ -115,6 +115,7 @@ class TrainingCollector(Collector):
             idle = last_step is not None and now - last_step >= stall_evidence_after(ranks)
             for rank, s in ranks.items():
                 values = [job, str(rank), self._node]
+                collective = None if s.collective_seq is None else s.collective_key
                 gauges = {
                     c.TRAINING_STEP: s.step, c.TRAINING_LOSS: s.loss,
                     c.TRAINING_LEARNING_RATE: s.lr, c.TRAINING_GRAD_NORM: s.grad_norm,
@@ -126,17 +127,20 @@ class TrainingCollector(Collector):
                     c.TRAINING_PEAK_FLOPS: s.peak_flops or None,
                     c.TRAINING_HEARTBEAT_TIMESTAMP: s.heartbeat or None,
                     c.TRAINING_FINISHED: float(s.finished),
+                    c.TRAINING_EXITED: 1.0 if s.exited else None,  # sparse: absent until then
                     c.TRAINING_IN_COLLECTIVE: (None if s.collective_seq is None
                                                else float(s.collective_since is not None)),
                     c.TRAINING_COLLECTIVE_START: s.collective_since,
                     c.TRAINING_COLLECTIVE_SEQ: s.collective_seq,
+                    c.TRAINING_COLLECTIVE_ID: collective,
                 }
                 for name, value in gauges.items():
                     if value is not None:  # never reported -> absent, not 0
                         g[name].add_metric(values, float(value))
                 if idle:
                     for signal, value in zip(c.STALL_EVIDENCE_SIGNALS,
-                                             (s.collective_seq, s.step, s.heartbeat or None),
+                                             (s.collective_seq, s.step, s.heartbeat or None,
+                                              collective, float(s.exited)),
                                              strict=True):
                         if value is not None:
                             evidence.add_metric([*values, signal], float(value))

@@ -157,8 +157,9 @@ class Shipper(threading.Thread):
             "rollbacks": m._rollbacks, "applied_counts": dict(m._applied_counts),
             "command_types": {name: schema for name, (_, schema) in m._custom.items()},
             "cuda": m._cuda_memory(), "applied": applied[-50:],
-            "incarnation": m.incarnation, "finished": m.finished,
+            "incarnation": m.incarnation, "finished": m.finished, "exiting": m.exiting,
             "collective": m._collectives.current(m._last_report),
+            "collective_key": m._collectives.key,  # of the collective just described
             "checkpoint_failures": int(getattr(m._checkpoints, "failed_saves", 0)),
         }
 

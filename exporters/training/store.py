@@ -83,6 +83,8 @@ class RankState:
     finished: bool = False
     collective_seq: int | None = None
     collective_since: float | None = None
+    collective_key: int = 0  # the collective it is inside, on any group (0: none)
+    exited: bool = False  # its last datagram said it ends without a clean finish
 
 
 @dataclass
@@ -196,6 +198,8 @@ class Store:
             state.finished = report.finished
             state.collective_seq = report.collective_seq
             state.collective_since = report.collective_since
+            state.collective_key = report.collective_key
+            state.exited = report.exiting
             state.local_rank = report.local_rank
             state.world_size = report.world_size
             state.restarts = report.restarts

@@ -24,7 +24,8 @@ def report(rank: int, world: int, incarnation: str, restarts: int = 0,
     ("incarnation", "NOT-HEX"), ("incarnation", 5), ("incarnation", "a" * 33),
     ("finished", "yes"), ("collective", [1, None]), ("collective", [1, None, "other"]),
     ("collective", [-1, None, "agreement"]), ("collective", [1, -5.0, "agreement"]),
-    ("collective", [1, float("inf"), "agreement"]),
+    ("collective", [1, float("inf"), "agreement"]), ("exiting", 1), ("collective_key", -1),
+    ("collective_key", 2**33), ("collective_key", 1.5),
 ])
 def test_bad_liveness_fields_are_refused(field: str, value: Any) -> None:
     with pytest.raises(WireError):
