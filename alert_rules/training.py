@@ -396,20 +396,40 @@ def _job_finished(p: Profile) -> str:
 
 
 def _straggler(p: Profile) -> Alert:
+    """A rank whose own compute time per step (step time minus time waiting in collectives,
+    exporters/training/collectives.py OwnCompute) is more than `factor` x the job's median
+    rank and at least min_delta_seconds more. Step times cannot tell: in synchronous
+    training every rank waits for the slowest, so every rank's step takes as long; what a
+    rank spends before entering the collective is its own work (NVIDIA's straggler detection
+    scores ranks on it against the job's median for that reason). An evenly slow job has no
+    rank above its median. Aggregated, the exporters' per-node median and slowest rank are
+    read (the job's median is the median of its nodes' medians; a second straggler on the
+    node of the first is named once the first is gone), not every rank's series."""
     cfg = p.alert("TrainingStragglerRank")
-    median = recording.STEP_TIME_MEDIAN_RANK
-    threshold = (f"({cfg['factor']} * {median} >= {median} + {cfg['min_delta_seconds']})\n"
-                 f"  or\n  ({median} + {cfg['min_delta_seconds']})")
-    expr = (f"{recording.STEP_TIME_PER_RANK}\n> on (training_job) group_left ()\n"
-            f"(\n  {threshold}\n)\n"
-            f"and on (training_job)\n{recording.RANKS_REPORTING} >= {cfg['min_ranks']}")
+    training = p.selector("training")
+    if p.aggregate:
+        ranks = sel(catalog.TRAINING_NODE_COMPUTE_SLOWEST, training)
+        median = (f"quantile by (training_job) (0.5, "
+                  f"{sel(catalog.TRAINING_NODE_COMPUTE_MEDIAN, training)})")
+        counted = (f"sum by (training_job) "
+                   f"({sel(catalog.TRAINING_NODE_COMPUTE_RANKS, training)})")
+    else:
+        ranks = sel(catalog.TRAINING_COMPUTE, training)
+        median = f"quantile by (training_job) (0.5, {ranks})"
+        counted = f"count by (training_job) ({ranks})"
+    delta = cfg["min_delta_seconds"]
+    threshold = (f"({cfg['factor']} * {median} >= {median} + {delta})\n"
+                 f"  or\n  ({median} + {delta})")
+    expr = (f"{ranks}\n> on (training_job) group_left ()\n(\n  {threshold}\n)\n"
+            f"and on (training_job)\n{counted} >= {cfg['min_ranks']}")
     return Alert(
         "TrainingStragglerRank", expr, "warning", "training",
         f"Straggler: {JOB_RANK} is slower than its peers",
         "Rank {{ $labels.rank }} of job {{ $labels.training_job }} on {{ $labels.node }} "
-        f"takes {{{{ $value | printf \"%.3g\" }}}} s per "
-        f"step, more than {cfg['factor']:g}x the median rank of the job. Every synchronous "
-        "step waits for it. Check that node's GPU (throttling, errors) and its data loading.",
+        f"computes for {{{{ $value | printf \"%.3g\" }}}} s per step before entering its "
+        f"collectives, more than {cfg['factor']:g}x the median rank of the job. Every "
+        "synchronous step waits for it, so every rank's step time is as long as its own. "
+        "Check that node's GPU (throttling, errors), its data loading and its CPU.",
         for_=cfg["for"],
     )
 

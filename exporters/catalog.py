@@ -225,6 +225,27 @@ TRAINING_COMMANDS_APPLIED = _training("training_commands_applied_total", COUNTER
                                       extra=("command",))
 TRAINING_STEP_DURATION = _training("training_step_duration_seconds", HISTOGRAM,
                                    "Wall time of one training step.", unit="seconds")
+# Stragglers (issue 28): each rank's own compute time per step (step time minus waiting in
+# collectives, exporters/training/collectives.py OwnCompute), per rank and, for the rules, per
+# job and node: the median of the ranks here, the slowest rank here and how many ranks
+# measured (one series each per node, instead of one per rank).
+TRAINING_COMPUTE = _training(
+    "training_compute_seconds", GAUGE,
+    "Mean own compute time per step over the last minute: step time minus time waiting in "
+    "collectives (equal step times in synchronous training hide a slow rank; this does "
+    "not).", unit="seconds")
+TRAINING_NODE_COMPUTE_MEDIAN = _define(
+    "training", "training_node_compute_median_seconds", GAUGE,
+    "Median over the job's ranks on this node of their own compute time per step.",
+    TRAINING_NODE_LABELS, "seconds")
+TRAINING_NODE_COMPUTE_SLOWEST = _define(
+    "training", "training_node_compute_slowest_seconds", GAUGE,
+    "Own compute time per step of the slowest of the job's ranks on this node (label rank).",
+    (*TRAINING_NODE_LABELS, LABEL_RANK), "seconds")
+TRAINING_NODE_COMPUTE_RANKS = _define(
+    "training", "training_node_compute_ranks", GAUGE,
+    "How many of the job's ranks on this node have an own compute time.",
+    TRAINING_NODE_LABELS)
 TRAINING_EXPORTER_PREFIX = "trainwatch_training_exporter_"
 TRAINING_EXPORTER_JOBS = _define("training", TRAINING_EXPORTER_PREFIX + "jobs", GAUGE,
                                  "Jobs currently reporting to this exporter.", ())

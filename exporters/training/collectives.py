@@ -26,11 +26,13 @@ it matters (a Python signal handler would never run).
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
 import time
 import zlib
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,7 @@ class CollectiveWatch:
         self._written_at = 0.0
         self._cached: list[Any] | None = None
         self.key = 0  # collective_key of what current() last described
+        self.compute = OwnCompute(self._dump)
         self._cached_key = 0
 
     def current(self, last_report: float | None) -> list[Any]:
@@ -148,3 +151,58 @@ class CollectiveWatch:
             log.warning("cannot write the flight recorder dump %s: %s", self._dump_path,
                         exc.strerror)
             self._dump_path = None
+
+
+class OwnCompute:
+    """Each step's own compute time: from the end of the previous step (its report) to the
+    rank's entry into the step's last collective, from the entry times PyTorch's flight
+    recorder logs for every collective (`time_created_ns`, any group). In synchronous
+    training every rank leaves a collective together, so step times are equal and hide a
+    slow rank; the time before entering is the rank's own work, the rest is waiting for the
+    slowest (NVIDIA's straggler detection scores ranks on their own compute for the same
+    reason). A step without a collective in it is not measured.
+
+    The recorder is read every `every` seconds on the shipper thread (a dump and its parse
+    take a few milliseconds for a full buffer), not per step. For gloo the entry time is the
+    call; for NCCL it is when the CPU enqueued the collective (docs/training.md,
+    "Stragglers"). Without the recorder nothing is measured and the series stay absent.
+    """
+
+    def __init__(self, dump: Any, every: float = 10.0) -> None:
+        self._dump = dump
+        self._every = every
+        self._read_at = time.monotonic()
+        self._reports: deque[float] = deque(maxlen=8192)  # report wall times, not yet used
+        self._previous: float | None = None
+        self.seconds = 0.0  # cumulative own compute time of the measured steps
+        self.steps = 0
+
+    def note_report(self, wall: float) -> None:
+        if self._dump is not None:
+            self._reports.append(wall)
+
+    def measure(self, force: bool = False) -> None:
+        """Attribute the reports seen since the last read to compute and waiting."""
+        now = time.monotonic()
+        if self._dump is None or not self._reports or (
+                not force and now - self._read_at < self._every):
+            return
+        self._read_at = now
+        try:
+            raw = self._dump(includeCollectives=True, onlyActive=False)
+            entries = json.loads(raw).get("entries") or []
+        except Exception as exc:  # off or broken: stop measuring
+            log.debug("flight recorder unreadable: %s", exc)
+            self._dump = None
+            return
+        entered = sorted(e["time_created_ns"] / 1e9 for e in entries
+                         if isinstance(e.get("time_created_ns"), int))
+        for report in sorted(self._reports):
+            previous, self._previous = self._previous, report
+            if previous is None:
+                continue
+            last = bisect.bisect_right(entered, report) - 1
+            if last >= 0 and entered[last] > previous:
+                self.seconds += entered[last] - previous
+                self.steps += 1
+        self._reports.clear()

@@ -10,6 +10,7 @@ here too, so every non-finite loss gauge comes with it and the alert reads only 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import (
@@ -94,6 +95,9 @@ class TrainingCollector(Collector):
         node_flops = _family(c.TRAINING_NODE_MODEL_FLOPS)
         node_peak = _family(c.TRAINING_NODE_PEAK_FLOPS)
         node_histogram = _family(c.TRAINING_NODE_STEP_DURATION)
+        compute_median = _family(c.TRAINING_NODE_COMPUTE_MEDIAN)
+        compute_slowest = _family(c.TRAINING_NODE_COMPUTE_SLOWEST)
+        compute_ranks = _family(c.TRAINING_NODE_COMPUTE_RANKS)
         jobs = self._store.snapshot_with_rollups()
         now = self._store.wall()
         for job, (ranks, rollup) in jobs.items():
@@ -111,6 +115,13 @@ class TrainingCollector(Collector):
             beat = _newest(s.heartbeat for s in ranks.values())
             if beat is not None:
                 node_heartbeat.add_metric(node_values, beat)
+            compute = {rank: m for rank, s in ranks.items()
+                       if (m := s.compute_mean()) is not None}
+            if compute:  # TrainingStragglerRank's inputs: the median here, the slowest here
+                slowest = max(compute, key=lambda r: (compute[r], -r))
+                compute_median.add_metric(node_values, statistics.median(compute.values()))
+                compute_slowest.add_metric([*node_values, str(slowest)], compute[slowest])
+                compute_ranks.add_metric(node_values, float(len(compute)))
             # A job none of whose ranks here stepped yet is not one the rules call stalled.
             idle = last_step is not None and now - last_step >= stall_evidence_after(ranks)
             for rank, s in ranks.items():
@@ -133,6 +144,7 @@ class TrainingCollector(Collector):
                     c.TRAINING_COLLECTIVE_START: s.collective_since,
                     c.TRAINING_COLLECTIVE_SEQ: s.collective_seq,
                     c.TRAINING_COLLECTIVE_ID: collective,
+                    c.TRAINING_COMPUTE: compute.get(rank),
                 }
                 for name, value in gauges.items():
                     if value is not None:  # never reported -> absent, not 0
@@ -171,6 +183,9 @@ class TrainingCollector(Collector):
         yield node_flops
         yield node_peak
         yield node_histogram
+        yield compute_median
+        yield compute_slowest
+        yield compute_ranks
         self_jobs = _family(c.TRAINING_EXPORTER_JOBS)
         self_jobs.add_metric([], float(len(jobs)))
         yield self_jobs

@@ -26,6 +26,10 @@ from exporters.training.wire import RankReport
 
 STEP_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                          60.0, 120.0)
+# A rank's own compute time per step is its mean over this many seconds of datagrams
+# (TrainingStragglerRank reads it; a minute of steps is enough to rank ranks, short enough to
+# name a straggler within minutes).
+COMPUTE_WINDOW_SECONDS = 60.0
 MAX_COMMANDS_PER_JOB = 1000
 MAX_JOBS = 1000
 MAX_RETIRED = 16
@@ -85,6 +89,16 @@ class RankState:
     collective_since: float | None = None
     collective_key: int = 0  # the collective it is inside, on any group (0: none)
     exited: bool = False  # its last datagram said it ends without a clean finish
+    # (monotonic time, cumulative own compute seconds, measured steps) at datagrams that
+    # measured more steps, over COMPUTE_WINDOW_SECONDS plus the sample before it
+    compute: deque[tuple[float, float, int]] = field(default_factory=deque)
+
+    def compute_mean(self) -> float | None:
+        """Mean own compute time per step over the window; None before two measurements."""
+        if len(self.compute) < 2:
+            return None
+        (_, first_s, first_n), (_, last_s, last_n) = self.compute[0], self.compute[-1]
+        return (last_s - first_s) / (last_n - first_n) if last_n > first_n else None
 
 
 @dataclass
@@ -200,6 +214,7 @@ class Store:
             state.collective_since = report.collective_since
             state.collective_key = report.collective_key
             state.exited = report.exiting
+            self._add_compute(state, now, report)
             state.local_rank = report.local_rank
             state.world_size = report.world_size
             state.restarts = report.restarts
@@ -249,6 +264,17 @@ class Store:
                 record.closed = reason
                 command_id = record.command.id
                 self._durably(lambda log, i=command_id: log.close_command(job_name, i, reason))
+
+    @staticmethod
+    def _add_compute(state: RankState, now: float, report: RankReport) -> None:
+        samples = state.compute
+        if samples and report.compute_steps < samples[-1][2]:
+            samples.clear()  # a restarted process counts from 0 again
+        if samples and report.compute_steps == samples[-1][2]:
+            return
+        samples.append((now, report.compute_seconds, report.compute_steps))
+        while len(samples) > 2 and samples[1][0] <= now - COMPUTE_WINDOW_SECONDS:
+            samples.popleft()
 
     @staticmethod
     def _member(job: JobState, report: RankReport) -> bool:

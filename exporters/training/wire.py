@@ -70,6 +70,11 @@ class RankReport:
     # The rank's last datagram, sent as it ends without a clean finish (an exception, often a
     # collective that raised because a peer died); a killed rank never sends one.
     exiting: bool = False
+    # Own compute time (step time minus waiting in collectives) of the steps measured so far,
+    # and how many: cumulative (exporters.training.collectives.OwnCompute); older clients
+    # omit it.
+    compute_seconds: float = 0.0
+    compute_steps: int = 0
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -157,6 +162,11 @@ def decode(data: bytes) -> RankReport:
     exiting = obj.get("exiting", False)
     if not isinstance(finished, bool) or not isinstance(exiting, bool):
         raise WireError("finished and exiting must be booleans")
+    compute = obj.get("compute", [0.0, 0])
+    if not isinstance(compute, list) or len(compute) != 2:
+        raise WireError("compute must be [seconds, steps]")
+    compute_seconds = _finite_nonneg({"compute": compute[0]}, "compute")
+    compute_steps = _int({"steps": compute[1]}, "steps")
     collective = obj.get("collective")
     seq = since = None
     source = ""
@@ -179,4 +189,5 @@ def decode(data: bytes) -> RankReport:
         peak_flops=_finite_nonneg(obj, "peak_flops"), incarnation=incarnation,
         finished=finished, collective_seq=seq, collective_since=since,
         collective_source=source, checkpoint_failures=_int(obj, "checkpoint_failures"),
-        collective_key=_int(obj, "collective_key", 0, 2**32), exiting=exiting)
+        collective_key=_int(obj, "collective_key", 0, 2**32), exiting=exiting,
+        compute_seconds=compute_seconds, compute_steps=compute_steps)

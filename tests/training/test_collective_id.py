@@ -38,3 +38,60 @@ def test_the_oldest_collective_in_flight_names_it() -> None:
     both = summarise([*DONE, entry("0", 3, retired=False, created=5),
                       entry("1", 2, retired=False, created=9)])
     assert both[1] == 5 / 1e9 and both[2] == collective_key("0", 3, "gloo:all_reduce")
+
+
+def test_own_compute_is_the_time_before_entering_the_steps_last_collective() -> None:
+    """Issue 28 point 6: step k's own compute runs from report k-1 to the rank's entry into
+    step k's last collective; the rest is waiting (recorder entries as torch 2.13 writes
+    them; tests/training/test_straggler.py reads the real recorder)."""
+    import json
+
+    from exporters.training.collectives import OwnCompute
+
+    base = 1_700_000_000.0
+    # reports at 0, 1, 2, 3 s; entries: step 1 enters at 0.2 (agreement) and 0.7, step 2 at
+    # 1.9, step 3 has none
+    created = [0.2, 0.7, 1.9]
+    entries = [entry("0", i + 1, created=int((base + t) * 1e9)) for i, t in enumerate(created)]
+
+    def recorder(**_: Any) -> str:
+        return json.dumps({"entries": entries})
+
+    compute = OwnCompute(recorder)
+    for t in (0.0, 1.0, 2.0, 3.0):
+        compute.note_report(base + t)
+    compute.measure(force=True)
+    assert compute.steps == 2 and abs(compute.seconds - (0.7 + 0.9)) < 1e-6
+    assert OwnCompute(None).steps == 0, "without the recorder nothing is measured"
+
+
+def test_the_exporter_serves_each_ranks_mean_over_the_window_and_the_nodes_slowest() -> None:
+    import json as _json
+
+    from exporters import catalog
+    from exporters.training.collector import TrainingCollector
+    from exporters.training.store import COMPUTE_WINDOW_SECONDS, Store
+    from exporters.training.wire import decode
+
+    now = [100.0]
+    store = Store(600, clock=lambda: now[0])
+
+    def send(rank: int, seconds: float, steps: int) -> None:
+        store.ingest(decode(_json.dumps({"v": 1, "job": "j", "rank": rank, "world_size": 4,
+                                         "compute": [seconds, steps]}).encode()))
+
+    ranks = ((0, 0.1), (1, 0.1), (2, 0.12), (3, 0.1))
+    for rank, _ in ranks:
+        send(rank, 50.0, 100)  # an old period (0.5 s per step): out of the mean later
+    now[0] += 10
+    for rank, _ in ranks:
+        send(rank, 60.0, 200)  # the window's start...
+    now[0] += COMPUTE_WINDOW_SECONDS
+    for rank, per_step in ranks:
+        send(rank, 60.0 + 100 * per_step, 300)  # ...and the newest, a window later
+    scraped = {s.name: (s.labels, s.value) for f in TrainingCollector(store, "n1").collect()
+               for s in f.samples if s.name.startswith("training_node_compute")}
+    assert scraped[catalog.TRAINING_NODE_COMPUTE_SLOWEST][0]["rank"] == "2"
+    assert abs(scraped[catalog.TRAINING_NODE_COMPUTE_SLOWEST][1] - 0.12) < 1e-9
+    assert abs(scraped[catalog.TRAINING_NODE_COMPUTE_MEDIAN][1] - 0.1) < 1e-9
+    assert scraped[catalog.TRAINING_NODE_COMPUTE_RANKS][1] == 4

@@ -44,6 +44,9 @@ def main() -> int:
     parser.add_argument("--exit-at-step", type=int, default=None)
     parser.add_argument("--kill-rank", type=int, default=None, help="SIGKILLs itself")
     parser.add_argument("--kill-at-step", type=int, default=None)
+    parser.add_argument("--slow-rank", type=int, default=None,
+                        help="this rank's own work (the sleep between steps) takes longer")
+    parser.add_argument("--slow-factor", type=float, default=1.0)
     parser.add_argument("--side-group", action="store_true",
                         help="the step's all-reduce runs on a second group of all ranks")
     parser.add_argument("--hang-in", choices=("nothing", "pair"), default="nothing",
@@ -84,7 +87,7 @@ def main() -> int:
             emit("applied", rank=rank, id=event["id"], step=event["step"],
                  status=event["status"])
         step = control.next_step
-        time.sleep(args.step_time)
+        time.sleep(args.step_time * (args.slow_factor if rank == args.slow_rank else 1.0))
     monitor.close()
     emit("finished", rank=rank, step=step)
     dist.destroy_process_group()
