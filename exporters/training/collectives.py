@@ -162,15 +162,20 @@ class OwnCompute:
     slowest (NVIDIA's straggler detection scores ranks on their own compute for the same
     reason). A step without a collective in it is not measured.
 
-    The recorder is read every `every` seconds on the shipper thread (a dump and its parse
-    take a few milliseconds for a full buffer), not per step. For gloo the entry time is the
-    call; for NCCL it is when the CPU enqueued the collective (docs/training.md,
-    "Stragglers"). Without the recorder nothing is measured and the series stay absent.
+    The recorder is read on the shipper thread, not per step, every `every` seconds or more
+    rarely: a dump of a full buffer (2,000 entries) and its parse took 90-200 ms on this
+    loaded 2-core machine, time the training thread may lose to the GIL, so the period
+    stretches to 1,000 x the last read's cost (0.1 % of the time), up to MAX_EVERY. For gloo
+    the entry time is the call; for NCCL it is when the CPU enqueued the collective
+    (docs/training.md, "Stragglers"). Without the recorder nothing is measured and the
+    series stay absent.
     """
+
+    MAX_EVERY = 60.0
 
     def __init__(self, dump: Any, every: float = 10.0) -> None:
         self._dump = dump
-        self._every = every
+        self._base_every = self._every = every
         self._read_at = time.monotonic()
         self._reports: deque[float] = deque(maxlen=8192)  # report wall times, not yet used
         self._previous: float | None = None
@@ -188,6 +193,7 @@ class OwnCompute:
                 not force and now - self._read_at < self._every):
             return
         self._read_at = now
+        started = time.perf_counter()
         try:
             raw = self._dump(includeCollectives=True, onlyActive=False)
             entries = json.loads(raw).get("entries") or []
@@ -195,6 +201,8 @@ class OwnCompute:
             log.debug("flight recorder unreadable: %s", exc)
             self._dump = None
             return
+        cost = time.perf_counter() - started
+        self._every = min(self.MAX_EVERY, max(self._base_every, 1000 * cost))
         entered = sorted(e["time_created_ns"] / 1e9 for e in entries
                          if isinstance(e.get("time_created_ns"), int))
         for report in sorted(self._reports):
