@@ -95,3 +95,20 @@ def test_the_exporter_serves_each_ranks_mean_over_the_window_and_the_nodes_slowe
     assert abs(scraped[catalog.TRAINING_NODE_COMPUTE_SLOWEST][1] - 0.12) < 1e-9
     assert abs(scraped[catalog.TRAINING_NODE_COMPUTE_MEDIAN][1] - 0.1) < 1e-9
     assert scraped[catalog.TRAINING_NODE_COMPUTE_RANKS][1] == 4
+
+
+def test_the_diagnostics_name_the_rank_inside_another_collective_on_any_group() -> None:
+    """The stalled-job diagnostics (remediation.tools.stack_dump) say the same as the alert:
+    peers wait on group 1, rank 2 is inside nothing; the default group's sequence numbers are
+    equal, so `not_entered` cannot tell."""
+    from remediation.tools.stack_dump import analyse, summarise_recorder
+
+    def proc(rank: str, waiting: bool) -> dict[str, Any]:
+        entries = [*DONE, *([entry("1", 2, retired=False)] if waiting else [])]
+        return {"rank": rank, "flight_recorder": summarise_recorder({"entries": entries})}
+
+    report = analyse([proc("0", True), proc("1", True), proc("2", False), proc("3", True)])
+    assert report["elsewhere"] == ["2"]
+    assert report["not_entered"] == []
+    even = analyse([proc("0", True), proc("1", False)])
+    assert even["elsewhere"] == [], "an even split names nobody"
