@@ -98,6 +98,11 @@ def test_each_kind_of_hang_names_the_rank_and_its_node(stack: Stack, kind: str) 
                   "last step")
             assert [(a["labels"].get("rank"), a["labels"].get("node")) for a in alerts] == [
                 (RANK, NODE)], alerts
+            if kind == "killed":  # the peers' last word did not change how they die
+                wait_until(lambda: not job.alive(), timeout=60, what="torchrun ended")
+                summary = job.log_text()
+                assert "Signal 9 (SIGKILL) received by PID" in summary
+                assert summary.count("Signal 15 (SIGTERM) received by PID") == 3, summary[-3000:]
         finally:
             kill_whole(job)  # SIGKILL reaches a stopped rank too
     if kind == "killed":  # the peers said they ended on an error; the killed rank did not
