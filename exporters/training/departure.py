@@ -18,7 +18,8 @@ thread) and sends SIGTERM again, so the process still dies of SIGTERM (exit stat
 
 It is installed only where it changes nothing else: on the main thread, while SIGTERM has its
 default action and no wakeup fd is set (a script's own SIGTERM handler, or asyncio's wakeup
-fd, win; the rank then ends as it did before).
+fd, win; the rank then ends as it did before), and it stands aside when a handler installed
+later replaces it.
 """
 
 from __future__ import annotations
@@ -81,7 +82,9 @@ def _watch(reader: socket.socket, writer: socket.socket) -> None:
             return
         if not data:
             return
-        if signal.SIGTERM in data:
+        # only while the handler is still ours: a SIGTERM handler the script (or a framework:
+        # Lightning saves a checkpoint on SIGTERM) installed later decides what happens
+        if signal.SIGTERM in data and signal.getsignal(signal.SIGTERM) is _handler:
             _terminate()
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from exporters.training.collectives import collective_key, summarise
 
 
@@ -112,3 +114,67 @@ def test_the_diagnostics_name_the_rank_inside_another_collective_on_any_group() 
     assert report["not_entered"] == []
     even = analyse([proc("0", True), proc("1", False)])
     assert even["elsewhere"] == [], "an even split names nobody"
+
+
+SIGTERM_RANK = """
+import signal, sys, threading, time
+from exporters.training.client import TrainingMonitor
+from exporters.training.launcher import RankInfo
+monitor = TrainingMonitor(rank_info=RankInfo("bye", rank=0, local_rank=0, world_size=1,
+                                             restarts=0),
+                          socket_path=sys.argv[1], control=False, flush_interval=0.05)
+monitor.report(0, loss=1.0)
+if sys.argv[2] == "own-handler":  # a framework's graceful shutdown, installed afterwards
+    signal.signal(signal.SIGTERM, lambda *a: (print("own handler", flush=True), sys.exit(3)))
+print("ready", flush=True)
+if sys.argv[2] == "own-handler":
+    time.sleep(60)
+else:
+    threading.Event().wait()  # the main thread blocked, as in a collective
+"""
+
+
+@pytest.mark.parametrize("mode", ["blocked", "own-handler"])
+def test_sigterm_sends_a_last_datagram_and_still_kills_or_leaves_a_later_handler_alone(
+        tmp_path, mode: str) -> None:
+    """Issue 28 point 7: a rank stopped with SIGTERM (torchrun stopping the peers of a killed
+    rank) says so in a last datagram, then dies of SIGTERM as before (-15); a SIGTERM handler
+    the script installed afterwards is left to decide (no datagram from us, its exit code)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from exporters.training.wire import decode
+    from tests.support.net import wait_until
+
+    path = tmp_path / "exporter.sock"
+    sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sink.bind(str(path))
+    sink.settimeout(0.2)
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_RANK, str(path), mode],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        reports = []
+
+        def drained() -> bool:
+            try:
+                reports.append(decode(sink.recv(65536)))
+            except TimeoutError:
+                return True
+            return False
+
+        wait_until(drained, timeout=30, what="datagrams read")
+    finally:
+        proc.kill()
+        proc.wait()
+        sink.close()
+    if mode == "blocked":
+        assert code == -signal.SIGTERM
+        assert reports[-1].exiting and not reports[-1].finished
+    else:
+        assert code == 3, "the script's own handler ran"
+        assert not any(r.exiting and not r.finished for r in reports[:-1])
