@@ -66,7 +66,22 @@ def on_terminate(goodbye: Callable[[], None]) -> bool:
         _installed.append(goodbye)
         threading.Thread(target=_watch, args=(reader, writer), name="trainwatch-sigterm",
                          daemon=True).start()
+        os.register_at_fork(after_in_child=_forget_in_child)
         return True
+
+
+def _forget_in_child() -> None:
+    """A forked child (a DataLoader worker, which the DataLoader may stop with SIGTERM) must
+    not inherit the watch: its Python handler would write to the wakeup fd it shares with the
+    parent, whose watcher would take the child's SIGTERM for its own and end the rank. The
+    child gets the default action back and no wakeup fd; it has no monitor of its own."""
+    _installed.clear()
+    try:
+        if signal.getsignal(signal.SIGTERM) is _handler:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+    except (ValueError, OSError):
+        pass
 
 
 def _handler(signum: int, frame: Any) -> None:  # the main thread, when it gets to run it

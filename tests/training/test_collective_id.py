@@ -126,6 +126,17 @@ monitor = TrainingMonitor(rank_info=RankInfo("bye", rank=0, local_rank=0, world_
 monitor.report(0, loss=1.0)
 if sys.argv[2] == "own-handler":  # a framework's graceful shutdown, installed afterwards
     signal.signal(signal.SIGTERM, lambda *a: (print("own handler", flush=True), sys.exit(3)))
+if sys.argv[2] == "forked-child":  # a DataLoader worker, stopped with SIGTERM
+    import os
+    child = os.fork()
+    if child == 0:
+        os.kill(os.getpid(), signal.SIGTERM)
+        os._exit(0)
+    os.waitpid(child, 0)
+    time.sleep(2)  # the parent's watcher would have acted by now
+    print("parent alive", flush=True)
+    monitor.close()
+    sys.exit(0)
 print("ready", flush=True)
 if sys.argv[2] == "own-handler":
     time.sleep(60)
@@ -134,12 +145,13 @@ else:
 """
 
 
-@pytest.mark.parametrize("mode", ["blocked", "own-handler"])
+@pytest.mark.parametrize("mode", ["blocked", "own-handler", "forked-child"])
 def test_sigterm_sends_a_last_datagram_and_still_kills_or_leaves_a_later_handler_alone(
         tmp_path, mode: str) -> None:
     """Issue 28 point 7: a rank stopped with SIGTERM (torchrun stopping the peers of a killed
     rank) says so in a last datagram, then dies of SIGTERM as before (-15); a SIGTERM handler
-    the script installed afterwards is left to decide (no datagram from us, its exit code)."""
+    the script installed afterwards is left to decide (no datagram from us, its exit code); a
+    forked child's SIGTERM (a DataLoader worker stopped) does not end the rank."""
     import signal
     import socket
     import subprocess
@@ -155,8 +167,12 @@ def test_sigterm_sends_a_last_datagram_and_still_kills_or_leaves_a_later_handler
     proc = subprocess.Popen([sys.executable, "-c", SIGTERM_RANK, str(path), mode],
                             stdout=subprocess.PIPE, text=True)
     try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        proc.send_signal(signal.SIGTERM)
+        assert proc.stdout is not None
+        if mode == "forked-child":
+            assert proc.stdout.readline().strip() == "parent alive"
+        else:
+            assert proc.stdout.readline().strip() == "ready"
+            proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
         reports = []
 
@@ -175,6 +191,8 @@ def test_sigterm_sends_a_last_datagram_and_still_kills_or_leaves_a_later_handler
     if mode == "blocked":
         assert code == -signal.SIGTERM
         assert reports[-1].exiting and not reports[-1].finished
+    elif mode == "forked-child":  # the child's SIGTERM is not the rank's: a clean finish
+        assert code == 0 and reports[-1].finished and not reports[-1].exiting
     else:
         assert code == 3, "the script's own handler ran"
         assert not any(r.exiting and not r.finished for r in reports[:-1])
