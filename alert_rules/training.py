@@ -174,6 +174,11 @@ STALLED_INPUTS = "training_job_rank:training_progress:stalled_inputs"
 STALL_PRIORITY = "training_job_rank:training_progress:stall_priority"
 # per job: the lowest last `training_finished` of its ranks within `remember_for`
 JOB_FINISHED = "training_job:training_finished:min_last_over_time"
+# per rank of a job that went silent (TrainingJobVanished's condition): the rank whose
+# heartbeat stopped first among those that did not say they ended on an error (a killed
+# rank: its peers die of it after it stopped, and their monitors say so as they exit); the
+# value is that heartbeat's Unix time
+STOPPED_FIRST = "training_job_rank:training_heartbeat:stopped_first"
 
 
 def _twice(duration: str) -> str:
@@ -225,26 +230,70 @@ def _stall_records(p: Profile) -> list[Record]:
                f"or on (training_job)\n0 * {PROGRESS_AGE} + {floor}"),
         Record(HEARTBEAT_AGE_JOB, f"time() - max by (training_job) ({beat})"),
         *(_suspects_per_job(p, stalled) if p.aggregate else [_suspects_flat(p, stalled)]),
+        _stopped_first(p),
     ]
 
 
-def _suspect_parts(p: Profile, seq: str, step: str, beat: str, seq_max: str,
+def _stopped_first(p: Profile) -> Record:
+    """Per silent job (every rank's heartbeat older than TrainingJobVanished's
+    after_seconds) whose ranks died of something (some rank's monitor said it ended without a
+    clean finish: a collective raised because a peer was gone), the rank that did not say
+    so and whose heartbeat stopped first: a rank killed (SIGKILL, the OOM killer) sends
+    nothing. A job killed whole sends no such word from any rank and names nobody.
+    Aggregated, the ranks' heartbeats and exits come from the exporters' stall evidence,
+    served for a job whose ranks stopped stepping until the job expires (none while every
+    job steps)."""
+    training = p.selector("training")
+    if p.aggregate:
+        beat = sel(catalog.TRAINING_STALL_EVIDENCE, training, 'signal="heartbeat"')
+        exited = sel(catalog.TRAINING_STALL_EVIDENCE, training, 'signal="exited"') + " == 1"
+    else:
+        beat = sel(catalog.TRAINING_HEARTBEAT_TIMESTAMP, training)
+        exited = sel(catalog.TRAINING_EXITED, training) + " == 1"
+    silent = f"({beat} unless on (training_job, rank) {exited})"
+    after = p.alert("TrainingJobVanished")["after_seconds"]
+    return Record(STOPPED_FIRST,
+                  f"max without (signal) (\n  {silent}\n  == on (training_job) group_left ()\n"
+                  f"  min by (training_job) {silent}\n)\n"
+                  f"and on (training_job)\ncount by (training_job) ({exited})\n"
+                  f"and on (training_job)\n{HEARTBEAT_AGE_JOB} > {after}")
+
+
+def _elsewhere(collective: str) -> str:
+    """Ranks inside another collective than most of their job's ranks, or inside none while
+    most are inside one: each rank's collective id (equal on every rank inside the same
+    collective, on any process group; 0 for none) counted among the job's ranks, and the
+    ranks whose id fewer ranks share than the job's most common one. A rank stuck outside
+    every collective while its peers wait on a group other than the default one (a
+    checkpoint's), or stuck in another collective than its peers (another group, or another
+    operation at the same place), is told apart by this where the default group's sequence
+    numbers are equal. A tie (2 ranks, 1 against 1) names nobody."""
+    shared = (f"count_values without (signal) (\"collective_id\", {collective})\n"
+              f"  * on (training_job, collective_id) group_left ()\n"
+              f"  count_values by (training_job) (\"collective_id\", {collective})")
+    return (f"max without (collective_id) (\n  {shared}\n  < on (training_job) group_left ()"
+            f"\n  max by (training_job) (\n  {shared}\n  )\n)")
+
+
+def _suspect_parts(p: Profile, seq: str, step: str, beat: str, collective: str, seq_max: str,
                    step_min: str) -> tuple[str, str]:
-    """(ranks that stopped first: behind in collectives or silent, ranks at the lowest
-    step), from each rank's collective sequence, step and heartbeat series."""
+    """(ranks that stopped first: behind in collectives, silent, or inside another collective
+    than most of their peers; ranks at the lowest step), from each rank's collective
+    sequence, step, heartbeat and collective id series."""
     behind = f"{seq} < on (training_job) group_left () {seq_max}"
     silent = f"{beat} < time() - {p.alert('TrainingStalled')['heartbeat_stale_seconds']}"
-    return (f"(({behind}) or ({silent}))",
+    return (f"(({behind}) or ({silent}) or ({_elsewhere(collective)}))",
             f"({step} == on (training_job) group_left () {step_min})")
 
 
 def _suspects_flat(p: Profile, stalled: str) -> Record:
     """The suspects without per-job recordings (the rules as they were)."""
     training = p.selector("training")
-    seq, step, beat = (sel(metric, training) for metric in (
+    seq, step, beat, collective = (sel(metric, training) for metric in (
         catalog.TRAINING_COLLECTIVE_SEQ, catalog.TRAINING_STEP,
-        catalog.TRAINING_HEARTBEAT_TIMESTAMP))
-    first, lowest = _suspect_parts(p, seq, step, beat, f"max by (training_job) ({seq})",
+        catalog.TRAINING_HEARTBEAT_TIMESTAMP, catalog.TRAINING_COLLECTIVE_ID))
+    first, lowest = _suspect_parts(p, seq, step, beat, collective,
+                                   f"max by (training_job) ({seq})",
                                    f"min by (training_job) ({step})")
     # `and`/`unless` bind tighter than `or`: the lowest-step ranks only when no rank is
     # behind in collectives or silent
@@ -265,9 +314,10 @@ def _suspects_per_job(p: Profile, stalled: str) -> list[Record]:
     every rank's three series every round, is what saves the time."""
     evidence = sel(catalog.TRAINING_STALL_EVIDENCE, p.selector("training"))
     inputs = f"{evidence}\nand on (training_job)\n{JOB_STALLED}"
-    seq, step, beat = (f'{STALLED_INPUTS}{{signal="{signal}"}}'
-                       for signal in catalog.STALL_EVIDENCE_SIGNALS)
-    first, lowest = _suspect_parts(p, seq, step, beat, f"max by (training_job) ({seq})",
+    seq, step, beat, collective = (f'{STALLED_INPUTS}{{signal="{signal}"}}'
+                                   for signal in ("seq", "step", "heartbeat", "collective"))
+    first, lowest = _suspect_parts(p, seq, step, beat, collective,
+                                   f"max by (training_job) ({seq})",
                                    f"min by (training_job) ({step})")
     return [
         Record(JOB_STALLED, stalled),
@@ -313,17 +363,26 @@ def _vanished(p: Profile) -> Alert:
     if p.aggregate:
         beat = sel(catalog.TRAINING_NODE_HEARTBEAT_TIMESTAMP, training)
         finished_all = JOB_FINISHED
-    expr = (f"time() - max by (training_job) (\n  max_over_time({beat}[{window}])\n"
-            f"  and on (instance) {up} == 1\n) > {cfg['after_seconds']}\n"
-            f"unless on (training_job)\n{finished_all} == 1")
+    job = (f"(\n  time() - max by (training_job) (\n    max_over_time({beat}[{window}])\n"
+           f"    and on (instance) {up} == 1\n  ) > {cfg['after_seconds']}\n"
+           f"  unless on (training_job)\n  {finished_all} == 1\n)")
+    # the rank that stopped first, remembered as long as the job is (its evidence goes with
+    # the job's series); the newest such rank of the job name (an earlier launch's is older)
+    named = f"last_over_time({STOPPED_FIRST}[{window}])"
+    newest = f"{named}\n  == on (training_job) group_left ()\n  max by (training_job) ({named})"
+    expr = (f"{job}\n* on (training_job) group_right ()\n(0 * (\n  {newest}\n) + 1)\n"
+            f"or on (training_job)\n{job}")
     return Alert(
         "TrainingJobVanished", expr, "critical", "training",
-        "Job {{ $labels.training_job }} vanished without finishing",
+        "Job {{ $labels.training_job }} vanished without finishing"
+        "{{ if $labels.rank }}; rank {{ $labels.rank }} stopped first{{ end }}",
         "No rank of job {{ $labels.training_job }} has sent a heartbeat for "
         "{{ $value | humanizeDuration }}, and not every rank reported a clean finish: the job "
-        "was killed (OOM killer, preemption, node loss, a crashed launcher). Check the "
-        "scheduler's record and the last log lines of each rank, then restart it from its "
-        "last checkpoint.",
+        "was killed (OOM killer, preemption, node loss, a crashed launcher)."
+        "{{ if $labels.rank }} Rank {{ $labels.rank }} on {{ $labels.node }} stopped first "
+        "(its heartbeat stopped before its peers'): a rank killed alone takes the job down "
+        "with it.{{ end }} Check the scheduler's record and the last log lines of each rank, "
+        "then restart it from its last checkpoint.",
         for_=cfg["for"],
     )
 
@@ -337,20 +396,40 @@ def _job_finished(p: Profile) -> str:
 
 
 def _straggler(p: Profile) -> Alert:
+    """A rank whose own compute time per step (step time minus time waiting in collectives,
+    exporters/training/collectives.py OwnCompute) is more than `factor` x the job's median
+    rank and at least min_delta_seconds more. Step times cannot tell: in synchronous
+    training every rank waits for the slowest, so every rank's step takes as long; what a
+    rank spends before entering the collective is its own work (NVIDIA's straggler detection
+    scores ranks on it against the job's median for that reason). An evenly slow job has no
+    rank above its median. Aggregated, the exporters' per-node median and slowest rank are
+    read (the job's median is the median of its nodes' medians; a second straggler on the
+    node of the first is named once the first is gone), not every rank's series."""
     cfg = p.alert("TrainingStragglerRank")
-    median = recording.STEP_TIME_MEDIAN_RANK
-    threshold = (f"({cfg['factor']} * {median} >= {median} + {cfg['min_delta_seconds']})\n"
-                 f"  or\n  ({median} + {cfg['min_delta_seconds']})")
-    expr = (f"{recording.STEP_TIME_PER_RANK}\n> on (training_job) group_left ()\n"
-            f"(\n  {threshold}\n)\n"
-            f"and on (training_job)\n{recording.RANKS_REPORTING} >= {cfg['min_ranks']}")
+    training = p.selector("training")
+    if p.aggregate:
+        ranks = sel(catalog.TRAINING_NODE_COMPUTE_SLOWEST, training)
+        median = (f"quantile by (training_job) (0.5, "
+                  f"{sel(catalog.TRAINING_NODE_COMPUTE_MEDIAN, training)})")
+        counted = (f"sum by (training_job) "
+                   f"({sel(catalog.TRAINING_NODE_COMPUTE_RANKS, training)})")
+    else:
+        ranks = sel(catalog.TRAINING_COMPUTE, training)
+        median = f"quantile by (training_job) (0.5, {ranks})"
+        counted = f"count by (training_job) ({ranks})"
+    delta = cfg["min_delta_seconds"]
+    threshold = (f"({cfg['factor']} * {median} >= {median} + {delta})\n"
+                 f"  or\n  ({median} + {delta})")
+    expr = (f"{ranks}\n> on (training_job) group_left ()\n(\n  {threshold}\n)\n"
+            f"and on (training_job)\n{counted} >= {cfg['min_ranks']}")
     return Alert(
         "TrainingStragglerRank", expr, "warning", "training",
         f"Straggler: {JOB_RANK} is slower than its peers",
         "Rank {{ $labels.rank }} of job {{ $labels.training_job }} on {{ $labels.node }} "
-        f"takes {{{{ $value | printf \"%.3g\" }}}} s per "
-        f"step, more than {cfg['factor']:g}x the median rank of the job. Every synchronous "
-        "step waits for it. Check that node's GPU (throttling, errors) and its data loading.",
+        f"computes for {{{{ $value | printf \"%.3g\" }}}} s per step before entering its "
+        f"collectives, more than {cfg['factor']:g}x the median rank of the job. Every "
+        "synchronous step waits for it, so every rank's step time is as long as its own. "
+        "Check that node's GPU (throttling, errors), its data loading and its CPU.",
         for_=cfg["for"],
     )
 

@@ -68,6 +68,11 @@ def _node(n: int) -> Iterator[Series]:
     yield Series("training_node_peak_flops_per_second", job_node, "7.912e15")
     yield from _step_histogram("training_node_step_duration_seconds", job_node, "steps8",
                                "steps16")
+    # own compute time per step: the median and the slowest of its ranks, how many measured
+    yield Series("training_node_compute_median_seconds", job_node, "1.5")
+    yield Series("training_node_compute_slowest_seconds",
+                 {**job_node, "rank": str(n * GPUS_PER_NODE)}, "1.55")
+    yield Series("training_node_compute_ranks", job_node, str(GPUS_PER_NODE))
     for g in range(GPUS_PER_NODE):
         gl = {**gpu_inst, "gpu": str(g), "uuid": f"GPU-{n}-{g}", "name": "H100"}
         yield Series("trainwatch_gpu_up", gl, "one")
@@ -85,6 +90,7 @@ def _node(n: int) -> Iterator[Series]:
                 ("training_grad_norm", "0.5"), ("training_last_step_timestamp_seconds", "ts"),
                 ("training_heartbeat_timestamp_seconds", "ts"),
                 ("training_collective_sequence", "steps"), ("training_finished", "zero"),
+                ("training_collective_id", "zero"), ("training_compute_seconds", "1.5"),
                 ("training_peak_flops_per_second", "9.89e14"),
                 ("training_samples_total", "steps8"), ("training_tokens_total", "steps8192"),
                 ("training_model_flops_total", "flops")):

@@ -87,8 +87,10 @@ def build() -> gd.Dashboard:
                            f"(rate({c.TRAINING_STEP_DURATION}_bucket{{{T}}}"
                            f"[$__rate_interval])))", RANK)),
         timeseries_panel("Straggler view: step time / job median", "Each rank's mean step time "
-                         "divided by the median rank of its job. 1 = typical; "
-                         "TrainingStragglerRank fires above 1.5.", "none",
+                         "divided by the median rank of its job. 1 = typical. In synchronous "
+                         "training every rank waits for the slowest, so step times stay "
+                         "equal; TrainingStragglerRank reads each rank's own compute time "
+                         "(training_compute_seconds) instead.", "none",
                          Q(f'{recording.STEP_TIME_PER_RANK}{{{J},rank=~"$rank"}}\n'
                            f"/ on (training_job) group_left ()\n"
                            f"{recording.STEP_TIME_MEDIAN_RANK}{{{J}}}", RANK)),

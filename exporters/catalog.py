@@ -44,6 +44,14 @@ ENV_SYNC_EVERY = "TRAINWATCH_SYNC_EVERY"
 # Where a stalled rank dumps PyTorch's flight recorder for the diagnostics (docs/training.md).
 ENV_DIAGNOSTICS_DIR = "TRAINWATCH_DIAGNOSTICS_DIR"
 DEFAULT_EXPORTER_SOCKET = "/run/trainwatch/training.sock"
+# A rank whose datagrams (one at least every second, exporters/training/shipper.py
+# HEARTBEAT_SECONDS, even while it is blocked in a collective) stopped this long ago has left
+# the job: killed, its node gone, or the job scaled down without it. The training exporter no
+# longer counts it as a member a command waits for (its series stay until the job expires:
+# the stall and vanished alerts read them), and the training_command remediation action
+# sends only to exporters with a job heartbeat this recent. The same bound as
+# TrainingStalled's heartbeat_stale_seconds in production.
+RANK_DEPARTED_AFTER_SECONDS = 30.0
 
 # === The metric table ===================================================================
 
@@ -134,6 +142,10 @@ TRAINING_HEARTBEAT_TIMESTAMP = _training("training_heartbeat_timestamp_seconds",
                                          unit="seconds")
 TRAINING_FINISHED = _training("training_finished", GAUGE,
                               "1 once the rank closed its monitor (a clean end).")
+TRAINING_EXITED = _training("training_exited", GAUGE,
+                            "1 once the rank's monitor ended without a clean finish (an "
+                            "exception or SIGTERM, often after a peer died); absent "
+                            "otherwise.")
 TRAINING_IN_COLLECTIVE = _training("training_in_collective", GAUGE,
                                    "1 while the rank is inside a collective.")
 TRAINING_COLLECTIVE_START = _training("training_collective_start_timestamp_seconds", GAUGE,
@@ -142,6 +154,10 @@ TRAINING_COLLECTIVE_START = _training("training_collective_start_timestamp_secon
 TRAINING_COLLECTIVE_SEQ = _training(
     "training_collective_sequence", GAUGE,
     "Sequence number of the last collective the rank entered on the job's group.")
+TRAINING_COLLECTIVE_ID = _training(
+    "training_collective_id", GAUGE,
+    "Number naming the collective the rank is inside, on any process group (equal on every "
+    "rank inside the same one: group, sequence, operation); 0 outside any.")
 # Per job and node, one series per exporter and job instead of one per rank: what the alert
 # rules read every round to tell whether a job steps and lives (a read costs Prometheus about
 # 10 us per series; docs/training.md "Series the rules read").
@@ -182,9 +198,11 @@ TRAINING_NODE_STEP_DURATION = _define(
 TRAINING_STALL_EVIDENCE = _training(
     "training_stall_evidence", GAUGE,
     "While the job's ranks on this node make no progress: the rank's collective sequence "
-    "(signal=seq), last step (signal=step) or heartbeat Unix time (signal=heartbeat).",
+    "(signal=seq), last step (signal=step), heartbeat Unix time (signal=heartbeat), the "
+    "collective it is inside (signal=collective, as training_collective_id) or whether it "
+    "ended without a clean finish (signal=exited, 0 or 1).",
     extra=("signal",))
-STALL_EVIDENCE_SIGNALS = ("seq", "step", "heartbeat")
+STALL_EVIDENCE_SIGNALS = ("seq", "step", "heartbeat", "collective", "exited")
 TRAINING_SAMPLES = _training("training_samples_total", COUNTER, "Samples processed.")
 TRAINING_TOKENS = _training("training_tokens_total", COUNTER, "Tokens processed.")
 # Exposed from the rank's first non-finite loss (absent before): the alert reads it every
@@ -207,6 +225,27 @@ TRAINING_COMMANDS_APPLIED = _training("training_commands_applied_total", COUNTER
                                       extra=("command",))
 TRAINING_STEP_DURATION = _training("training_step_duration_seconds", HISTOGRAM,
                                    "Wall time of one training step.", unit="seconds")
+# Stragglers (issue 28): each rank's own compute time per step (step time minus waiting in
+# collectives, exporters/training/collectives.py OwnCompute), per rank and, for the rules, per
+# job and node: the median of the ranks here, the slowest rank here and how many ranks
+# measured (one series each per node, instead of one per rank).
+TRAINING_COMPUTE = _training(
+    "training_compute_seconds", GAUGE,
+    "Mean own compute time per step over the last minute: step time minus time waiting in "
+    "collectives (equal step times in synchronous training hide a slow rank; this does "
+    "not).", unit="seconds")
+TRAINING_NODE_COMPUTE_MEDIAN = _define(
+    "training", "training_node_compute_median_seconds", GAUGE,
+    "Median over the job's ranks on this node of their own compute time per step.",
+    TRAINING_NODE_LABELS, "seconds")
+TRAINING_NODE_COMPUTE_SLOWEST = _define(
+    "training", "training_node_compute_slowest_seconds", GAUGE,
+    "Own compute time per step of the slowest of the job's ranks on this node (label rank).",
+    (*TRAINING_NODE_LABELS, LABEL_RANK), "seconds")
+TRAINING_NODE_COMPUTE_RANKS = _define(
+    "training", "training_node_compute_ranks", GAUGE,
+    "How many of the job's ranks on this node have an own compute time.",
+    TRAINING_NODE_LABELS)
 TRAINING_EXPORTER_PREFIX = "trainwatch_training_exporter_"
 TRAINING_EXPORTER_JOBS = _define("training", TRAINING_EXPORTER_PREFIX + "jobs", GAUGE,
                                  "Jobs currently reporting to this exporter.", ())

@@ -20,11 +20,13 @@ broken (hiding it would leave ranks out of step).
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,8 +36,8 @@ from typing import Any
 from exporters import catalog, identity
 from exporters.tokens import SecretFileError, read_secret_file
 from exporters.training import commands as cmd
+from exporters.training import departure, sync
 from exporters.training import flops as flops_table
-from exporters.training import sync
 from exporters.training.collectives import CollectiveWatch
 from exporters.training.flops import ModelFlops
 from exporters.training.forwarders import (
@@ -171,6 +173,7 @@ class TrainingMonitor:
         self._cuda_device = cuda_device
         self._closed = False
         self.finished = False
+        self.exiting = False
 
         socket_path = socket_path or env.get(catalog.ENV_EXPORTER_SOCKET,
                                              catalog.DEFAULT_EXPORTER_SOCKET)
@@ -195,6 +198,12 @@ class TrainingMonitor:
         self._shipper.start()
         if checkpoints is not None:
             checkpoints.health = self._healthy_since_last_save
+        # Ending without a clean finish is said in a last datagram: at interpreter exit (an
+        # exception, often a collective that raised because a peer died) and on SIGTERM (how
+        # torchrun stops the others when one rank dies): exporters/training/departure.py.
+        ref = weakref.ref(self)
+        atexit.register(_leave_at_exit, ref)
+        departure.on_terminate(lambda: _leave_at_exit(ref, timeout=1.0))
 
     # --- hot path (training thread) -------------------------------------------------------
     def report(self, step: int, loss: Any = None, lr: Any = None, grad_norm: Any = None,
@@ -501,12 +510,18 @@ class TrainingMonitor:
                                             if self._forwarders else 0),
                 "applied": dict(self._applied_counts), "rollbacks": self._rollbacks}
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Flush what is buffered (one last datagram) and stop the background threads."""
+    def close(self, timeout: float = 10.0, *, finished: bool = True) -> None:
+        """Flush what is buffered (one last datagram) and stop the background threads.
+
+        `finished=False` (an exception left the `with` block, or the process exits without
+        closing): the last datagram goes out as a heartbeat of a rank that did not finish.
+        When a peer is killed, the ranks that die of it (a collective raising) say so after
+        it stopped, so the rank whose heartbeat stopped first is the one that was killed."""
         if self._closed:
             return
         self._closed = True
-        self.finished = True  # the last datagram says so: a clean end, not a vanished job
+        self.finished = finished  # the last datagram says so: a clean end, not a vanished job
+        self.exiting = not finished  # or an end on an error (a peer's death, an exception)
         self._shipper.stop(timeout)
         if self._forwarders is not None:
             self._forwarders.close(timeout)
@@ -514,6 +529,14 @@ class TrainingMonitor:
     def __enter__(self) -> TrainingMonitor:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(finished=exc_type is None)
+
+
+def _leave_at_exit(ref: weakref.ref[TrainingMonitor], timeout: float = 2.0) -> None:
+    """At interpreter exit (also after an uncaught exception: a collective that raised
+    because a peer died) or on SIGTERM, send the last datagram of a monitor nobody closed."""
+    monitor = ref()
+    if monitor is not None and not monitor._closed:
+        monitor.close(timeout=timeout, finished=False)
 

@@ -26,10 +26,13 @@ it matters (a Python signal handler would never run).
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
 import time
+import zlib
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +50,23 @@ def _flight_recorder() -> Any:
     return _dump_fr_trace_json
 
 
-def summarise(entries: list[dict[str, Any]]) -> tuple[int | None, float | None]:
+def collective_key(group: str, seq: object, op: str) -> int:
+    """A number that names one collective: the same on every rank that is inside it (same
+    group, sequence number on that group and operation), different for a rank inside another
+    one (another group, or another operation at the same place of the same group: a rank that
+    took a different branch). 0 is "inside none". CRC-32, so it is exact as a float sample."""
+    return zlib.crc32(f"{group}|{seq}|{op}".encode()) or 1
+
+
+def summarise(entries: list[dict[str, Any]]) -> tuple[int | None, float | None, int]:
     """(newest collective_seq_id on the default group, entry time of the oldest unfinished
-    collective in seconds or None) from flight recorder entries."""
+    collective in seconds or None, the key of that collective or 0) from flight recorder
+    entries. The unfinished collective is looked for on every process group: a rank whose
+    peers wait on another group than the default one (a checkpoint's, a pipeline stage's) is
+    told apart by it, where the default group's sequence numbers are all equal."""
     seq = None
     since = None
+    key = 0
     for entry in entries:
         group = entry.get("process_group") or ["", ""]
         if str(group[0]) == DEFAULT_GROUP and not entry.get("is_p2p"):
@@ -60,9 +75,13 @@ def summarise(entries: list[dict[str, Any]]) -> tuple[int | None, float | None]:
                 seq = value
         if not entry.get("retired", True):
             created = entry.get("time_created_ns")
-            if isinstance(created, int) and created > 0:
-                since = created / 1e9 if since is None else min(since, created / 1e9)
-    return seq, since
+            if isinstance(created, int) and created > 0 and (since is None
+                                                             or created / 1e9 < since):
+                since = created / 1e9
+                number = entry.get("p2p_seq_id") if entry.get("is_p2p") else \
+                    entry.get("collective_seq_id")
+                key = collective_key(str(group[0]), number, str(entry.get("profiling_name")))
+    return seq, since, key
 
 
 class CollectiveWatch:
@@ -79,17 +98,22 @@ class CollectiveWatch:
         self._read_at = 0.0
         self._written_at = 0.0
         self._cached: list[Any] | None = None
+        self.key = 0  # collective_key of what current() last described
+        self.compute = OwnCompute(self._dump)
+        self._cached_key = 0
 
     def current(self, last_report: float | None) -> list[Any]:
-        """[seq, since, source]; `last_report` is the rank's last report (perf_counter)."""
+        """[seq, since, source]; `last_report` is the rank's last report (perf_counter).
+        `key` is then the collective_key of the collective the rank is inside (0: none)."""
         now = time.perf_counter()
         idle = now - last_report if last_report is not None else now
         if idle >= self._idle and self._dump is not None:
             if self._cached is not None and now - self._read_at < self._idle:
+                self.key = self._cached_key
                 return self._cached
             try:
                 raw = self._dump(includeCollectives=True, onlyActive=False)
-                seq, since = summarise(json.loads(raw).get("entries") or [])
+                seq, since, key = summarise(json.loads(raw).get("entries") or [])
             except Exception as exc:  # a recorder that is off or broken: use our own
                 log.debug("flight recorder unreadable: %s", exc)
                 self._dump = None
@@ -98,11 +122,22 @@ class CollectiveWatch:
                 if idle >= self._dump_after and now - self._written_at >= self._dump_after:
                     self._write(raw)
                     self._written_at = now
+                self._cached_key = key
                 if seq is not None:
                     self._cached = [seq, since, "flight_recorder"]
+                    self.key = key
                     return self._cached
+                self._cached = None
+                self.key = key or self._agreement_key()
+                return [self._agreement.seq, self._agreement.since, "agreement"]
         self._cached = None
+        self.key = self._agreement_key()
         return [self._agreement.seq, self._agreement.since, "agreement"]
+
+    def _agreement_key(self) -> int:
+        if self._agreement.since is None:
+            return 0
+        return collective_key("agreement", self._agreement.seq, "agreement")
 
     def _write(self, raw: bytes | str) -> None:
         if self._dump_path is None:
@@ -116,3 +151,66 @@ class CollectiveWatch:
             log.warning("cannot write the flight recorder dump %s: %s", self._dump_path,
                         exc.strerror)
             self._dump_path = None
+
+
+class OwnCompute:
+    """Each step's own compute time: from the end of the previous step (its report) to the
+    rank's entry into the step's last collective, from the entry times PyTorch's flight
+    recorder logs for every collective (`time_created_ns`, any group). In synchronous
+    training every rank leaves a collective together, so step times are equal and hide a
+    slow rank; the time before entering is the rank's own work, the rest is waiting for the
+    slowest (NVIDIA's straggler detection scores ranks on their own compute for the same
+    reason). A step without a collective in it is not measured.
+
+    The recorder is read on the shipper thread, not per step, every `every` seconds or more
+    rarely: a dump of a full buffer (2,000 entries) and its parse took 90-200 ms on this
+    loaded 2-core machine, time the training thread may lose to the GIL, so the period
+    stretches to 1,000 x the last read's cost (0.1 % of the time), up to MAX_EVERY. For gloo
+    the entry time is the call; for NCCL it is when the CPU enqueued the collective
+    (docs/training.md, "Stragglers"). Without the recorder nothing is measured and the
+    series stay absent.
+    """
+
+    MAX_EVERY = 60.0
+
+    def __init__(self, dump: Any, every: float = 10.0) -> None:
+        self._dump = dump
+        self._base_every = self._every = every
+        self._read_at = time.monotonic()
+        self._reports: deque[float] = deque(maxlen=8192)  # report wall times, not yet used
+        self._previous: float | None = None
+        self.seconds = 0.0  # cumulative own compute time of the measured steps
+        self.steps = 0
+
+    def note_report(self, wall: float) -> None:
+        if self._dump is not None:
+            self._reports.append(wall)
+
+    def measure(self, force: bool = False) -> None:
+        """Attribute the reports seen since the last read to compute and waiting."""
+        now = time.monotonic()
+        if self._dump is None or not self._reports or (
+                not force and now - self._read_at < self._every):
+            return
+        self._read_at = now
+        started = time.perf_counter()
+        try:
+            raw = self._dump(includeCollectives=True, onlyActive=False)
+            entries = json.loads(raw).get("entries") or []
+        except Exception as exc:  # off or broken: stop measuring
+            log.debug("flight recorder unreadable: %s", exc)
+            self._dump = None
+            return
+        cost = time.perf_counter() - started
+        self._every = min(self.MAX_EVERY, max(self._base_every, 1000 * cost))
+        entered = sorted(e["time_created_ns"] / 1e9 for e in entries
+                         if isinstance(e.get("time_created_ns"), int))
+        for report in sorted(self._reports):
+            previous, self._previous = self._previous, report
+            if previous is None:
+                continue
+            last = bisect.bisect_right(entered, report) - 1
+            if last >= 0 and entered[last] > previous:
+                self.seconds += entered[last] - previous
+                self.steps += 1
+        self._reports.clear()

@@ -10,6 +10,7 @@ here too, so every non-finite loss gauge comes with it and the alert reads only 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import (
@@ -94,6 +95,9 @@ class TrainingCollector(Collector):
         node_flops = _family(c.TRAINING_NODE_MODEL_FLOPS)
         node_peak = _family(c.TRAINING_NODE_PEAK_FLOPS)
         node_histogram = _family(c.TRAINING_NODE_STEP_DURATION)
+        compute_median = _family(c.TRAINING_NODE_COMPUTE_MEDIAN)
+        compute_slowest = _family(c.TRAINING_NODE_COMPUTE_SLOWEST)
+        compute_ranks = _family(c.TRAINING_NODE_COMPUTE_RANKS)
         jobs = self._store.snapshot_with_rollups()
         now = self._store.wall()
         for job, (ranks, rollup) in jobs.items():
@@ -111,10 +115,18 @@ class TrainingCollector(Collector):
             beat = _newest(s.heartbeat for s in ranks.values())
             if beat is not None:
                 node_heartbeat.add_metric(node_values, beat)
+            compute = {rank: m for rank, s in ranks.items()
+                       if (m := s.compute_mean()) is not None}
+            if compute:  # TrainingStragglerRank's inputs: the median here, the slowest here
+                slowest = max(compute, key=lambda r: (compute[r], -r))
+                compute_median.add_metric(node_values, statistics.median(compute.values()))
+                compute_slowest.add_metric([*node_values, str(slowest)], compute[slowest])
+                compute_ranks.add_metric(node_values, float(len(compute)))
             # A job none of whose ranks here stepped yet is not one the rules call stalled.
             idle = last_step is not None and now - last_step >= stall_evidence_after(ranks)
             for rank, s in ranks.items():
                 values = [job, str(rank), self._node]
+                collective = None if s.collective_seq is None else s.collective_key
                 gauges = {
                     c.TRAINING_STEP: s.step, c.TRAINING_LOSS: s.loss,
                     c.TRAINING_LEARNING_RATE: s.lr, c.TRAINING_GRAD_NORM: s.grad_norm,
@@ -126,17 +138,21 @@ class TrainingCollector(Collector):
                     c.TRAINING_PEAK_FLOPS: s.peak_flops or None,
                     c.TRAINING_HEARTBEAT_TIMESTAMP: s.heartbeat or None,
                     c.TRAINING_FINISHED: float(s.finished),
+                    c.TRAINING_EXITED: 1.0 if s.exited else None,  # sparse: absent until then
                     c.TRAINING_IN_COLLECTIVE: (None if s.collective_seq is None
                                                else float(s.collective_since is not None)),
                     c.TRAINING_COLLECTIVE_START: s.collective_since,
                     c.TRAINING_COLLECTIVE_SEQ: s.collective_seq,
+                    c.TRAINING_COLLECTIVE_ID: collective,
+                    c.TRAINING_COMPUTE: compute.get(rank),
                 }
                 for name, value in gauges.items():
                     if value is not None:  # never reported -> absent, not 0
                         g[name].add_metric(values, float(value))
                 if idle:
                     for signal, value in zip(c.STALL_EVIDENCE_SIGNALS,
-                                             (s.collective_seq, s.step, s.heartbeat or None),
+                                             (s.collective_seq, s.step, s.heartbeat or None,
+                                              collective, float(s.exited)),
                                              strict=True):
                         if value is not None:
                             evidence.add_metric([*values, signal], float(value))
@@ -167,6 +183,9 @@ class TrainingCollector(Collector):
         yield node_flops
         yield node_peak
         yield node_histogram
+        yield compute_median
+        yield compute_slowest
+        yield compute_ranks
         self_jobs = _family(c.TRAINING_EXPORTER_JOBS)
         self_jobs.add_metric([], float(len(jobs)))
         yield self_jobs

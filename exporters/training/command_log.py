@@ -26,7 +26,11 @@ CREATE TABLE IF NOT EXISTS commands (
 CREATE TABLE IF NOT EXISTS outcomes (
     job TEXT NOT NULL, id TEXT NOT NULL, rank INTEGER NOT NULL, status TEXT NOT NULL,
     PRIMARY KEY (job, id, rank));
+CREATE TABLE IF NOT EXISTS closed (
+    job TEXT NOT NULL, id TEXT NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (job, id));
 """
+# A log written before the `closed` table existed gains it at the next start (IF NOT EXISTS).
+Loaded = tuple[cmd.Command, str, float, dict[int, dict[str, Any]], str | None]
 
 
 class CommandLog:
@@ -59,8 +63,16 @@ class CommandLog:
                 "ON CONFLICT (job, id, rank) DO UPDATE SET status = excluded.status",
                 (job, command_id, rank, json.dumps(status)))
 
-    def load(self) -> dict[str, list[tuple[cmd.Command, str, float, dict[int, dict[str, Any]]]]]:
-        """Every job's commands, oldest first, with their per-rank outcomes."""
+    def close_command(self, job: str, command_id: str, reason: str) -> None:
+        """The command will never be applied (its launch finished first): after a restart of
+        the exporter it must still be offered to no rank."""
+        with self._lock, self._db:
+            self._db.execute("INSERT OR IGNORE INTO closed (job, id, reason) VALUES (?, ?, ?)",
+                             (job, command_id, reason))
+
+    def load(self) -> dict[str, list[Loaded]]:
+        """Every job's commands, oldest first, with their per-rank outcomes and, for a closed
+        command, why."""
         with self._lock:
             rows = self._db.execute(
                 "SELECT job, id, type, args, origin, created FROM commands ORDER BY seq"
@@ -69,11 +81,13 @@ class CommandLog:
             for job, command_id, rank, status in self._db.execute(
                     "SELECT job, id, rank, status FROM outcomes"):
                 outcomes.setdefault((job, command_id), {})[int(rank)] = json.loads(status)
-        jobs: dict[str, list[tuple[cmd.Command, str, float, dict[int, dict[str, Any]]]]] = {}
+            closed = {(job, command_id): reason for job, command_id, reason
+                      in self._db.execute("SELECT job, id, reason FROM closed")}
+        jobs: dict[str, list[Loaded]] = {}
         for job, command_id, command_type, args, origin, created in rows:
             jobs.setdefault(job, []).append(
                 (cmd.Command(command_id, command_type, json.loads(args)), origin, created,
-                 outcomes.get((job, command_id), {})))
+                 outcomes.get((job, command_id), {}), closed.get((job, command_id))))
         return jobs
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ from exporters.training.command_log import CommandLog
 from exporters.training.control_api import MAX_BODY_BYTES, ControlApp
 from exporters.training.launcher import node_name
 from exporters.training.receiver import Receiver, bind_socket
-from exporters.training.store import Store
+from exporters.training.store import DEPARTED_AFTER_SECONDS, Store
 
 log = logging.getLogger("trainwatch.training_exporter")
 
@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--node", default=node_name(), help="value of the node label")
     parser.add_argument("--job-expiry-seconds", type=float, default=600.0,
                         help="drop a job's series this long after its last report")
+    parser.add_argument("--rank-departed-seconds", type=float, default=DEPARTED_AFTER_SECONDS,
+                        help="a rank silent this long no longer counts as a member a command "
+                        "waits for (its series stay until the job expires)")
     parser.add_argument("--threads", type=int, default=4, help="HTTP handler threads")
     parser.add_argument("--command-log", type=Path, default=None,
                         help="SQLite file that keeps accepted commands and their outcomes "
@@ -67,6 +70,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--node must be a non-empty host name")
     if not 1 <= args.job_expiry_seconds <= 7 * 86400:
         parser.error("--job-expiry-seconds must be between 1 and 604800")
+    if not 2 <= args.rank_departed_seconds <= 3600:
+        parser.error("--rank-departed-seconds must be between 2 and 3600 (ranks heartbeat "
+                     "every second)")
     if args.command_log is not None and not args.command_log.parent.is_dir():
         parser.error(f"--command-log directory {args.command_log.parent} does not exist")
     if not 1 <= args.threads <= 64:
@@ -81,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     token = read_token(args.token_file)
     if token is None:
         log.warning("no --token-file: control API answers 503 (fail closed)")
-    store = Store(args.job_expiry_seconds)
+    store = Store(args.job_expiry_seconds, departed_after=args.rank_departed_seconds)
     registry = CollectorRegistry()
     registry.register(TrainingCollector(store, args.node))
     try:

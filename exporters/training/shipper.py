@@ -142,6 +142,7 @@ class Shipper(threading.Thread):
                 self._m._nonfinite_seqs.append(seq)
                 self._m._nonfinite_seen += 1
             self.seen_seq = seq
+            self._m._collectives.compute.note_report(t + offset)
             rows.append((int(step), t + offset, _float(duration), loss_f, _float(lr),
                          _float(grad_norm), _float(data_wait)))
         return rows
@@ -159,13 +160,16 @@ class Shipper(threading.Thread):
             "rollbacks": m._rollbacks, "applied_counts": dict(m._applied_counts),
             "command_types": {name: schema for name, (_, schema) in m._custom.items()},
             "cuda": m._cuda_memory(), "applied": applied[-50:],
-            "incarnation": m.incarnation, "finished": m.finished,
+            "incarnation": m.incarnation, "finished": m.finished, "exiting": m.exiting,
             "collective": m._collectives.current(m._last_report),
+            "collective_key": m._collectives.key,  # of the collective just described
+            "compute": [m._collectives.compute.seconds, m._collectives.compute.steps],
             "checkpoint_failures": int(getattr(m._checkpoints, "failed_saves", 0)),
         }
 
     def _flush(self, force: bool = False) -> None:
         rows = self._drain()
+        self._m._collectives.compute.measure()
         if rows and self._forwarders is not None:
             self._forwarders.submit(rows)
         now = time.monotonic()

@@ -19,15 +19,21 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporters import catalog
 from exporters.training import commands as cmd
 from exporters.training.command_log import CommandLog
 from exporters.training.wire import RankReport
 
 STEP_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                          60.0, 120.0)
+# A rank's own compute time per step is its mean over this many seconds of datagrams
+# (TrainingStragglerRank reads it; a minute of steps is enough to rank ranks, short enough to
+# name a straggler within minutes).
+COMPUTE_WINDOW_SECONDS = 60.0
 MAX_COMMANDS_PER_JOB = 1000
 MAX_JOBS = 1000
 MAX_RETIRED = 16
+DEPARTED_AFTER_SECONDS = catalog.RANK_DEPARTED_AFTER_SECONDS  # what it means: catalog.py
 
 
 @dataclass
@@ -81,6 +87,18 @@ class RankState:
     finished: bool = False
     collective_seq: int | None = None
     collective_since: float | None = None
+    collective_key: int = 0  # the collective it is inside, on any group (0: none)
+    exited: bool = False  # its last datagram said it ends without a clean finish
+    # (monotonic time, cumulative own compute seconds, measured steps) at datagrams that
+    # measured more steps, over COMPUTE_WINDOW_SECONDS plus the sample before it
+    compute: deque[tuple[float, float, int]] = field(default_factory=deque)
+
+    def compute_mean(self) -> float | None:
+        """Mean own compute time per step over the window; None before two measurements."""
+        if len(self.compute) < 2:
+            return None
+        (_, first_s, first_n), (_, last_s, last_n) = self.compute[0], self.compute[-1]
+        return (last_s - first_s) / (last_n - first_n) if last_n > first_n else None
 
 
 @dataclass
@@ -89,6 +107,10 @@ class CommandRecord:
     created: float
     origin: str  # "api" (posted here) or "peer" (learned from a rank's applied report)
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Why the command will never be applied, once it cannot be: the launch it was meant for
+    # ended cleanly before every rank applied it. A closed command is offered to no rank, so
+    # a later launch of the same job name never inherits it (it is durable: command_log).
+    closed: str | None = None
 
 
 @dataclass
@@ -154,15 +176,16 @@ class Store:
             for name, records in log.load().items():
                 job = self._jobs.setdefault(name, JobState())
                 job.last_seen = max(job.last_seen, now)
-                for command, origin, _created, ranks in records:
+                for command, origin, _created, ranks, closed in records:
                     if command.id not in job.commands:
                         self._add_command(job, CommandRecord(command, now, origin,
-                                                             dict(ranks)))
+                                                             dict(ranks), closed))
             self._log = log
 
     def __init__(self, job_expiry_seconds: float, clock: Any = time.monotonic,
-                 wall: Any = time.time) -> None:
+                 wall: Any = time.time, departed_after: float = DEPARTED_AFTER_SECONDS) -> None:
         self._wall = wall
+        self._departed_after = departed_after
         self._lock = threading.Lock()
         self._jobs: dict[str, JobState] = {}
         self._expiry = job_expiry_seconds
@@ -189,6 +212,9 @@ class Store:
             state.finished = report.finished
             state.collective_seq = report.collective_seq
             state.collective_since = report.collective_since
+            state.collective_key = report.collective_key
+            state.exited = report.exiting
+            self._add_compute(state, now, report)
             state.local_rank = report.local_rank
             state.world_size = report.world_size
             state.restarts = report.restarts
@@ -223,6 +249,32 @@ class Store:
                     rollup.durations.observe(duration)
             for event in report.applied:
                 self._record_applied(job, report.rank, event, now, report.job)
+            if report.finished and all(s.finished for s in job.ranks.values()):
+                self._close_pending(job, report.job)
+
+    def _close_pending(self, job: JobState, job_name: str) -> None:
+        """Every rank of the launch here reported a clean end: a command some of them have
+        not applied never will be, and must not wait for the next launch of the name (a new
+        run, which would apply an old run's LR cut or rollback at its first agreement)."""
+        reason = (f"job {job_name!r} finished (every rank reported a clean end) before "
+                  "every rank applied it")
+        for record in job.commands.values():
+            if record.closed is None and any(
+                    record.ranks.get(r, {}).get("status") is None for r in job.ranks):
+                record.closed = reason
+                command_id = record.command.id
+                self._durably(lambda log, i=command_id: log.close_command(job_name, i, reason))
+
+    @staticmethod
+    def _add_compute(state: RankState, now: float, report: RankReport) -> None:
+        samples = state.compute
+        if samples and report.compute_steps < samples[-1][2]:
+            samples.clear()  # a restarted process counts from 0 again
+        if samples and report.compute_steps == samples[-1][2]:
+            return
+        samples.append((now, report.compute_seconds, report.compute_steps))
+        while len(samples) > 2 and samples[1][0] <= now - COMPUTE_WINDOW_SECONDS:
+            samples.popleft()
 
     @staticmethod
     def _member(job: JobState, report: RankReport) -> bool:
@@ -308,7 +360,11 @@ class Store:
                         raise ApiError(409, f"command id {command.id!r} exists with a "
                                             "different type or args")
                     return 200, self._describe(job, existing)
-            else:
+            if job.ranks and all(s.finished for s in job.ranks.values()):
+                raise ApiError(409, f"job {job_name!r} finished: every rank of it here "
+                                    "reported a clean end, so no rank would apply the command "
+                                    "(and a later launch of the name must not inherit it)")
+            if not command.id:
                 command = cmd.Command(uuid.uuid4().hex, command.type, command.args)
             record = CommandRecord(command, self._clock(), "api")
             if self._log is not None:  # durable before the 202, or not accepted at all
@@ -319,22 +375,35 @@ class Store:
             self._add_command(job, record)
             return 202, self._describe(job, record)
 
-    @staticmethod
-    def _describe(job: JobState, record: CommandRecord) -> dict[str, Any]:
-        # Judged against the current members: ranks of a previous launch (restart, larger
-        # world) no longer count, and none of this launch is left out. Before any rank of
-        # the job reported to this exporter process (it restarted and read the command log),
-        # the ranks that reported the command are the best members known.
-        members = job.ranks or record.ranks
-        ranks = {str(r): {"status": "pending"} for r in sorted(members)}
+    def _describe(self, job: JobState, record: CommandRecord) -> dict[str, Any]:
+        """The command with every member's status and one overall status.
+
+        Judged against the current launch's members that are still there: ranks of a
+        previous launch (restart, larger world) no longer count, and neither does a rank
+        whose datagrams stopped `departed_after` seconds ago (killed, its node left, the job
+        scaled down without it): it is listed as "departed" and nothing waits for it. An
+        exporter whose ranks all departed answers "departed" (a ghost of a scale-down:
+        remediation stops waiting on it). Before any rank of the job reported to this
+        exporter process (it restarted and read the command log), the ranks that reported
+        the command are the best members known."""
+        cutoff = self._clock() - self._departed_after
+        departed = {r for r, s in job.ranks.items() if not s.finished and s.last_seen < cutoff}
+        members = (set(job.ranks) - departed) if job.ranks else set(record.ranks)
+        ranks = {str(r): {"status": "departed"} for r in sorted(departed)}
+        ranks.update({str(r): {"status": "pending"} for r in sorted(members)})
         ranks.update({str(r): dict(s) for r, s in sorted(record.ranks.items())
                       if r in members})
-        statuses = {s["status"] for s in ranks.values()}
+        statuses = {ranks[str(r)]["status"] for r in members}
         overall = ("applied" if statuses == {"applied"} else
                    "failed" if "failed" in statuses else
+                   "cancelled" if record.closed is not None else
+                   "departed" if not members else
                    "partial" if "applied" in statuses else "pending")
-        return {**record.command.to_wire(), "status": overall, "origin": record.origin,
-                "ranks": ranks}
+        described = {**record.command.to_wire(), "status": overall, "origin": record.origin,
+                     "ranks": ranks}
+        if overall == "cancelled":
+            described["reason"] = record.closed
+        return described
 
     def get_command(self, job_name: str, command_id: str) -> dict[str, Any]:
         with self._lock:
@@ -345,11 +414,13 @@ class Store:
             return self._describe(job, record)
 
     def list_commands(self, job_name: str, pending_for_rank: int | None) -> list[dict[str, Any]]:
-        """All commands of a job, or those a given rank has not yet reported as done."""
+        """All commands of a job, or those a given rank has not yet reported as done (a
+        closed one is offered to no rank)."""
         with self._lock:
             job = self._job(job_name)
             return [self._describe(job, r) for r in job.commands.values()
-                    if pending_for_rank is None or pending_for_rank not in r.ranks]
+                    if pending_for_rank is None
+                    or (pending_for_rank not in r.ranks and r.closed is None)]
 
     def list_jobs(self) -> list[dict[str, Any]]:
         cutoff = self._clock() - self._expiry

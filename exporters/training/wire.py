@@ -64,6 +64,17 @@ class RankReport:
     flops_total: float = 0.0  # model FLOPs done (MFU); 0: the job does not report them
     peak_flops: float = 0.0  # the rank's peak FLOP/s for its dtype; 0: unknown
     checkpoint_failures: int = 0  # optional in the datagram (older clients omit it)
+    # Which collective the rank is inside, on any process group (collectives.collective_key:
+    # the same number on every rank inside the same one), 0 for none; older clients omit it.
+    collective_key: int = 0
+    # The rank's last datagram, sent as it ends without a clean finish (an exception, often a
+    # collective that raised because a peer died); a killed rank never sends one.
+    exiting: bool = False
+    # Own compute time (step time minus waiting in collectives) of the steps measured so far,
+    # and how many: cumulative (exporters.training.collectives.OwnCompute); older clients
+    # omit it.
+    compute_seconds: float = 0.0
+    compute_steps: int = 0
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -148,8 +159,14 @@ def decode(data: bytes) -> RankReport:
     if not isinstance(incarnation, str) or not INCARNATION_PATTERN.match(incarnation):
         raise WireError("bad incarnation")
     finished = obj.get("finished", False)
-    if not isinstance(finished, bool):
-        raise WireError("finished must be a boolean")
+    exiting = obj.get("exiting", False)
+    if not isinstance(finished, bool) or not isinstance(exiting, bool):
+        raise WireError("finished and exiting must be booleans")
+    compute = obj.get("compute", [0.0, 0])
+    if not isinstance(compute, list) or len(compute) != 2:
+        raise WireError("compute must be [seconds, steps]")
+    compute_seconds = _finite_nonneg({"compute": compute[0]}, "compute")
+    compute_steps = _int({"steps": compute[1]}, "steps")
     collective = obj.get("collective")
     seq = since = None
     source = ""
@@ -171,4 +188,6 @@ def decode(data: bytes) -> RankReport:
         steps=parsed_steps, applied=applied, flops_total=_finite_nonneg(obj, "flops_total"),
         peak_flops=_finite_nonneg(obj, "peak_flops"), incarnation=incarnation,
         finished=finished, collective_seq=seq, collective_since=since,
-        collective_source=source, checkpoint_failures=_int(obj, "checkpoint_failures"))
+        collective_source=source, checkpoint_failures=_int(obj, "checkpoint_failures"),
+        collective_key=_int(obj, "collective_key", 0, 2**32), exiting=exiting,
+        compute_seconds=compute_seconds, compute_steps=compute_steps)

@@ -1,14 +1,21 @@
 """`training_command`: send a command (scale_lr, rollback, ...) to every node of a job.
 
-The nodes are the `instance` labels of `training_step{training_job="<job>"}` in Prometheus;
-each node's training exporter takes the command on its control API. The command id is derived
-from the alert's idempotency key, so a retry or a duplicate delivery is answered 200 with the
-existing command instead of applying it twice; the ranks agree in-band on the step.
+The nodes are the `instance` labels of the exporters where some rank of the job still
+heartbeats (`training_node_heartbeat_timestamp_seconds{training_job="<job>"}` newer than
+RANK_DEPARTED_AFTER_SECONDS): an exporter whose ranks all left (a node that departed when the
+job scaled down keeps their series until the job expires) holds nobody who could apply the
+command. Each node's training exporter takes the command on its control API. The command id
+is derived from the alert's idempotency key, so a retry or a duplicate delivery is answered
+200 with the existing command instead of applying it twice; the ranks agree in-band on the
+step.
 
-A 202 only means an exporter stored the command. The step succeeds when every rank reporting
-to every node says "applied": the action polls each node until then, and fails (so the
-playbook escalates) when a rank reports "failed" or the step's `timeout` (default 120 s)
-passes with some rank still pending.
+A 202 only means an exporter stored the command. The step succeeds when every live rank
+reporting to every node says "applied": the action polls each node until then, and fails (so
+the playbook escalates) when a rank reports "failed", the command was cancelled (the job
+finished first), an exporter refuses it (409: the job finished), or the step's `timeout`
+(default 120 s) passes with some rank still pending. A node whose ranks departed after the
+command was sent answers "departed": nothing there is waited for (the ranks that remain
+apply it at their next agreement), unless every node says so.
 """
 
 from __future__ import annotations
@@ -20,7 +27,11 @@ from urllib.parse import quote
 
 import requests
 
-from exporters.catalog import LABEL_JOB, TRAINING_STEP
+from exporters.catalog import (
+    LABEL_JOB,
+    RANK_DEPARTED_AFTER_SECONDS,
+    TRAINING_NODE_HEARTBEAT_TIMESTAMP,
+)
 from exporters.finite import NonFiniteError, require_finite
 from remediation.actions.base import ActionContext, ActionError, timeout_of
 from remediation.templating import TemplateError, render
@@ -31,8 +42,11 @@ INSTANCE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\]):
 
 
 def job_instances(ctx: ActionContext, job: str) -> list[str]:
-    """host:port of every training exporter reporting the job (validated before use)."""
-    query = f'{TRAINING_STEP}{{{LABEL_JOB}="{job}"}}'  # job is allowlisted: no quotes inside
+    """host:port of every training exporter where a rank of the job still heartbeats
+    (validated before use)."""
+    # job is allowlisted: no quotes inside
+    query = (f'{TRAINING_NODE_HEARTBEAT_TIMESTAMP}{{{LABEL_JOB}="{job}"}} '
+             f'> time() - {RANK_DEPARTED_AFTER_SECONDS:g}')
     try:
         resp = ctx.session.get(f"{ctx.config.prometheus_url}/api/v1/query",
                                params={"query": query}, timeout=10)
@@ -59,7 +73,8 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     command = {"id": ctx.command_id(), "type": step["command"], "args": args}
     instances = job_instances(ctx, job)
     if not instances:
-        raise ActionError(f"training_command: no training exporter reports job {job!r}")
+        raise ActionError(f"training_command: no training exporter has a live rank of job "
+                          f"{job!r}")
     if ctx.dry_run:
         return {"would_send": command, "instances": instances}
     headers = {"Authorization": f"Bearer {ctx.config.training_exporter_token}"}
@@ -87,6 +102,7 @@ def wait_applied(ctx: ActionContext, job: str, command_id: str, instances: list[
     pending = set(instances)
     ranks: dict[str, dict[str, Any]] = {}
     last: dict[str, str] = {}
+    departed: set[str] = set()
     while True:
         for instance in sorted(pending):
             url = (f"http://{instance}/v1/jobs/{quote(job, safe='')}/commands/"
@@ -108,10 +124,18 @@ def wait_applied(ctx: ActionContext, job: str, command_id: str, instances: list[
                           if s.get("status") == "failed"}
                 raise ActionError(f"training_command: {command_id} failed on {instance}: "
                                   f"{str(failed)[:300]}")
-            if status == "applied":
+            if status == "cancelled":
+                raise ActionError(f"training_command: {command_id} cancelled on {instance}: "
+                                  f"{str(body.get('reason'))[:300]}")
+            if status in ("applied", "departed"):  # departed: no live rank there to wait on
                 ranks[instance] = body.get("ranks", {})
                 pending.discard(instance)
+                if status == "departed":
+                    departed.add(instance)
         if not pending:
+            if departed == set(instances):
+                raise ActionError(f"training_command: every rank of job {job!r} departed "
+                                  f"before applying {command_id}")
             return ranks
         if time.monotonic() >= deadline:
             raise ActionError(f"training_command: {command_id} not applied by every rank "

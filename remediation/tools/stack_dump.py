@@ -11,9 +11,12 @@ Per rank: `py-spy dump --pid N` (argv, no shell) and a summary of PyTorch's flig
 as the rank dumped it on stall (exporters.training.collectives: TRAINWATCH_DIAGNOSTICS_DIR
 in the rank's environment). Across the ranks found: `collectives.waiting_in` (the newest
 collective any rank is inside), `collectives.not_entered` (ranks that never entered it: the
-ones the others wait for). Read-only: nothing is signalled or killed. The dump file is opened
-without following links, must be a regular file owned by the rank's user and below a size
-limit, and only parsed fields reach the output, never the file's text.
+ones the others wait for), `collectives.elsewhere` (ranks inside another collective than most
+ranks here, or inside none while most are, on any process group: where the peers wait on a
+group other than the default one, whose sequence numbers then tell nothing). Read-only:
+nothing is signalled or killed. The dump file is opened without following links, must be a
+regular file owned by the rank's user and below a size limit, and only parsed fields reach
+the output, never the file's text.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from exporters.catalog import ENV_DIAGNOSTICS_DIR
 from exporters.identity import is_job_name, job_from_env
+from exporters.training.collectives import summarise
 
 MAX_DUMP_BYTES = 16 << 20
 LAST_ENTRIES = 5
@@ -97,6 +102,8 @@ def summarise_recorder(document: dict[str, Any]) -> dict[str, Any]:
 
     return {
         "last_seq": max((e["collective_seq_id"] for e in default), default=None),
+        # the collective it is inside on any group, as the training client names it (0: none)
+        "collective_id": summarise(entries)[2],
         "in_flight": [brief(e) for e in entries if not e.get("retired", True)][:LAST_ENTRIES],
         "last_entries": [brief(e) for e in default[-LAST_ENTRIES:]],
     }
@@ -115,6 +122,11 @@ def analyse(procs: list[dict[str, Any]]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "unknown": sorted((p["rank"] for p in procs if p["rank"] not in seqs), key=_rank_key),
         "waiting_in": max(waiting) if waiting else None, "not_entered": [], "entered": []}
+    ids = {p["rank"]: p["flight_recorder"].get("collective_id", 0) for p in procs
+           if isinstance(p.get("flight_recorder"), dict)}
+    shared = Counter(ids.values())
+    most = max(shared.values(), default=0)
+    result["elsewhere"] = sorted((r for r, i in ids.items() if shared[i] < most), key=_rank_key)
     if result["waiting_in"] is not None:
         result["not_entered"] = sorted((r for r, s in seqs.items() if s < result["waiting_in"]),
                                        key=_rank_key)

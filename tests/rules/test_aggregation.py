@@ -220,9 +220,10 @@ def test_slow_groups_hold_recordings_and_only_alerts_with_a_long_for() -> None:
                     seconds(r["for"]) if "for" in r else 0.0)
     slow, medium = (by_interval[i] for i in tiers)
     assert {"GpuThrottled", "GpuMemoryNearlyFull", "GpuUtilizationLowWhileTraining",
-            "TrainingStragglerRank", "TrainingThroughputDrop",
-            "NodeDiskFillingPredicted"} <= set(slow)
-    assert {"TrainingLossSpike", "TrainingGradNormExplosion", "NodeDown"} <= set(medium)
+            "TrainingThroughputDrop", "NodeDiskFillingPredicted"} <= set(slow)
+    # TrainingStragglerRank: for 2m, so a 20% straggler is named within 5 minutes (issue 28)
+    assert {"TrainingLossSpike", "TrainingGradNormExplosion", "NodeDown",
+            "TrainingStragglerRank"} <= set(medium)
     slow_min, medium_min = tiers.values()
     assert all(f >= slow_min for f in slow.values())
     assert all(medium_min <= f < slow_min for f in medium.values())

@@ -65,9 +65,11 @@ def test_command_survives_exporter_restart_and_is_applied_exactly_once(tmp_path:
             wait_until(lambda: exp.api("GET", f"/v1/jobs/{JOB}/commands").status_code == 200,
                        timeout=30, what="job known to the exporter")
             assert exp.api("POST", f"/v1/jobs/{JOB}/commands", json=CUT).status_code == 202
+            exp.proc.kill9()  # before any rank polled it
         finally:
+            # The launch ends without a clean finish reaching the exporter (a crash, a
+            # restart): a launch that finished cleanly would close the command (issue 28).
             silent.close()
-        exp.proc.kill9()  # before any rank polled it
     with exporter(tmp_path, "b", port=port, token=token, extra=extra) as exp:
         monitor, optimizer = rank(exp, ckpt)
         try:

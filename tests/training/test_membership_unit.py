@@ -24,7 +24,8 @@ def report(rank: int, world: int, incarnation: str, restarts: int = 0,
     ("incarnation", "NOT-HEX"), ("incarnation", 5), ("incarnation", "a" * 33),
     ("finished", "yes"), ("collective", [1, None]), ("collective", [1, None, "other"]),
     ("collective", [-1, None, "agreement"]), ("collective", [1, -5.0, "agreement"]),
-    ("collective", [1, float("inf"), "agreement"]),
+    ("collective", [1, float("inf"), "agreement"]), ("exiting", 1), ("collective_key", -1),
+    ("collective_key", 2**33), ("collective_key", 1.5),
 ])
 def test_bad_liveness_fields_are_refused(field: str, value: Any) -> None:
     with pytest.raises(WireError):
@@ -86,3 +87,87 @@ def test_ranks_without_a_process_group_agree_on_their_launch_id(tmp_path) -> Non
     assert incarnation(0) == incarnation(1)
     assert incarnation(0, restarts=1) != incarnation(0)
     assert incarnation(0, world=4) != incarnation(0)
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def finished(rank: int, world: int, incarnation: str) -> RankReport:
+    return decode(json.dumps({**BASE, "rank": rank, "world_size": world, "finished": True,
+                              "incarnation": incarnation}).encode())
+
+
+def test_a_finished_job_refuses_commands_and_its_pending_ones_are_not_inherited(
+        tmp_path) -> None:
+    """Issue 28 point 3: once every rank reported a clean end, a command is refused (409,
+    with the reason); one accepted before and not applied is closed ("cancelled"), durably,
+    and offered to no rank of the next launch of the same name. Old code: 202, and the next
+    launch got both commands at its first poll."""
+    from exporters.training.command_log import CommandLog
+    from exporters.training.store import ApiError
+
+    log = CommandLog(tmp_path / "commands.db")
+    store = Store(600, clock=Clock())
+    store.attach_log(log)
+    for rank in range(2):
+        store.ingest(report(rank, 2, "aaaa"))
+    assert store.post_command("j", {"id": "early", "type": "checkpoint"})[0] == 202
+    store.ingest(finished(0, 2, "aaaa"))
+    assert store.get_command("j", "early")["status"] == "pending", "one rank still runs"
+    store.ingest(finished(1, 2, "aaaa"))
+    early = store.get_command("j", "early")
+    assert early["status"] == "cancelled" and "finished" in early["reason"]
+    with pytest.raises(ApiError) as refused:
+        store.post_command("j", {"id": "late", "type": "scale_lr", "args": {"factor": 0.5}})
+    assert refused.value.status == 409 and "finished" in refused.value.message
+    # a re-delivery of the accepted one is still answered with what became of it
+    assert store.post_command("j", {"id": "early", "type": "checkpoint"})[1]["status"] == \
+        "cancelled"
+    store.ingest(report(0, 2, "bbbb"))  # the next launch of the name
+    assert store.list_commands("j", pending_for_rank=0) == []
+    # after an exporter restart too (the command log keeps the closing)
+    again = Store(600, clock=Clock())
+    again.attach_log(log)
+    again.ingest(report(0, 2, "cccc"))
+    assert again.list_commands("j", pending_for_rank=0) == []
+    assert again.get_command("j", "early")["status"] == "cancelled"
+    posted = again.post_command("j", {"id": "new", "type": "checkpoint"})
+    assert posted[0] == 202 and [c["id"] for c in again.list_commands("j", 0)] == ["new"]
+    log.close()
+
+
+def test_a_rank_whose_datagrams_stopped_leaves_the_members_a_command_waits_for() -> None:
+    """Issue 28 point 4: a departed rank (no datagram for `departed_after`) is no member of
+    the command; an exporter whose ranks all departed (the ghost of a scale-down) answers
+    "departed" instead of "pending" until the job expires. Old code: pending for 600 s."""
+    clock = Clock()
+    live = Store(600, clock=clock, departed_after=30)
+    ghost = Store(600, clock=clock, departed_after=30)
+    for rank in (0, 1):
+        live.ingest(report(rank, 4, "aaaa"))
+    for rank in (2, 3):
+        ghost.ingest(report(rank, 4, "aaaa"))
+    clock.now += 20
+    live.ingest(report(0, 4, "aaaa"))  # rank 1 stopped at t=100; rank 0 goes on
+    for store in (live, ghost):
+        assert store.post_command("j", {"id": "c1", "type": "checkpoint"})[0] == 202
+    assert ghost.get_command("j", "c1")["status"] == "pending", "not yet departed"
+    clock.now += 15  # rank 1, 2, 3 silent 35 s; rank 0 15 s
+    done = {"id": "c1", "type": "checkpoint", "args": {}, "status": "applied", "step": 5}
+    live.ingest(report(0, 4, "aaaa", applied=[done]))
+    described = live.get_command("j", "c1")
+    assert described["status"] == "applied"
+    assert described["ranks"] == {"0": {"status": "applied", "step": 5},
+                                  "1": {"status": "departed"}}
+    gone = ghost.get_command("j", "c1")
+    assert gone["status"] == "departed"
+    assert gone["ranks"] == {"2": {"status": "departed"}, "3": {"status": "departed"}}
+    live.ingest(report(1, 4, "aaaa"))  # a rank that speaks again is a member again
+    assert live.get_command("j", "c1")["status"] == "partial"

@@ -29,12 +29,13 @@ class Wall:
 
 
 def _report(rank: int, step: int | None, wall: float | None, *, duration: float = 0.5,
-            seq: int | None = None, nonfinite: int = 0) -> RankReport:
+            seq: int | None = None, nonfinite: int = 0, key: int = 0,
+            exiting: bool = False) -> RankReport:
     steps = [] if step is None else [(step, wall, duration, 1.0, 0.1, 1.0, 0.0)]
     return RankReport(job=JOB, rank=rank, local_rank=rank, world_size=4, restarts=0,
                       dropped=0, nonfinite=nonfinite, samples_total=0.0, tokens_total=0.0,
                       rollbacks=0, applied_counts={}, command_types={}, cuda=None,
-                      collective_seq=seq, steps=steps)
+                      collective_seq=seq, steps=steps, collective_key=key, exiting=exiting)
 
 
 def _scrape(store: Store) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -69,8 +70,8 @@ def test_one_series_per_job_and_node_holds_the_newest_step_and_heartbeat() -> No
 def test_stall_evidence_appears_only_once_the_ranks_here_stop_stepping() -> None:
     wall = Wall(1000.0)
     store = _store(wall)
-    for rank, seq in ((0, 21), (1, 20)):
-        store.ingest(_report(rank, 20, 1000.0, seq=seq))
+    for rank, seq, key in ((0, 21, 7001), (1, 20, 0)):
+        store.ingest(_report(rank, 20, 1000.0, seq=seq, key=key, exiting=rank == 1))
     after = max(STALL_EVIDENCE_MIN_IDLE_SECONDS, STALL_EVIDENCE_STEP_FACTOR * 0.5)
     wall.now = 1000.0 + after - 0.1
     assert catalog.TRAINING_STALL_EVIDENCE not in _scrape(store)  # a job at its own pace
@@ -78,7 +79,14 @@ def test_stall_evidence_appears_only_once_the_ranks_here_stop_stepping() -> None
     evidence = _scrape(store)[catalog.TRAINING_STALL_EVIDENCE]
     got = {(dict(k)["rank"], dict(k)["signal"]): v for k, v in evidence.items()}
     assert got == {("0", "seq"): 21.0, ("0", "step"): 20.0, ("0", "heartbeat"): 1000.0,
-                   ("1", "seq"): 20.0, ("1", "step"): 20.0, ("1", "heartbeat"): 1000.0}
+                   ("0", "collective"): 7001.0, ("0", "exited"): 0.0,
+                   ("1", "seq"): 20.0, ("1", "step"): 20.0, ("1", "heartbeat"): 1000.0,
+                   ("1", "collective"): 0.0, ("1", "exited"): 1.0}
+    # per rank too (the rules without aggregation): the collective id, and the exit only once
+    scrape = _scrape(store)
+    assert {dict(k)["rank"]: v for k, v in scrape[catalog.TRAINING_COLLECTIVE_ID].items()} \
+        == {"0": 7001.0, "1": 0.0}
+    assert {dict(k)["rank"]: v for k, v in scrape[catalog.TRAINING_EXITED].items()} == {"1": 1.0}
     assert {dict(k)["node"] for k in evidence} == {"n1"}
     # one rank steps again: the job's ranks here progress, the evidence goes
     store.ingest(_report(0, 21, wall.now, seq=22))

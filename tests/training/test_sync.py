@@ -61,8 +61,8 @@ def test_quiet_sync_steps_are_one_all_reduce_and_news_adds_one_exchange(tmp_path
         assert [e["id"] for per_rank in result["news"] for e in per_rank] == ["c1"]
         assert result["recorder"][:3] == ["gloo:all_reduce"] * 3
         assert result["since"] is None, "outside a collective afterwards"
-        seq, since = result["summary"]
-        assert seq == len(result["recorder"]) and since is None
+        seq, since, key = result["summary"]
+        assert seq == len(result["recorder"]) and since is None and key == 0
 
 
 class _FakeNcclDist:
