@@ -19,7 +19,7 @@ from typing import Any
 
 from remediation.ingest import IngestResult, ingest_in
 from remediation.playbooks import Playbook
-from remediation.store import Store
+from remediation.store import Store, StoreFileGone
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 256
@@ -65,7 +65,8 @@ class GroupCommitter:
         if not job.done.wait(timeout):
             raise CommitFailed("store did not commit in time")
         if job.error is not None or job.result is None:
-            raise CommitFailed(f"store error: {type(job.error).__name__}")
+            detail = f": {job.error}" if isinstance(job.error, StoreFileGone) else ""
+            raise CommitFailed(f"store error: {type(job.error).__name__}{detail}")
         return job.result
 
     def _ensure_started(self) -> None:

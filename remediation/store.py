@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -39,6 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from remediation.schema import SQLITE_TYPES, tables, terminal_list
 
@@ -138,6 +140,25 @@ ADDED_COLUMNS = (("intents", "acted", "INTEGER NOT NULL DEFAULT 0"),
                  ("grants", "priority", "INTEGER NOT NULL DEFAULT 1"))
 
 
+class StoreFileGone(sqlite3.OperationalError):
+    """The store file this service opened is no longer the file at its path (deleted, or
+    replaced by another file): a write now would go to an unlinked file and be lost, or to a
+    store that does not know which alerts were acted on. A storage failure like a full disk
+    (intake answers 5xx, /readyz fails), never cleared by this process: restart it (it then
+    refuses a missing or replaced store with a message saying how to restore or accept it)."""
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    """(device, inode) of the file now at `path`; StoreFileGone when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise StoreFileGone(f"store file {path} was deleted while the service ran; nothing "
+                            "is recorded until the service is restarted (restore the file "
+                            "first, or restart with --accept-new-store for a new one)") from None
+    return st.st_dev, st.st_ino
+
+
 def _migrate(conn: sqlite3.Connection) -> None:
     """Add the columns a store made by an older release lacks (before SCHEMA's indexes and
     triggers refer to them)."""
@@ -160,6 +181,7 @@ class Store:
     """Thread-safe access: one connection per thread, explicit transactions."""
 
     GREATEST = "max"  # the scalar max() of two values in this dialect
+    _file: tuple[int, int] | None = None  # see check_file(); PostgreSQL has no file
 
     def __init__(self, path: Path, *, max_bytes: int | None = None) -> None:
         """`max_bytes` caps the file (SQLite max_page_count): past it every write fails as on
@@ -168,17 +190,40 @@ class Store:
         self.max_bytes = max_bytes
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
+        # (device, inode) of the file opened, once it exists; None only while __init__ runs
+        # (the one connection allowed to create the file)
+        self._file: tuple[int, int] | None = None
         conn = self._conn()
+        self._file = _identity(path)
         _migrate(conn)
         conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}{SEED}COMMIT;")
+        self.check_file()  # nobody swapped the file while the schema was written
         for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
             with contextlib.suppress(OSError):  # audit details may hold host names, stack dumps
                 name.chmod(0o600)
 
+    def check_file(self) -> None:
+        """Raise StoreFileGone unless the file at the path is still the one this store opened
+        (same device and inode). SQLite keeps writing to an open file that was unlinked or
+        renamed away, and answers every commit as if it were durable: without this check a
+        deleted store swallows every alert after it (answered 2xx, then lost)."""
+        if self._file is not None:
+            found = _identity(self.path)
+            if found != self._file:
+                raise StoreFileGone(
+                    f"store file {self.path} was replaced while the service ran (device/inode "
+                    f"{self._file[0]}/{self._file[1]} opened, {found[0]}/{found[1]} there now); "
+                    "nothing is recorded until the service is restarted")
+
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
+        self.check_file()  # a read of an unlinked file would show a store that is gone
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+            # mode=rw after the first open: a thread's new connection must never create an
+            # empty store where the real one was deleted
+            mode = "rwc" if self._file is None else "rw"
+            uri = f"file:{quote(str(self.path.absolute()))}?mode={mode}"
+            conn = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None,
                                    check_same_thread=True)
             conn.row_factory = sqlite3.Row
             conn.execute("PRAGMA journal_mode=WAL")
@@ -216,6 +261,9 @@ class Store:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        # the file may have gone between the check in _conn() and the commit: then the commit
+        # went to an unlinked file, and the caller must not report it as recorded
+        self.check_file()
 
     def ping(self) -> bool:
         return self._conn().execute("SELECT 1").fetchone()[0] == 1
