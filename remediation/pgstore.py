@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from remediation.schema import POSTGRES_TYPES, tables, terminal_list
-from remediation.store import TERMINAL_STATES, Store
+from remediation.schema import POSTGRES_TYPES, added_columns, tables, terminal_list
+from remediation.store import TERMINAL_STATES, LeaseWatch, Store
 
 if TYPE_CHECKING:
     from remediation.config import PgSettings
@@ -41,7 +41,9 @@ if TYPE_CHECKING:
 WRITE_LOCK = 7_461_100_214
 
 # The tables (remediation.schema) and what only PostgreSQL spells this way: PL/pgSQL triggers.
-SCHEMA = tables(POSTGRES_TYPES) + """
+SCHEMA = tables(POSTGRES_TYPES) + "".join(
+    f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {definition};\n"
+    for table, column, definition in added_columns(POSTGRES_TYPES)) + """
 INSERT INTO retention (id, horizon) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
 CREATE OR REPLACE FUNCTION trainwatch_audit_guard() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -165,6 +167,7 @@ class PgStore(Store):
         self.path = None
         self.max_bytes = None  # the server's own quota, not ours, bounds its disk use
         self._local = threading.local()
+        self._leases = LeaseWatch()
         with self.transaction() as conn:  # replicas starting together create it once
             conn.execute(SCHEMA)
 
