@@ -11,7 +11,8 @@ store's write lock.
 Large notifications (Alertmanager sends up to max_alerts per notification, 10,000 and more)
 do not hold up the rest: one transaction records at most BATCH_ALERTS alerts, smaller
 payloads go first, and a large payload is recorded in parts over several transactions, with
-the payloads that arrive meanwhile recorded between its parts. A small alert behind three
+the payloads that arrive meanwhile recorded between its parts (the oldest payload gets a part
+of every transaction, so a stream of small ones cannot starve it). A small alert behind three
 10,000-alert notifications waits for one part, not for 30,000 alerts.
 
 The answer says exactly what happened: 2xx when every alert of the payload is recorded; 503
@@ -24,6 +25,7 @@ passes is waited for, so a payload that was in fact recorded in full is answered
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -58,6 +60,7 @@ class _Job:
     recorded: int = 0  # alerts of the payload recorded (committed) so far
     committing: bool = False  # a part is in the transaction under way
     abandoned: bool = False  # its waiter gave up: record nothing more of it
+    seq: int = 0  # arrival order
     _partial: IngestResult = field(default_factory=IngestResult)
 
     @property
@@ -73,6 +76,7 @@ class GroupCommitter:
         self.escalate = escalate
         self._queue: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._lock = threading.Lock()  # the committer thread; also guards each job's flags
+        self._arrivals = itertools.count(1)
         self._thread: threading.Thread | None = None
         # readiness: the newest commit failure and success (time.monotonic()); /readyz fails
         # while the last commit failed, whatever a probe write manages
@@ -92,7 +96,7 @@ class GroupCommitter:
         alerts = payload.get("alerts")
         problems = alert_problems(alerts) if isinstance(alerts, list) else None
         self._ensure_started()
-        job = _Job(payload, problems)
+        job = _Job(payload, problems, seq=next(self._arrivals))
         self._queue.put(job)
         if not job.done.wait(timeout):
             with self._lock:
@@ -100,7 +104,10 @@ class GroupCommitter:
                 finished = job.done.is_set()
                 if not finished and not job.committing:
                     self._finish(job, CommitFailed("not recorded in time"))
-            job.done.wait()  # at most the part being committed now
+            # the part being committed now: its transaction is bounded by the store's lock
+            # timeout; a second deadline only keeps a request from hanging on a dead thread
+            if not job.done.wait(timeout):
+                raise CommitFailed(self._recorded_note(job, "store did not finish in time"))
         if job.error is not None or job.result is None:
             if isinstance(job.error, CommitFailed):
                 raise CommitFailed(self._recorded_note(job, str(job.error)))
@@ -150,7 +157,8 @@ class GroupCommitter:
 
     def _commit(self, waiting: list[_Job]) -> None:
         """Record the next part of as many of `waiting` as fit in one transaction (at most
-        MAX_BATCH payloads and BATCH_ALERTS alerts, at least one part), in their order."""
+        MAX_BATCH payloads and BATCH_ALERTS alerts, at least one part), in their order, and
+        a part of the oldest one."""
         batch: list[tuple[_Job, int, int]] = []
         budget = BATCH_ALERTS
         with self._lock:
@@ -161,12 +169,20 @@ class GroupCommitter:
                     self._finish(job, CommitFailed("not recorded in time"))
                     continue
                 if len(batch) >= MAX_BATCH or (batch and budget <= 0):
-                    break
+                    continue  # the rest only finish abandoned jobs
                 start = job.recorded
                 stop = min(job.size, start + max(budget, 1))
                 budget -= stop - start
                 job.committing = True
                 batch.append((job, start, stop))
+            # Smaller payloads go first, but the oldest one always moves: a steady stream of
+            # small deliveries must not starve a large one until its deadline.
+            live = [job for job in waiting if not job.done.is_set()]
+            oldest = min(live, key=lambda job: job.seq, default=None)
+            if oldest is not None and not oldest.committing:
+                start = oldest.recorded
+                oldest.committing = True
+                batch.append((oldest, start, min(oldest.size, start + BATCH_ALERTS // 4)))
         if not batch:
             return
         failed: dict[int, BaseException] = {}

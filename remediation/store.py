@@ -18,6 +18,11 @@ Retention (`Store.prune`) deletes finished intents and audit rows older than the
 the audit triggers still refuse any delete of a row newer than the horizon or belonging to an
 intent that is not finished, so an unfinished intent never loses its history.
 
+Nothing here trusts the wall clock for what a jump would break (issue 25): leases are counters
+judged on each observer's monotonic clock (LeaseWatch), and retention refuses a clock that
+jumped (check_prune_clock) and moves its horizon by bounded steps. Nor the filesystem: the
+SQLite file opened must stay the file at its path (Store.check_file), or nothing is recorded.
+
 WAL with synchronous=FULL for intake: a 2xx is only sent after the intent's commit reached the
 disk, so an accepted alert survives a power cut as well as a crash (NORMAL would survive a
 process crash but could lose the last commits on power loss, which breaks the "persist, then
