@@ -36,7 +36,7 @@ from typing import Any
 
 from remediation.ingest import IngestResult, alert_problems, ingest_in
 from remediation.playbooks import Playbook
-from remediation.store import Store, StoreFileGone
+from remediation.store import Store, StoreGone
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 256  # payloads in one transaction
@@ -111,7 +111,7 @@ class GroupCommitter:
         if job.error is not None or job.result is None:
             if isinstance(job.error, CommitFailed):
                 raise CommitFailed(self._recorded_note(job, str(job.error)))
-            detail = f": {job.error}" if isinstance(job.error, StoreFileGone) else ""
+            detail = f": {job.error}" if isinstance(job.error, StoreGone) else ""
             raise CommitFailed(self._recorded_note(
                 job, f"store error: {type(job.error).__name__}{detail}"))
         return job.result

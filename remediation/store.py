@@ -228,7 +228,13 @@ def check_prune_clock(now: float, mono: float, boot: str, previous: dict[str, An
     return None
 
 
-class StoreFileGone(sqlite3.OperationalError):
+class StoreGone(Exception):
+    """The store this service opened is no longer the store at its location (a SQLite file
+    deleted or replaced; a PostgreSQL database dropped, re-created or restored): a storage
+    failure that only a restart clears, which then meets the marker check."""
+
+
+class StoreFileGone(StoreGone, sqlite3.OperationalError):
     """The store file this service opened is no longer the file at its path (deleted, or
     replaced by another file): a write now would go to an unlinked file and be lost, or to a
     store that does not know which alerts were acted on. A storage failure like a full disk

@@ -317,3 +317,38 @@ def test_an_unreachable_or_refusing_database_stops_the_server_with_a_clear_messa
         assert f"cannot open store postgresql://trainwatch@127.0.0.1:{store['port']}/" \
             in done.stderr
         assert "not-the-password" not in done.stderr and pg_cluster.password not in done.stderr
+
+
+def test_a_database_replaced_under_the_service_stops_intake(
+        service_factory: Any, tmp_path: Path, pg_cluster: PgCluster) -> None:
+    """Issue 25 item 9, the PostgreSQL side: another store restored under the database's name
+    while the service runs (here: renamed into place) is not written to as if it were the
+    store the service opened: the reconnect finds another store id, intake answers 503 and
+    /readyz fails, saying so (test_store_safety.py covers the SQLite file)."""
+    section = pg_cluster.database(tmp_path / "pg")
+    other = pg_cluster.database(tmp_path / "pg2")
+    open_store(configured(tmp_path / "other", {"store": other})).close()  # another store
+    book = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
+            "target": ["training_job"], "steps": [{"action": "http", "url": "http://127.0.0.1:1/"}]}
+    with service_factory([book], start_worker=False, dry_run=True, store=section) as svc:
+        first = svc.client.post("/v1/alerts", headers=auth(), json=payload(
+            alert("TrainingLossSpike", {"training_job": "a"}, fingerprint="a1")))
+        assert first.status_code == 200, first.text
+        with pg_cluster.connect() as admin:
+            def swap() -> bool:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                              " WHERE datname = ANY(%s)", ([section["dbname"], other["dbname"]],))
+                try:
+                    admin.execute(f'ALTER DATABASE "{section["dbname"]}" RENAME TO'
+                                  f' "{section["dbname"]}_old"')
+                except psycopg.errors.ObjectInUse:
+                    return False
+                admin.execute(f'ALTER DATABASE "{other["dbname"]}" RENAME TO'
+                              f' "{section["dbname"]}"')
+                return True
+            wait_until(swap, timeout=30, what="the database swapped under the service")
+        lost = svc.client.post("/v1/alerts", headers=auth(), json=payload(
+            alert("TrainingLossSpike", {"training_job": "b"}, fingerprint="b1")))
+        assert lost.status_code == 503 and "no longer the store" in lost.text, lost.text
+        ready = svc.client.get("/readyz")
+        assert ready.status_code == 503 and "no longer the store" in ready.text, ready.text
