@@ -5,8 +5,10 @@ batches concurrent deliveries into one fsync), and 200 even if the
 actions later fail: Alertmanager retries 5xx (re-running the action is exactly what must not
 happen), while a 4xx is not retried, which is what garbage deserves. Order of checks:
 401 (token, constant time) -> 413 (size) -> 400 (not JSON, or not a v4 envelope) -> each
-alert on its own (an invalid one is recorded with its reason; 200 when anything was recorded)
--> 503 only when nothing could be recorded (the store failed), which is when a retry helps.
+alert on its own, validated by the request thread before the store is touched (an invalid one
+is recorded with its reason; 200 when every alert was recorded) -> 503 only for a delivery
+that was not recorded (the store failed or stayed busy past the deadline; a large one
+recorded in part says how much), which is when a retry helps (remediation.committer).
 
 Credentials: the webhook token posts alerts and reads the audit; approving or rejecting needs
 an approver token (remediation.approvers), and the audit records the approver's name bound to

@@ -89,7 +89,7 @@ class Engine:
         ids = _ids(intent)
         now = time.time()
         with self.store.transaction() as conn:
-            if not Store.owns(conn, intent.id, self.owner):
+            if not Store.owns(conn, intent, self.owner):
                 raise LostLease(intent.id)
 
             def finish(decision: str, state: str, why: str, detail: Any = None) -> str:
@@ -176,7 +176,7 @@ class Engine:
         decision = intent.decision
         if decision in ("act", "resolve_act"):  # resumed: a retry or a dead process's work
             with self.store.transaction() as conn:
-                if not Store.owns(conn, intent.id, self.owner):
+                if not Store.owns(conn, intent, self.owner):
                     raise LostLease(intent.id)
                 if cancel_if_resolved(conn, intent, intent.next_step):
                     return
@@ -205,14 +205,14 @@ class Engine:
             if index == len(steps) - 1:
                 break  # the last step's progress is committed with the completion below
             with self.store.transaction() as conn:
-                if not Store.owns(conn, intent.id, self.owner):
+                if not Store.owns(conn, intent, self.owner):
                     raise LostLease(intent.id)
                 if cancel_if_resolved(conn, intent, index + 1, results):
                     return
                 Store.update_intent(conn, intent.id, next_step=index + 1, results=results)
         self._expire_silences(results, ctx)
         with self.store.transaction() as conn:
-            if not Store.owns(conn, intent.id, self.owner):
+            if not Store.owns(conn, intent, self.owner):
                 raise LostLease(intent.id)
             Store.update_intent(conn, intent.id, state="done", lease_owner=None, lease_until=None,
                                 next_step=len(steps), results=results)
@@ -240,7 +240,7 @@ class Engine:
         attempts = intent.attempts + 1
         give_up = terminal or attempts >= self.config.max_attempts
         with self.store.transaction() as conn:
-            if not Store.owns(conn, intent.id, self.owner):
+            if not Store.owns(conn, intent, self.owner):
                 raise LostLease(intent.id)
             failed_step = len(results) if results is not None else intent.next_step
             if not give_up and cancel_if_resolved(conn, intent, failed_step, results):

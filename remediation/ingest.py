@@ -21,7 +21,7 @@ import json
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from remediation.labels import LabelError, safe_labels
@@ -54,29 +54,61 @@ def target_key(book: Playbook, labels: Mapping[str, str]) -> str:
     return ",".join(f"{name}={safe[name]}" for name in book.target)
 
 
+def alert_problems(alerts: list[Any]) -> list[str | None]:
+    """Each alert's problem (alert_problem), computed before any transaction: validation is
+    CPU work (a 10,000-alert notification takes seconds of jsonschema), and done inside the
+    store's single write transaction it would hold up every other delivery and worker."""
+    return [alert_problem(alert) for alert in alerts]
+
+
 def ingest(store: Store, books: Mapping[str, Playbook], payload: dict[str, Any],
            *, escalate: bool) -> IngestResult:
     """Record one payload in its own transaction."""
+    problems = alert_problems(payload["alerts"])
     with store.transaction() as conn:
-        return ingest_in(store, conn, books, payload, escalate=escalate)
+        return ingest_in(store, conn, books, payload, escalate=escalate, problems=problems)
 
 
 def ingest_in(store: Store, conn: Any, books: Mapping[str, Playbook], payload: dict[str, Any],
-              *, escalate: bool) -> IngestResult:
-    """Record one payload inside the caller's transaction (the group committer batches many).
-    The envelope was validated by the caller; each alert is validated here, one by one."""
-    result = IngestResult()
+              *, escalate: bool, problems: list[str | None] | None = None,
+              part: tuple[int, int] | None = None,
+              result: IngestResult | None = None) -> IngestResult:
+    """Record one payload, or the alerts `part` = (start, stop) of it, inside the caller's
+    transaction (the group committer batches many, and splits a large payload into parts so
+    that it never holds the write transaction for long). `problems` are the alerts' problems
+    from alert_problems(), computed outside the transaction (when None: here, one by one);
+    `result` accumulates over the parts of one payload. The envelope was validated by the
+    caller."""
+    result = result if result is not None else IngestResult()
+    alerts = payload["alerts"]
+    start, stop = part if part is not None else (0, len(alerts))
     truncated = int(payload.get("truncatedAlerts", 0) or 0)
-    if truncated > 0:
+    if truncated > 0 and start == 0:
         _record_truncation(store, conn, payload, truncated, escalate, result)
-    for alert in payload["alerts"]:
+    if stop - start > 1:
+        # Fast path: the whole part under one savepoint. A savepoint per alert costs a round
+        # trip each way on PostgreSQL, and thousands of subtransactions in one transaction
+        # slow every statement after them; one alert that fails to record sends the part
+        # down the slow path below, which records it alert by alert.
+        before = replace(result, intents=list(result.intents))
+        conn.execute("SAVEPOINT part")
+        try:
+            for index in range(start, stop):
+                _ingest_checked(store, conn, books, alerts[index], problems, index, result)
+        except Exception as exc:
+            conn.execute("ROLLBACK TO part")
+            conn.execute("RELEASE part")
+            if store.is_storage_failure(exc):
+                raise
+            result.__dict__.update(before.__dict__)
+        else:
+            conn.execute("RELEASE part")
+            return result
+    for index in range(start, stop):
+        alert = alerts[index]
         conn.execute("SAVEPOINT alert")
         try:
-            problem = alert_problem(alert)
-            if problem:
-                _record_invalid(store, conn, alert, problem, result)
-            else:
-                _ingest_alert(store, conn, books, alert, result)
+            _ingest_checked(store, conn, books, alert, problems, index, result)
         except Exception as exc:  # this alert only: record why, keep its neighbours
             conn.execute("ROLLBACK TO alert")
             if store.is_storage_failure(exc):
@@ -86,6 +118,16 @@ def ingest_in(store: Store, conn: Any, books: Mapping[str, Playbook], payload: d
                             result)
         conn.execute("RELEASE alert")
     return result
+
+
+def _ingest_checked(store: Store, conn: Any, books: Mapping[str, Playbook], alert: Any,
+                    problems: list[str | None] | None, index: int,
+                    result: IngestResult) -> None:
+    problem = problems[index] if problems is not None else alert_problem(alert)
+    if problem:
+        _record_invalid(store, conn, alert, problem, result)
+    else:
+        _ingest_alert(store, conn, books, alert, result)
 
 
 def printable(value: object, limit: int = 256) -> str:

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from remediation.schema import POSTGRES_TYPES, tables, terminal_list
-from remediation.store import TERMINAL_STATES, Store
+from remediation.schema import POSTGRES_TYPES, added_columns, tables, terminal_list
+from remediation.store import TERMINAL_STATES, LeaseWatch, Store, StoreGone
 
 if TYPE_CHECKING:
     from remediation.config import PgSettings
@@ -41,7 +41,9 @@ if TYPE_CHECKING:
 WRITE_LOCK = 7_461_100_214
 
 # The tables (remediation.schema) and what only PostgreSQL spells this way: PL/pgSQL triggers.
-SCHEMA = tables(POSTGRES_TYPES) + """
+SCHEMA = tables(POSTGRES_TYPES) + "".join(
+    f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {definition};\n"
+    for table, column, definition in added_columns(POSTGRES_TYPES)) + """
 INSERT INTO retention (id, horizon) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
 CREATE OR REPLACE FUNCTION trainwatch_audit_guard() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -155,6 +157,10 @@ def existing_id(settings: PgSettings) -> str | None:
     return str(row[0]) if row else None
 
 
+class StoreReplaced(StoreGone, psycopg.OperationalError):
+    """The database at the configured location is not the store this service opened."""
+
+
 class PgStore(Store):
     """Store on PostgreSQL: one connection per thread, explicit transactions, one write lock."""
 
@@ -165,8 +171,11 @@ class PgStore(Store):
         self.path = None
         self.max_bytes = None  # the server's own quota, not ours, bounds its disk use
         self._local = threading.local()
+        self._leases = LeaseWatch()
+        self._store_id: str | None = None
         with self.transaction() as conn:  # replicas starting together create it once
             conn.execute(SCHEMA)
+        self._store_id = self.store_id()
 
     def _conn(self) -> Connection:  # type: ignore[override]
         conn: Connection | None = getattr(self._local, "conn", None)
@@ -174,9 +183,34 @@ class PgStore(Store):
             if conn is not None:
                 with suppress(Exception):
                     conn.close()
+            self._local.conn = None
             conn = connect(self.settings)
+            try:
+                self._check_identity(conn)
+            except BaseException:
+                conn.close()
+                raise
             self._local.conn = conn
         return conn
+
+    def _check_identity(self, conn: Connection) -> None:
+        """Every new connection (a new thread, a reconnect after the server restarted) must
+        reach the store this service opened: a database dropped and re-created, or another
+        store restored under the same name while the service ran, would otherwise be written
+        to as if it knew which alerts were acted on (the SQLite analogue: check_file)."""
+        if self._store_id is None:
+            return
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
+        except psycopg.errors.UndefinedTable:
+            row = None
+        found = str(row[0]) if row else None
+        if found != self._store_id:
+            raise StoreReplaced(
+                f"database {self.settings.host}:{self.settings.port}/{self.settings.dbname} is "
+                f"no longer the store this service opened (store id {self._store_id}, found "
+                f"{found or 'no store'}): it was dropped, re-created or restored while the "
+                "service ran; nothing is recorded until the service is restarted")
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:  # type: ignore[override]

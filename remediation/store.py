@@ -18,6 +18,11 @@ Retention (`Store.prune`) deletes finished intents and audit rows older than the
 the audit triggers still refuse any delete of a row newer than the horizon or belonging to an
 intent that is not finished, so an unfinished intent never loses its history.
 
+Nothing here trusts the wall clock for what a jump would break (issue 25): leases are counters
+judged on each observer's monotonic clock (LeaseWatch), and retention refuses a clock that
+jumped (check_prune_clock) and moves its horizon by bounded steps. Nor the filesystem: the
+SQLite file opened must stay the file at its path (Store.check_file), or nothing is recorded.
+
 WAL with synchronous=FULL for intake: a 2xx is only sent after the intent's commit reached the
 disk, so an accepted alert survives a power cut as well as a crash (NORMAL would survive a
 process crash but could lose the last commits on power loss, which breaks the "persist, then
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -39,8 +45,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-from remediation.schema import SQLITE_TYPES, tables, terminal_list
+from remediation.schema import SQLITE_TYPES, added_columns, tables, terminal_list
 
 TERMINAL_STATES = ("done", "failed", "refused", "rejected", "cancelled")
 # The tables (remediation.schema) and what only SQLite spells this way: the triggers that keep
@@ -104,6 +111,7 @@ class Intent(NewIntent):
     results: list[Any]
     lease_owner: str | None
     acted: bool = False
+    lease_gen: int = 0  # the claim's fencing token (Store.claim, Store.owns)
 
     @property
     def idempotency_key(self) -> str:
@@ -118,7 +126,53 @@ class Intent(NewIntent):
             target_key=row["target_key"], state=row["state"], decision=row["decision"],
             next_step=row["next_step"], attempts=row["attempts"], approved=bool(row["approved"]),
             results=json.loads(row["results"]), lease_owner=row["lease_owner"],
-            acted=bool(row["acted"]))
+            acted=bool(row["acted"]), lease_gen=int(row["lease_gen"]))
+
+
+class LeaseWatch:
+    """When a running intent's lease has expired, judged without comparing anybody's clock.
+
+    A lease is (owner, generation, beat) in the intent's row: a claim bumps the generation
+    (the fencing token the holder must present with every write: Store.owns), each renewal
+    bumps the beat, and the row says how long the holder may go without renewing
+    (lease_seconds). An observer (the claim of another worker, in any process on any host)
+    notes when it first saw a (generation, beat) on its own monotonic clock, and takes the
+    intent over only once it has seen that same pair for lease_seconds.
+
+    Why not a wall-clock deadline in the row (as before): a wall clock jumps (an NTP step, a
+    VM restored, an operator's date), and a jump ahead makes every live lease look expired,
+    so a second worker runs a step that is still running. A monotonic clock does not jump,
+    but one host's monotonic clock means nothing to another host (PostgreSQL replicas) or
+    after a reboot, so no monotonic time is ever stored: each observer measures only its own
+    elapsed time, and the row carries only counters. The database's clock (PostgreSQL's
+    clock_timestamp()) would be one clock for all replicas, but it is a wall clock too and
+    jumps the same way; SQLite has none. The price: a newly started observer waits one full
+    lease before taking over a dead process's intent, as it did before."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: dict[int, tuple[Any, float]] = {}  # id -> (lease mark, first seen)
+
+    def expired(self, running: list[Any], default_lease: float) -> list[int]:
+        """The ids of `running` rows (id, lease_gen, lease_beat, lease_until, lease_seconds)
+        whose lease this observer has seen unrenewed for at least their lease_seconds. A row
+        claimed by an earlier release has no lease_seconds (`default_lease` then) and renews
+        lease_until instead of the beat: a change of either counts as a renewal."""
+        now = time.monotonic()
+        out = []
+        with self._lock:
+            seen: dict[int, tuple[Any, float]] = {}
+            for row in running:
+                intent_id, lease = int(row[0]), row[4]
+                mark = (row[1], row[2], row[3])
+                first = self._seen.get(intent_id)
+                if first is None or first[0] != mark:
+                    first = (mark, now)
+                elif now - first[1] >= (default_lease if lease is None else float(lease)):
+                    out.append(intent_id)
+                seen[intent_id] = first
+            self._seen = seen
+        return out
 
 
 # Counters start from what the audit already holds when a store made before them is opened.
@@ -133,9 +187,70 @@ INSERT INTO counters (kind, key, value)
 INSERT OR IGNORE INTO meta (key, value) VALUES ('counters_seeded', '1');
 INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', lower(hex(randomblob(16))));
 """
-# Columns added after the first release: (table, column, definition).
-ADDED_COLUMNS = (("intents", "acted", "INTEGER NOT NULL DEFAULT 0"),
-                 ("grants", "priority", "INTEGER NOT NULL DEFAULT 1"))
+
+
+# How far the wall clock may disagree with the monotonic clock, or with times already recorded,
+# before retention distrusts it (seconds, plus 0.1 % of the time elapsed: NTP slews by 0.05 %).
+CLOCK_TOLERANCE = 120.0
+
+
+class ClockSuspect(RuntimeError):
+    """The wall clock moved backwards or leapt ahead: retention refused to prune against it."""
+
+
+def _boot_id() -> str:
+    """This boot of this host: monotonic readings compare only within one."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def check_prune_clock(now: float, mono: float, boot: str, previous: dict[str, Any] | None,
+                      newest: float | None) -> str | None:
+    """Why the wall clock `now` is not to be pruned against, or None. `previous` is the last
+    prune's {wall, mono, boot}; `newest` the newest time recorded in the store."""
+    if newest is not None and now < newest - CLOCK_TOLERANCE:
+        return (f"the clock reads {now - newest:.0f} s before the newest recorded time: it "
+                "moved backwards")
+    if not previous:
+        return None
+    if now < float(previous["wall"]) - CLOCK_TOLERANCE:
+        return (f"the clock reads {now - float(previous['wall']):.0f} s before the previous "
+                "prune: it moved backwards")
+    if previous.get("boot") == boot and boot:
+        elapsed = mono - float(previous["mono"])
+        drift = (now - float(previous["wall"])) - elapsed
+        if abs(drift) > CLOCK_TOLERANCE + 0.001 * elapsed:
+            return (f"since the previous prune the wall clock moved {drift:+.0f} s against the "
+                    f"monotonic clock ({elapsed:.0f} s elapsed): it "
+                    + ("leapt ahead" if drift > 0 else "moved backwards"))
+    return None
+
+
+class StoreGone(Exception):
+    """The store this service opened is no longer the store at its location (a SQLite file
+    deleted or replaced; a PostgreSQL database dropped, re-created or restored): a storage
+    failure that only a restart clears, which then meets the marker check."""
+
+
+class StoreFileGone(StoreGone, sqlite3.OperationalError):
+    """The store file this service opened is no longer the file at its path (deleted, or
+    replaced by another file): a write now would go to an unlinked file and be lost, or to a
+    store that does not know which alerts were acted on. A storage failure like a full disk
+    (intake answers 5xx, /readyz fails), never cleared by this process: restart it (it then
+    refuses a missing or replaced store with a message saying how to restore or accept it)."""
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    """(device, inode) of the file now at `path`; StoreFileGone when there is none."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise StoreFileGone(f"store file {path} was deleted while the service ran; nothing "
+                            "is recorded until the service is restarted (restore the file "
+                            "first, or restart with --accept-new-store for a new one)") from None
+    return st.st_dev, st.st_ino
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
@@ -143,7 +258,7 @@ def _migrate(conn: sqlite3.Connection) -> None:
     triggers refer to them)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        for table, column, definition in ADDED_COLUMNS:
+        for table, column, definition in added_columns(SQLITE_TYPES):
             names = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
             if names and column not in names:
                 conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
@@ -160,6 +275,7 @@ class Store:
     """Thread-safe access: one connection per thread, explicit transactions."""
 
     GREATEST = "max"  # the scalar max() of two values in this dialect
+    _file: tuple[int, int] | None = None  # see check_file(); PostgreSQL has no file
 
     def __init__(self, path: Path, *, max_bytes: int | None = None) -> None:
         """`max_bytes` caps the file (SQLite max_page_count): past it every write fails as on
@@ -168,17 +284,41 @@ class Store:
         self.max_bytes = max_bytes
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
+        self._leases = LeaseWatch()
+        # (device, inode) of the file opened, once it exists; None only while __init__ runs
+        # (the one connection allowed to create the file)
+        self._file: tuple[int, int] | None = None
         conn = self._conn()
+        self._file = _identity(path)
         _migrate(conn)
         conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}{SEED}COMMIT;")
+        self.check_file()  # nobody swapped the file while the schema was written
         for name in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
             with contextlib.suppress(OSError):  # audit details may hold host names, stack dumps
                 name.chmod(0o600)
 
+    def check_file(self) -> None:
+        """Raise StoreFileGone unless the file at the path is still the one this store opened
+        (same device and inode). SQLite keeps writing to an open file that was unlinked or
+        renamed away, and answers every commit as if it were durable: without this check a
+        deleted store swallows every alert after it (answered 2xx, then lost)."""
+        if self._file is not None:
+            found = _identity(self.path)
+            if found != self._file:
+                raise StoreFileGone(
+                    f"store file {self.path} was replaced while the service ran (device/inode "
+                    f"{self._file[0]}/{self._file[1]} opened, {found[0]}/{found[1]} there now); "
+                    "nothing is recorded until the service is restarted")
+
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
+        self.check_file()  # a read of an unlinked file would show a store that is gone
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+            # mode=rw after the first open: a thread's new connection must never create an
+            # empty store where the real one was deleted
+            mode = "rwc" if self._file is None else "rw"
+            uri = f"file:{quote(str(self.path.absolute()))}?mode={mode}"
+            conn = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None,
                                    check_same_thread=True)
             conn.row_factory = sqlite3.Row
             conn.execute("PRAGMA journal_mode=WAL")
@@ -216,6 +356,9 @@ class Store:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        # the file may have gone between the check in _conn() and the commit: then the commit
+        # went to an unlinked file, and the caller must not report it as recorded
+        self.check_file()
 
     def ping(self) -> bool:
         return self._conn().execute("SELECT 1").fetchone()[0] == 1
@@ -246,26 +389,59 @@ class Store:
         return str(self._conn().execute(
             "SELECT value FROM meta WHERE key='store_id'").fetchone()[0])
 
-    def prune(self, older_than: float) -> tuple[int, int]:
+    def prune(self, older_than: float, *, max_step: float | None = None) -> tuple[int, int]:
         """Retention: delete finished history last touched before `older_than` (epoch s).
         Intents go only once finished and resolved (their idempotency key is no longer needed:
         Alertmanager stops resending a resolved alert), so an alert that still fires is never
         acted on twice; audit rows go only when their intent is finished or gone. Returns
-        (intents, audit rows) deleted."""
-        terminal = terminal_list(TERMINAL_STATES)
+        (intents, audit rows) deleted.
+
+        The horizon comes from the wall clock, which can jump: a clock 100 days ahead for a
+        few seconds would delete every finished intent's audit rows and every grant (the
+        cooldowns). So the clock is checked first (check_prune_clock: against the newest
+        recorded time and the previous prune), ClockSuspect is raised and nothing is deleted
+        when it moved backwards or leapt ahead; and with `max_step` the horizon moves at most
+        that far past the previous prune's, so a jump the checks cannot see (the first prune
+        on another host) moves it one step only, and retention after a long stop catches up
+        over several passes."""
+        now, mono, boot = time.time(), time.monotonic(), _boot_id()
         with self.transaction() as conn:
-            conn.execute(f"UPDATE retention SET horizon={self.GREATEST}(horizon, ?) WHERE id=1",  # noqa: S608
-                         (older_than,))
-            intents = conn.execute(
-                f"DELETE FROM intents AS i WHERE i.state IN ({terminal}) AND i.updated_at < ?"  # noqa: S608
-                " AND (i.phase = 'resolve' OR EXISTS (SELECT 1 FROM intents r"
-                "      WHERE r.fingerprint = i.fingerprint AND r.starts_at = i.starts_at"
-                "      AND r.phase = 'resolve'))", (older_than,)).rowcount
-            audit = conn.execute(
-                f"DELETE FROM audit WHERE at < ? AND (intent_id IS NULL OR intent_id NOT IN"  # noqa: S608
-                f" (SELECT id FROM intents WHERE state NOT IN ({terminal})))",
-                (older_than,)).rowcount
-            conn.execute("DELETE FROM grants WHERE at < ?", (older_than,))
+            horizon = float(conn.execute("SELECT horizon FROM retention WHERE id=1"
+                                         ).fetchone()[0])
+            row = conn.execute("SELECT value FROM meta WHERE key='retention_clock'").fetchone()
+            previous = json.loads(row[0]) if row else None
+            # the clock is recorded even when it is refused: a clock that was stepped and
+            # stays stepped is consistent with itself at the next pass
+            conn.execute("INSERT INTO meta (key, value) VALUES ('retention_clock', ?)"
+                         " ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                         (json.dumps({"wall": now, "mono": mono, "boot": boot}),))
+            newest = max((r[0] for r in (
+                conn.execute("SELECT max(at) FROM audit").fetchone(),
+                conn.execute("SELECT max(at) FROM grants").fetchone()) if r[0] is not None),
+                default=None)
+            problem = check_prune_clock(now, mono, boot, previous, newest)
+            if max_step is not None and horizon > 0:
+                older_than = min(older_than, horizon + max_step)
+            intents, audit = (0, 0) if problem else self._prune_in(conn, older_than)
+        if problem:  # committed: the clock record above; nothing deleted
+            raise ClockSuspect(f"retention refused: {problem}; nothing was deleted")
+        return intents, audit
+
+    def _prune_in(self, conn: Conn, older_than: float) -> tuple[int, int]:
+        """prune()'s deletes, in the caller's transaction, once the clock passed its checks."""
+        terminal = terminal_list(TERMINAL_STATES)
+        conn.execute(f"UPDATE retention SET horizon={self.GREATEST}(horizon, ?) WHERE id=1",  # noqa: S608
+                     (older_than,))
+        intents = conn.execute(
+            f"DELETE FROM intents AS i WHERE i.state IN ({terminal}) AND i.updated_at < ?"  # noqa: S608
+            " AND (i.phase = 'resolve' OR EXISTS (SELECT 1 FROM intents r"
+            "      WHERE r.fingerprint = i.fingerprint AND r.starts_at = i.starts_at"
+            "      AND r.phase = 'resolve'))", (older_than,)).rowcount
+        audit = conn.execute(
+            f"DELETE FROM audit WHERE at < ? AND (intent_id IS NULL OR intent_id NOT IN"  # noqa: S608
+            f" (SELECT id FROM intents WHERE state NOT IN ({terminal})))",
+            (older_than,)).rowcount
+        conn.execute("DELETE FROM grants WHERE at < ?", (older_than,))
         return intents, audit
 
     # --- writes ---------------------------------------------------------------------------
@@ -296,29 +472,41 @@ class Store:
         return int(row[0]) if row else None
 
     def claim(self, owner: str, lease_seconds: float) -> Intent | None:
-        """Atomically take one runnable intent: pending and due, or running with an expired
-        lease (its process died). Exactly one claimant wins, whatever the process."""
-        now = time.time()
+        """Atomically take one runnable intent: pending and due, or running with a lease that
+        this store's LeaseWatch has seen unrenewed for its lease_seconds (its holder died or
+        hung). Exactly one claimant wins, whatever the process; the claim bumps the intent's
+        lease generation, so a former holder can no longer write (owns())."""
+        now = time.time()  # not_before (retry backoff) and updated_at: wall-clock times
         with self.transaction() as conn:
+            running = conn.execute("SELECT id, lease_gen, lease_beat, lease_until, lease_seconds"
+                                   " FROM intents WHERE state='running'").fetchall()
+            expired = self._leases.expired(running, lease_seconds)
             row = conn.execute(
-                "UPDATE intents SET state='running', lease_owner=?, lease_until=?, updated_at=?"
+                "UPDATE intents SET state='running', lease_owner=?, lease_gen=lease_gen+1,"
+                " lease_beat=0, lease_seconds=?, lease_until=NULL, updated_at=?"
                 " WHERE id = (SELECT id FROM intents WHERE (state='pending' AND not_before<=?)"
-                " OR (state='running' AND lease_until<?) ORDER BY id LIMIT 1)"
+                " OR (state='running' AND id=?) ORDER BY id LIMIT 1)"
                 " RETURNING *",
-                (owner, now + lease_seconds, now, now, now)).fetchone()
+                (owner, lease_seconds, now, now, min(expired, default=-1))).fetchone()
         return Intent.from_row(row) if row else None
 
     def renew_leases(self, owner: str, lease_seconds: float) -> None:
-        now = time.time()
+        """The heartbeat: every lease `owner` holds gets a new beat (observers restart their
+        count) and may again go `lease_seconds` unrenewed."""
         with self.transaction() as conn:
-            conn.execute("UPDATE intents SET lease_until=? WHERE state='running' AND lease_owner=?",
-                         (now + lease_seconds, owner))
+            conn.execute("UPDATE intents SET lease_beat=lease_beat+1, lease_seconds=?"
+                         " WHERE state='running' AND lease_owner=?", (lease_seconds, owner))
 
     @staticmethod
-    def owns(conn: Conn, intent_id: int, owner: str) -> bool:
-        row = conn.execute("SELECT state, lease_owner FROM intents WHERE id=?",
-                           (intent_id,)).fetchone()
-        return bool(row) and row["state"] == "running" and row["lease_owner"] == owner
+    def owns(conn: Conn, intent: Intent, owner: str) -> bool:
+        """Whether `owner` still holds the lease of `intent` from the claim that returned it:
+        the same owner and the same lease generation (a fencing token). Another worker's
+        claim of an expired lease bumps the generation, so the former holder cannot record a
+        step or finish the intent, even when it is another thread of the same process."""
+        row = conn.execute("SELECT state, lease_owner, lease_gen FROM intents WHERE id=?",
+                           (intent.id,)).fetchone()
+        return (bool(row) and row["state"] == "running" and row["lease_owner"] == owner
+                and int(row["lease_gen"]) == intent.lease_gen)
 
     @staticmethod
     def update_intent(conn: Conn, intent_id: int, **fields: Any) -> None:

@@ -18,10 +18,14 @@ from collections.abc import Mapping
 from remediation.config import Config
 from remediation.engine import Engine, LostLease
 from remediation.playbooks import Playbook
-from remediation.store import Store
+from remediation.store import ClockSuspect, Store
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 3600.0  # seconds between retention passes
+# The retention horizon moves at most this fraction of the retention per pass (Store.prune's
+# max_step): a wall clock that leapt ahead unseen deletes at most a tenth of the retention
+# early, and after a long stop retention catches up at several days per hourly pass.
+RETENTION_STEP = 0.1
 CLAIM_BACKOFF = 5.0  # seconds a worker thread waits after the store refused a claim
 
 
@@ -66,10 +70,13 @@ class Worker:
                 next_prune = time.monotonic() + PRUNE_EVERY
                 try:
                     intents, audit = self.store.prune(
-                        time.time() - self.config.audit_retention_seconds)
+                        time.time() - self.config.audit_retention_seconds,
+                        max_step=self.config.audit_retention_seconds * RETENTION_STEP)
                     if intents or audit:
                         log.info("retention: removed %d finished intents, %d audit rows",
                                  intents, audit)
+                except ClockSuspect as exc:  # the next pass looks again
+                    log.error("%s", exc)
                 except Exception:
                     log.exception("retention pass failed")
             if self._stop.wait(self.config.lease_seconds / 3):

@@ -53,3 +53,22 @@ def test_a_failing_payload_does_not_sink_the_others_of_its_batch(tmp_path: Path)
     assert good_job.error is None and good_job.result is not None
     assert good_job.result.accepted == 1
     assert store.state_counts() == {"pending": 1}
+
+
+def test_a_large_delivery_moves_in_every_transaction_however_many_small_ones_arrive(
+        tmp_path: Path) -> None:
+    """Small deliveries go first, up to BATCH_ALERTS alerts per transaction, but the oldest
+    delivery gets a part of every transaction: a steady stream of small ones cannot starve
+    a large one until its deadline."""
+    from remediation.committer import BATCH_ALERTS, MAX_BATCH
+    store = Store(tmp_path / "s.sqlite")
+    committer = GroupCommitter(store, {"page": BOOK}, escalate=False)
+    big = _Job(payload(*[alert("TrainingLossSpike", {"training_job": f"b{i}"})
+                         for i in range(2 * BATCH_ALERTS)]), seq=1)
+    smalls = [_Job(payload(alert("TrainingLossSpike", {"training_job": f"s{i}"})), seq=2 + i)
+              for i in range(BATCH_ALERTS + 10)]
+    committer._commit([*smalls, big])  # the committer's order: smaller first
+    assert 0 < big.recorded < big.size and not big.done.is_set()
+    small_ones = min(MAX_BATCH, BATCH_ALERTS)
+    assert sum(job.done.is_set() for job in smalls) == small_ones
+    assert store.state_counts() == {"pending": small_ones + big.recorded}

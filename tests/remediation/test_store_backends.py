@@ -90,6 +90,86 @@ def test_a_lease_holds_while_renewed_and_passes_on_when_it_expires(
     assert b.get_intent(intent_id).lease_owner == "replica-b"
 
 
+def test_a_wall_clock_jump_does_not_hand_a_running_step_to_another_worker(
+        tmp_path: Path, store_section: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25 item 7. Worker A of a replica claims an intent; the wall clock then leaps an
+    hour ahead. Worker B of the same replica (same owner name, as the threads of one process
+    share it) must not take the intent while A's lease is live: lease expiry is judged on the
+    observer's monotonic clock, not by comparing wall-clock times. Once A stops renewing (it
+    hung) B takes the intent over after the lease, and A, the same owner name, can no longer
+    record a step: its claim's lease generation (the fencing token) is stale."""
+    config = configured(tmp_path, store_section)
+    a, b = open_store(config), open_store(config)
+    with a.transaction() as conn:
+        intent_id = Store.insert_intent(conn, new("jump1"))
+    owner = "host:1234:abcd"  # one replica: its worker threads share the owner name
+    held = a.claim(owner, 2.0)
+    assert held is not None and held.id == intent_id
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 3600.0)  # the clock leaps ahead
+    assert b.claim(owner, 2.0) is None  # A's lease is live: the step is not run twice
+    a.renew_leases(owner, 2.0)
+    assert b.claim(owner, 2.0) is None
+    monkeypatch.setattr(time, "time", lambda: real_time() - 3600.0)  # and back, past now
+    taken = wait_until(lambda: b.claim(owner, 30.0), timeout=30,
+                       what="the unrenewed lease to be taken over")
+    assert taken.id == intent_id and taken.lease_gen > held.lease_gen
+    with a.transaction() as conn:
+        assert not Store.owns(conn, held, owner)  # A is fenced off
+        assert Store.owns(conn, taken, owner)
+
+
+def test_a_wall_clock_jump_does_not_wipe_the_audit_or_the_cooldowns(
+        tmp_path: Path, store_section: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25 item 8. Retention prunes against the wall clock; a clock 100 days ahead for a
+    few seconds deleted every finished intent's audit rows and every grant, so the next alert
+    inside a 1 h cooldown acted. Now retention refuses a clock that leapt ahead (against the
+    monotonic clock since the previous prune) or moved backwards (before the previous prune,
+    or before the newest recorded time), and a jump no check can see (the previous prune ran
+    on another host) moves the horizon one bounded step only."""
+    import remediation.store
+    retention = 30 * 86400.0
+    store = open_store(configured(tmp_path, store_section))
+    with store.transaction() as conn:
+        done = Store.insert_intent(conn, new("f1", state="done"))
+        Store.insert_intent(conn, new("f1", "resolve", state="done"))
+        Store.audit(conn, "acted", intent_id=done, playbook="page", action="http")
+        conn.execute("INSERT INTO grants (at, playbook, target_key, intent_id, priority)"
+                     " VALUES (?,?,?,?,?)", (time.time(), "page", "k", done, 1))
+
+    def intact() -> None:
+        assert [a["intent_id"] for a in store.list_audit(100)] == [done]
+        assert len(store.list_intents(100)) == 2
+        with store.transaction() as conn:  # the 1 h cooldown still sees the grant
+            assert Store.grants_since(conn, time.time() - 3600, "page", "k")[0] == 1
+
+    assert store.prune(time.time() - retention) == (0, 0)  # the hourly pass, nothing old
+    real_time = time.time
+
+    def prune_with_clock_off_by(seconds: float) -> str:
+        """The worker's retention pass with the wall clock `seconds` off; why it refused."""
+        monkeypatch.setattr(time, "time", lambda: real_time() + seconds)
+        try:
+            store.prune(time.time() - retention)
+            refused = ""
+        except RuntimeError as exc:  # ClockSuspect
+            refused = str(exc)
+        monkeypatch.setattr(time, "time", real_time)  # corrected a few seconds later
+        return refused
+
+    refused = prune_with_clock_off_by(100 * 86400.0)
+    intact()  # the old code deleted the audit row, both intents and the grant here
+    assert "leapt ahead" in refused and "nothing was deleted" in refused, refused
+    refused = prune_with_clock_off_by(-86400.0)
+    intact()
+    assert "backwards" in refused, refused
+    monkeypatch.setattr(remediation.store, "_boot_id", lambda: "another-host-or-boot")
+    monkeypatch.setattr(time, "time", lambda: real_time() + 100 * 86400.0)
+    assert store.prune(time.time() - retention, max_step=retention / 10) == (0, 0)
+    monkeypatch.setattr(time, "time", real_time)
+    intact()
+
+
 def test_audit_is_append_only_and_counters_survive_retention(
         tmp_path: Path, store_section: dict[str, Any]) -> None:
     store = open_store(configured(tmp_path, store_section))
@@ -237,3 +317,38 @@ def test_an_unreachable_or_refusing_database_stops_the_server_with_a_clear_messa
         assert f"cannot open store postgresql://trainwatch@127.0.0.1:{store['port']}/" \
             in done.stderr
         assert "not-the-password" not in done.stderr and pg_cluster.password not in done.stderr
+
+
+def test_a_database_replaced_under_the_service_stops_intake(
+        service_factory: Any, tmp_path: Path, pg_cluster: PgCluster) -> None:
+    """Issue 25 item 9, the PostgreSQL side: another store restored under the database's name
+    while the service runs (here: renamed into place) is not written to as if it were the
+    store the service opened: the reconnect finds another store id, intake answers 503 and
+    /readyz fails, saying so (test_store_safety.py covers the SQLite file)."""
+    section = pg_cluster.database(tmp_path / "pg")
+    other = pg_cluster.database(tmp_path / "pg2")
+    open_store(configured(tmp_path / "other", {"store": other})).close()  # another store
+    book = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
+            "target": ["training_job"], "steps": [{"action": "http", "url": "http://127.0.0.1:1/"}]}
+    with service_factory([book], start_worker=False, dry_run=True, store=section) as svc:
+        first = svc.client.post("/v1/alerts", headers=auth(), json=payload(
+            alert("TrainingLossSpike", {"training_job": "a"}, fingerprint="a1")))
+        assert first.status_code == 200, first.text
+        with pg_cluster.connect() as admin:
+            def swap() -> bool:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                              " WHERE datname = ANY(%s)", ([section["dbname"], other["dbname"]],))
+                try:
+                    admin.execute(f'ALTER DATABASE "{section["dbname"]}" RENAME TO'
+                                  f' "{section["dbname"]}_old"')
+                except psycopg.errors.ObjectInUse:
+                    return False
+                admin.execute(f'ALTER DATABASE "{other["dbname"]}" RENAME TO'
+                              f' "{section["dbname"]}"')
+                return True
+            wait_until(swap, timeout=30, what="the database swapped under the service")
+        lost = svc.client.post("/v1/alerts", headers=auth(), json=payload(
+            alert("TrainingLossSpike", {"training_job": "b"}, fingerprint="b1")))
+        assert lost.status_code == 503 and "no longer the store" in lost.text, lost.text
+        ready = svc.client.get("/readyz")
+        assert ready.status_code == 503 and "no longer the store" in ready.text, ready.text

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import requests
 
-from tests.remediation.helpers import REPO, VENV_BIN, alert, payload, stub_server
+from tests.remediation.helpers import REPO, VENV_BIN, alert, auth, payload, stub_server
 from tests.remediation.processes import service_config, start_service
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
@@ -95,3 +95,45 @@ def test_readyz_fails_on_a_corrupt_index_page(tmp_path: Path) -> None:
                               timeout=30, what="readyz answering")
         assert ready.status_code == 503, ready.text
         assert any("damaged" in p for p in ready.json()["problems"]), ready.json()
+
+
+def test_a_store_file_deleted_or_replaced_under_the_service_stops_intake(
+        tmp_path: Path) -> None:
+    """Issue 25 item 9: SQLite goes on writing to an unlinked file and answers every commit as
+    durable. Deleted (then replaced by another file) under a running service, the store stops
+    accepting: 503 for new alerts, /readyz fails saying why, no empty store is created at the
+    path; after a restart the missing store is refused with what to do, and
+    --accept-new-store starts a fresh one that accepts again."""
+    with stub_server() as (hostport, state):
+        port = free_port()
+        config = service_config(tmp_path, [book(hostport)], port=port)
+        store = tmp_path / "remediation.sqlite"
+        url = f"http://127.0.0.1:{port}"
+        with start_service(config, port, "first.log") as svc:
+            first = payload(alert("TrainingLossSpike", {"training_job": "a"}, fingerprint="a1"))
+            assert svc.post(first).json()["accepted"] == 1
+            wait_until(lambda: svc.actions(decision="acted")["audit"], timeout=30,
+                       what="the first action")
+            store.unlink()
+            lost = svc.post(payload(alert("TrainingLossSpike", {"training_job": "b"},
+                                          fingerprint="b1")))
+            assert lost.status_code == 503, lost.text
+            assert "deleted" in lost.text
+            ready = requests.get(f"{url}/readyz", timeout=10)
+            assert ready.status_code == 503 and "deleted" in ready.text, ready.text
+            assert not store.exists()  # no empty store made by another thread's connection
+            store.write_bytes(b"")  # another file at the path: still not the store it opened
+            replaced = svc.post(payload(alert("TrainingLossSpike", {"training_job": "c"},
+                                              fingerprint="c1")))
+            assert replaced.status_code == 503 and "replaced" in replaced.text, replaced.text
+            store.unlink()
+        assert len(state.posts("/act")) == 1  # nothing answered 503 acted
+        refused = subprocess.run(server_argv(config, port), capture_output=True, text=True,
+                                 timeout=30, check=False, cwd=REPO)
+        assert refused.returncode == 2, refused.stderr
+        assert "is missing" in refused.stderr and "--accept-new-store" in refused.stderr
+        with running(server_argv(config, port, "--accept-new-store"), tmp_path / "new.log",
+                     ready_url=f"{url}/readyz", cwd=REPO):
+            again = requests.post(f"{url}/v1/alerts", headers=auth(), timeout=10, json=payload(
+                alert("TrainingLossSpike", {"training_job": "d"}, fingerprint="d1")))
+            assert again.status_code == 200 and again.json()["accepted"] == 1, again.text
