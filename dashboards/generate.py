@@ -1,7 +1,9 @@
 """Write dashboards/generated/*.json and the Grafana file-provisioning configs.
 
-Usage: python -m dashboards.generate [--out DIR]
-The output is committed; tests regenerate into a temporary folder and fail on drift.
+Usage: python -m dashboards.generate [--out DIR] [--overlay FILE --out DIR]
+The output is committed; tests regenerate into a temporary folder and fail on drift. With a
+user overlay (alert_rules/overlay.py) the ConfigMaps follow into DIR/generated/kubernetes/,
+never over the committed defaults.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from grafana_foundation_sdk.builders import dashboard as gd
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
+from alert_rules import overlay as overlays
 from alert_rules.generated_files import write_folder
 from dashboards import gpu_fleet, gpu_node, remediation_alerts, stack_health, training_job
 
@@ -50,13 +53,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE,
                         help="folder that receives generated/ and provisioning/")
+    parser.add_argument("--overlay", type=Path, default=None,
+                        help=f"user overlay (alert_rules/overlay.py; default ${overlays.ENV})")
     args = parser.parse_args(argv)
+    from dashboards import kubernetes
+
+    try:
+        overlay = overlays.load(args.overlay)
+        overlays.refuse_tracked_output(overlay, args.out, HERE)
+        # the committed output, or an overlay's: the kube-prometheus-stack ConfigMaps follow
+        maps = (kubernetes.render(overlay=overlay)
+                if args.out == HERE or overlay.source else None)
+    except ValueError as exc:
+        print(f"dashboards.generate: {exc}", file=sys.stderr)
+        return 2
     for path in write(args.out):
         print(path)
-    if args.out == HERE:  # the committed output: the kube-prometheus-stack ConfigMaps follow
-        from dashboards import kubernetes
-
-        print(kubernetes.write())
+    if maps is not None:
+        target = args.out / "generated" / "kubernetes" / kubernetes.OUT_FILE.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(maps)
+        print(target)
     return 0
 
 
