@@ -35,8 +35,33 @@ DASHBOARDS: dict[str, Callable[[], gd.Dashboard]] = {
 DATASOURCE_UID = "trainwatch-prometheus"
 
 
+# Fields the SDK writes that Grafana's own dashboard schema (@grafana/schema) does not know:
+# the interval variable's auto settings on every variable, a zero UUID as every variable's
+# `id`, and the long-removed `style`.
+# tests/dashboards/test_grafana_schema.py type-checks the output against that schema.
+_INTERVAL_ONLY = ("auto", "auto_count", "auto_min")
+_NOT_IN_SCHEMA = ("style",)
+_ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def without_sdk_leftovers(doc: dict[str, Any]) -> dict[str, Any]:
+    """The SDK's JSON less what Grafana's schema does not define (and a zero dashboard `id`,
+    which only a dashboard saved in Grafana's database has)."""
+    for key in _NOT_IN_SCHEMA:
+        doc.pop(key, None)
+    if doc.get("id") == 0:
+        doc.pop("id")
+    for variable in doc.get("templating", {}).get("list", []):
+        if variable.get("id") == _ZERO_UUID:
+            variable.pop("id")
+        if variable.get("type") != "interval":
+            for key in _INTERVAL_ONLY:
+                variable.pop(key, None)
+    return doc
+
+
 def dashboard_json(build: Callable[[], gd.Dashboard]) -> dict[str, Any]:
-    return json.loads(json.dumps(build().build(), cls=JSONEncoder))
+    return without_sdk_leftovers(json.loads(json.dumps(build().build(), cls=JSONEncoder)))
 
 
 def render_dashboards() -> dict[str, str]:

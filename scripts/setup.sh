@@ -16,6 +16,10 @@ DEB_PACKAGES+=(victoria-metrics)
 # docker-compose (`config -q` on compose/), podman + runc (build and run the compose images
 # without a Docker engine or systemd): tests/field_checks/
 DEB_PACKAGES+=(docker-compose podman runc)
+# npm (with Node.js): Grafana's own dashboard schema and the TypeScript compiler, pinned in
+# dashboards/schema/ (tests/dashboards/test_grafana_schema.py); a Node.js already installed
+# otherwise is used as it is
+command -v npm >/dev/null 2>&1 || DEB_PACKAGES+=(npm)
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -55,5 +59,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q -e ".[stack,dev,forwarders,fast,postgresql]" 2>&1 | { grep -v '^WARNING: Location' || true; }
   .venv/bin/python -c "import torch, exporters, remediation, pytest, ansible_runner"
   touch "$stamp"
+fi
+schema_lock=dashboards/schema/package-lock.json
+schema_stamp=dashboards/schema/node_modules/.trainwatch-installed
+if [ ! -f "$schema_stamp" ] || [ "$schema_lock" -nt "$schema_stamp" ]; then
+  echo "==> installing the pinned dashboard schema (npm ci in dashboards/schema)"
+  (cd dashboards/schema && npm ci --no-audit --no-fund --loglevel=error)
+  touch "$schema_stamp"
 fi
 echo "==> setup complete"
