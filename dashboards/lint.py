@@ -23,6 +23,8 @@ VALID_UNITS = {
     "binBps", "s", "ms", "µs", "ns", "m", "h", "d", "dtdurations", "hertz", "ops", "reqps",
     "cps", "watt", "kwatt", "joule", "celsius", "bool", "bool_yes_no", "bool_on_off",
     "dateTimeAsIso", "dateTimeFromNow",
+    # computation throughput (Grafana's "FLOP/s" unit), for model FLOP/s
+    "flops",
 }
 DATASOURCE_UIDS = {"$datasource", "${datasource}"}
 
