@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from grafana_foundation_sdk.builders import common as gc
 from grafana_foundation_sdk.builders import dashboard as gd
-from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import elasticsearch, logs, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
@@ -126,6 +126,28 @@ def ranks_shown_variable() -> gd.CustomVariable:
 def top_ranks(expr: str, lowest: bool = False) -> str:
     """`expr` (one series per rank) cut to the `ranks_shown` ranks that matter most."""
     return f"{'bottomk' if lowest else 'topk'}(${RANKS_SHOWN}, {expr})"
+
+
+# The training logs (ECS JSON through Filebeat and Logstash) in the Elasticsearch data source
+# the grafana role provisions (uid trainwatch-elasticsearch); a variable, like Prometheus's.
+LOGS_DATASOURCE = "elasticsearch_datasource"
+
+
+def logs_datasource_variable() -> gd.DatasourceVariable:
+    return (gd.DatasourceVariable(LOGS_DATASOURCE).label("Elasticsearch data source")
+            .type("elasticsearch"))
+
+
+def logs_panel(title: str, description: str, lucene: str, *, width: int = 24,
+               height: int = 10) -> logs.Panel:
+    """A log panel over the training logs: newest first, with each line's ECS fields."""
+    query = (elasticsearch.Dataquery().ref_id("A").query(lucene).time_field("@timestamp")
+             .metrics([elasticsearch.Logs().id("1")]))
+    return (logs.Panel().title(title).description(description)
+            .datasource(dm.DataSourceRef(type_val="elasticsearch", uid=f"${{{LOGS_DATASOURCE}}}"))
+            .span(width).height(height).show_time(True).wrap_log_message(True)
+            .enable_log_details(True).sort_order(cm.LogsSortOrder.DESCENDING)
+            .with_target(query))
 
 
 def cluster_variable(metric: str) -> gd.QueryVariable:

@@ -12,6 +12,8 @@ from dashboards.panels import (
     add_panels,
     holders_of,
     instance_label_variable,
+    logs_datasource_variable,
+    logs_panel,
     query_variable,
     ranks_shown_variable,
     scoped_dashboard,
@@ -41,7 +43,7 @@ def build() -> gd.Dashboard:
         query_variable(
             "rank", "Rank",
             f'label_values({c.TRAINING_STEP}{{training_job=~"$training_job"}}, rank)'),
-        ranks_shown_variable())
+        ranks_shown_variable(), logs_datasource_variable())
     return add_panels(
         dashboard,
         stat_panel("Step", "Highest step any selected rank reported.", "none",
@@ -123,6 +125,10 @@ def build() -> gd.Dashboard:
                            RANK + " {{command}}"),
                          Q(f"increase({c.TRAINING_ROLLBACKS}{{{T}}}[$__rate_interval])",
                            RANK + " rollbacks"), min_value=0),
+        logs_panel("Logs of the selected ranks", "The ranks' own log lines (ECS JSON through "
+                   "Filebeat and Logstash into Elasticsearch), newest first: what the job said "
+                   "around a spike, a stall or a failed remediation.",
+                   "labels.training_job:${training_job:lucene} AND labels.rank:${rank:lucene}"),
         timeseries_panel("Dropped step reports", "Step reports a rank could not hand to the "
                          "exporter (buffer full or exporter down); training never waits.", "ops",
                          Q(f"rate({c.TRAINING_DROPPED_SAMPLES}{{{T}}}[$__rate_interval])",

@@ -2,7 +2,8 @@
 drop-down of the `trainwatch` tag, keeping time range and variables); FLOP/s panels are in
 Grafana's FLOP/s unit; per-rank panels of a large job draw `$ranks_shown` ranks, the ones
 that matter (topk of loss and step time, bottomk of FLOP/s), not every rank. On the code
-before there were no links, FLOP/s were `short`, and a 1,024-rank job drew 1,024 lines."""
+before there were no links, FLOP/s were `short`, a 1,024-rank job drew 1,024 lines, and no
+panel read the provisioned Elasticsearch logs."""
 
 from __future__ import annotations
 
@@ -50,8 +51,21 @@ def test_per_rank_panels_draw_the_ranks_that_matter() -> None:
                     panel["title"], target["expr"])
                 cut += 1
     assert cut >= 7
-    flops = [t["expr"] for p in check.panels(doc) for t in p.get("targets", [])
+    flops = [t["expr"] for p in check.panels(doc) for t in p.get("targets", []) if "expr" in t
              if "FLOP/s" in p["title"]]
     assert all(e.startswith("bottomk(") for e in flops)  # the slow ranks, not the fast ones
     queries = dict(check.panel_queries(doc))
     assert queries["Loss per rank"].startswith(f"topk({RANKS_SHOWN_DEFAULT}, ")
+
+
+def test_the_training_dashboard_shows_the_ranks_logs() -> None:
+    """The Elasticsearch data source the grafana role provisions had no panel reading it."""
+    doc = load_all()[TRAINING]
+    (panel,) = [p for p in check.panels(doc) if p.get("type") == "logs"]
+    assert panel["datasource"] == {"type": "elasticsearch", "uid": "${elasticsearch_datasource}"}
+    (target,) = panel["targets"]
+    assert target["metrics"] == [{"type": "logs", "id": "1"}]
+    assert "labels.training_job:${training_job:lucene}" in target["query"]
+    (variable,) = [v for v in doc["templating"]["list"]
+                   if v["name"] == "elasticsearch_datasource"]
+    assert (variable["type"], variable["query"]) == ("datasource", "elasticsearch")
