@@ -1,4 +1,4 @@
-"""Write dashboards/generated/*.json and the Grafana file-provisioning configs.
+"""Write dashboards/generated/*.json (the provisioning configs are the grafana role's).
 
 Usage: python -m dashboards.generate [--out DIR] [--overlay FILE --out DIR]
 The output is committed; tests regenerate into a temporary folder and fail on drift. With a
@@ -77,7 +77,7 @@ def write(out: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE,
-                        help="folder that receives generated/ and provisioning/")
+                        help="folder that receives generated/")
     parser.add_argument("--overlay", type=Path, default=None,
                         help=f"user overlay (alert_rules/overlay.py; default ${overlays.ENV})")
     args = parser.parse_args(argv)
