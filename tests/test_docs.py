@@ -73,3 +73,29 @@ def test_a_broken_command_is_caught(tmp_path: Path) -> None:
     assert block.line == 3
     done = run_block(block, tmp_path / "home")  # from the repository root, as the docs' are
     assert done.returncode != 0 and "--no-such" in done.stderr
+
+
+def test_the_gpu_exporter_option_table_names_every_flag_and_config_key() -> None:
+    """Issue 26: `--no-gpm` and the `gpm` config key were missing from the table."""
+    from exporters.gpu.config import CONFIG_SCHEMA, build_parser
+
+    text = (ROOT / "docs" / "gpu_exporter.md").read_text()
+    table = text[text.index("| flag | default | meaning |"):]
+    table = table[:table.index("\n\n")]
+    flags = {opt for action in build_parser()._actions for opt in action.option_strings
+             if opt.startswith("--") and opt != "--help"}
+    missing = {flag for flag in flags if f"`{flag}" not in table}
+    assert not missing, missing
+    config_row = next(line for line in table.splitlines() if line.startswith("| `--config"))
+    keys = set(CONFIG_SCHEMA["properties"])
+    assert not {k for k in keys if k not in config_row}, keys
+
+
+def test_the_logging_page_names_every_job_id_source() -> None:
+    """Issue 26: docs/logging.md listed three of the launcher variables the job id comes from."""
+    from exporters import identity
+
+    text = " ".join((ROOT / "docs" / "logging.md").read_text().split())
+    for name in (*identity.JOB_ENV_VARIABLES, *identity.PLACEHOLDER_JOB_NAMES,
+                 identity.DERIVED_JOB_PREFIX, *identity.RANK_VARIABLES):
+        assert f"`{name}" in text, name
