@@ -226,3 +226,18 @@ def test_settings_come_from_a_file_or_the_environment(service: Service, tmp_path
     missing = cli("incidents", env={"TRAINWATCH_REMEDIATION_URL": service.url})
     assert missing.returncode == 2 and "TRAINWATCH_TOKEN_FILE" in missing.stderr
     assert cli("--version", env={}).stdout.startswith("trainwatch ")
+
+
+def test_an_approvers_file_made_invalid_accepts_nobody_until_fixed(tmp_path: Path) -> None:
+    """ApproverFile, as the service holds it: re-read on change, fail closed on a bad file."""
+    path = tmp_path / "approvers"
+    token = approver_file.add(path, "alice")
+    held = approver_file.ApproverFile(path, approver_file.load_approvers(path))
+    assert held.current().identify(token) == "alice"
+    good = path.read_text()
+    path.write_text(good + "not a valid line\n")
+    assert held.current().identify(token) is None
+    path.write_text(good)
+    assert held.current().identify(token) == "alice"
+    path.unlink()
+    assert held.current().identify(token) is None
