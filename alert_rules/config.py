@@ -154,8 +154,10 @@ def profile_names(raw: dict[str, Any]) -> list[str]:
     return [PRODUCTION, *sorted((raw.get("profiles") or {}).keys())]
 
 
-def resolve(raw: dict[str, Any], name: str) -> Profile:
-    """The production defaults, or the defaults with profile `name` merged over them."""
+def resolve(raw: dict[str, Any], name: str, over: dict[str, Any] | None = None) -> Profile:
+    """The production defaults, or the defaults with profile `name` merged over them; then
+    `over` (a user overlay's rule part, alert_rules/overlay.py) merged over that, checked
+    the same way (known keys, same types)."""
     defaults = raw["defaults"]
     if name == PRODUCTION:
         values = copy.deepcopy(defaults)
@@ -164,10 +166,13 @@ def resolve(raw: dict[str, Any], name: str) -> Profile:
         if name not in profiles:
             raise ConfigError(f"profiles.{name}: no such profile (have {sorted(profiles)})")
         values = _merge(defaults, profiles[name] or {}, f"profiles.{name}")
+    if over:
+        values = _merge(values, over, "overlay")
     _check_durations(values, name)
     return Profile(name=name, values=values)
 
 
-def load_profiles(path: Path = CONFIG_PATH) -> list[Profile]:
+def load_profiles(path: Path = CONFIG_PATH, over: dict[str, Any] | None = None
+                  ) -> list[Profile]:
     raw = load_raw(path)
-    return [resolve(raw, name) for name in profile_names(raw)]
+    return [resolve(raw, name, over) for name in profile_names(raw)]

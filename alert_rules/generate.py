@@ -1,7 +1,9 @@
 """Write alert_rules/generated/<profile>/*.yml from alert_rules/config.yml.
 
-Usage: python -m alert_rules.generate [--config FILE] [--out DIR]
-The output is committed; tests regenerate into a temporary folder and fail on drift.
+Usage: python -m alert_rules.generate [--config FILE] [--overlay FILE --out DIR]
+The output is committed; tests regenerate into a temporary folder and fail on drift. With a
+user overlay (alert_rules/overlay.py) the output, PrometheusRule objects included, goes to a
+folder of the user's own (--out), never over the committed defaults.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import yaml
 
 from alert_rules import gpu, gpu_source, node, recording, stack, training
+from alert_rules import overlay as overlays
 from alert_rules.config import CONFIG_PATH, ConfigError, Profile, load_profiles
 from alert_rules.generated_files import write_folder
 from alert_rules.model import Alert, Group
@@ -77,19 +80,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=CONFIG_PATH)
     parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument("--overlay", type=Path, default=None,
+                        help=f"user overlay (alert_rules/overlay.py; default ${overlays.ENV})")
     args = parser.parse_args(argv)
+    from alert_rules import kubernetes
+
     try:
-        profiles = load_profiles(args.config)
+        overlay = overlays.load(args.overlay)
+        overlays.refuse_tracked_output(overlay, args.out, OUT_DIR)
+        profiles = load_profiles(args.config, overlay.rule_values())
         rendered = {p.name: render(p) for p in profiles}  # build all before writing any
+        # the committed output, or an overlay's: the PrometheusRule objects follow
+        objects = (kubernetes.render(config=args.config, overlay=overlay)
+                   if args.out == OUT_DIR or overlay.source else None)
     except (ConfigError, ValueError) as exc:
         print(f"alert_rules.generate: {exc}", file=sys.stderr)
         return 2
     for path in write(args.out, rendered):
         print(path)
-    if args.out == OUT_DIR:  # the committed output: the PrometheusRule objects follow
-        from alert_rules import kubernetes
-
-        for path in kubernetes.write(kubernetes.OUT_DIR, kubernetes.render(config=args.config)):
+    if objects is not None:
+        for path in kubernetes.write(args.out / "kubernetes", objects):
             print(path)
     return 0
 

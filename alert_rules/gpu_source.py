@@ -5,7 +5,7 @@ read the exporter's series directly and this module adds nothing. With `dcgm`, o
 group (`gpu_source.yml`) records the `trainwatch_gpu_*` names the alerts, recording rules and
 dashboards read from dcgm-exporter's counters, converted to base units (MiB -> bytes,
 % -> ratio, MHz -> Hz, mJ -> J), with dcgm-exporter's labels renamed to ours (UUID -> uuid,
-modelName -> name, hostname -> node where Prometheus attached none). Nothing else changes.
+modelName -> name, Hostname -> node where Prometheus attached none). Nothing else changes.
 
 Counter names are exactly those of dcgm-exporter's `etc/default-counters.csv`
 (NVIDIA/dcgm-exporter at d5e5f510a1b6, 2026-05-12), where they are on by default. Fields the
@@ -27,6 +27,18 @@ from exporters.gpu.gpm import GPM_METRICS
 from exporters.gpu.reader import CLOCK_EVENT_REASONS
 
 TRAINWATCH, DCGM = "trainwatch", "dcgm"
+
+# The labels dcgm-exporter puts on a GPU's series, from its metrics template
+# (gpuMetricsFormat in internal/pkg/rendermetrics/render_metrics.go, NVIDIA/dcgm-exporter at
+# 1f7abdb7dc0f): gpu, UUID, pci_bus_id, device, modelName, then Hostname (capital H: label
+# names are case-sensitive, and only the NVLink template spells it `hostname`), then one label
+# per `label` row of the counters file (DCGM_FI_DRIVER_VERSION is on by default).
+# tests/rules/test_gpu_source.py feeds the promtool cases exactly this set.
+DCGM_UUID, DCGM_MODEL, DCGM_HOSTNAME = "UUID", "modelName", "Hostname"
+DCGM_GPU_LABELS = ("gpu", DCGM_UUID, "pci_bus_id", "device", DCGM_MODEL, DCGM_HOSTNAME)
+# identity labels from the counters file's `label` rows: dropped, as Trainwatch's exporter puts
+# no driver version on a GPU's series (a driver upgrade would otherwise start new series)
+DCGM_DEFAULT_LABEL_FIELDS = ("DCGM_FI_DRIVER_VERSION",)
 SOURCES = (TRAINWATCH, DCGM)
 MIB = 1048576
 
@@ -76,13 +88,15 @@ def source(p: Profile) -> str:
 
 def dcgm_labels(expr: str) -> str:
     """dcgm-exporter's labels renamed to the exporter's: UUID -> uuid, modelName -> name;
-    hostname -> node only where Prometheus attached no node label (the same join trick as
-    promql.with_node). The original labels are dropped so alerts carry one spelling."""
-    out = f'label_replace({expr}, "uuid", "$1", "UUID", "(.+)")'
-    out = f'label_replace({out}, "name", "$1", "modelName", "(.+)")'
-    out = f'label_join({out}, "tw_node_source", ";", "node", "hostname")'
+    Hostname -> node only where Prometheus attached no node label (the same join trick as
+    promql.with_node). The original labels are dropped so alerts carry one spelling: without a
+    `node`, the host playbooks refuse the alert and the NodeDown inhibition misses it."""
+    out = f'label_replace({expr}, "uuid", "$1", "{DCGM_UUID}", "(.+)")'
+    out = f'label_replace({out}, "name", "$1", "{DCGM_MODEL}", "(.+)")'
+    out = f'label_join({out}, "tw_node_source", ";", "node", "{DCGM_HOSTNAME}")'
     out = f'label_replace({out}, "node", "$1", "tw_node_source", ";(.+)")'
-    for scratch in ("tw_node_source", "UUID", "modelName", "hostname"):
+    for scratch in ("tw_node_source", DCGM_UUID, DCGM_MODEL, DCGM_HOSTNAME,
+                    *DCGM_DEFAULT_LABEL_FIELDS):
         out = f'label_replace({out}, "{scratch}", "", "", "")'
     return out
 

@@ -8,6 +8,11 @@ from typing import Any
 
 SEVERITIES = ("critical", "warning", "info")
 COMPONENTS = ("gpu", "training", "node", "stack")
+# The metric part of every recording rule starts with one of Trainwatch's metric prefixes
+# (exporters/catalog.py names every family trainwatch_* or training_*), so no recorded name
+# can equal one that node-mixin, kube-prometheus-stack or another rule set records in the
+# same Prometheus (tests/rules/test_kubernetes.py checks the chart's list).
+RECORD_NAMESPACES = ("trainwatch_", "training_")
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,9 @@ class Record:
     def __post_init__(self) -> None:
         if self.name.count(":") != 2:
             raise ValueError(f"recording rule {self.name!r} must be level:metric:operations")
+        if not self.name.split(":")[1].startswith(RECORD_NAMESPACES):
+            raise ValueError(f"recording rule {self.name!r}: its metric part must start with "
+                             f"one of {RECORD_NAMESPACES} (name-spaced)")
 
     def to_dict(self) -> dict[str, Any]:
         rule: dict[str, Any] = {"record": self.name, "expr": self.expr}

@@ -19,7 +19,9 @@ FLOPS_PER_JOB = "training_job:training_model_flops:rate"
 MFU_PER_RANK = "training_job_rank:training_mfu:ratio"
 MFU_PER_JOB = "training_job:training_mfu:ratio"
 GPU_MEMORY_USED_RATIO = "instance_gpu:trainwatch_gpu_memory_used_bytes:ratio"
-NODE_MEMORY_UTILISATION = "instance:node_memory_utilisation:ratio"
+# name-spaced (model.Record): node-mixin and kube-prometheus-stack record
+# instance:node_memory_utilisation:ratio themselves, from other series and labels
+NODE_MEMORY_UTILISATION = "instance:trainwatch_node_memory_utilisation:ratio"
 # per node: jobs whose ranks there stepped within GpuUtilizationLowWhileTraining's window
 STEPPING_JOBS = "instance:training_progress:stepping_jobs"
 # per GPU: utilization averaged over GpuUtilizationLowWhileTraining's window

@@ -5,7 +5,7 @@ COPY pyproject.toml ./
 COPY exporters ./exporters
 COPY remediation ./remediation
 COPY ansible/remediation /opt/trainwatch/ansible/remediation
-RUN pip install --no-cache-dir . && useradd --system --uid 10001 --home /var/lib/trainwatch trainwatch \
+RUN pip install --no-cache-dir '.[stack]' && useradd --system --uid 10001 --home /var/lib/trainwatch trainwatch \
     && mkdir -p /var/lib/trainwatch && chown trainwatch /var/lib/trainwatch
 USER 10001
 # No EXPOSE: the port is remediation_port in the rendered configuration (compose/render.yml),

@@ -44,11 +44,14 @@ FAILURE_ONLY: dict[tuple[str, str], str] = {
 
 
 def variable_defaults(dashboard: Mapping[str, Any]) -> dict[str, str]:
-    """Each template variable's 'All' value (what the dashboard shows on first load)."""
+    """Each template variable's 'All' value (what the dashboard shows on first load); a custom
+    variable's current choice."""
     out = {}
     for variable in dashboard.get("templating", {}).get("list", []):
         if variable.get("type") == "query":
             out[variable["name"]] = variable.get("allValue") or ".+"
+        elif variable.get("type") == "custom":
+            out[variable["name"]] = str(variable.get("current", {}).get("value", ""))
     return out
 
 

@@ -1,7 +1,9 @@
-"""Write dashboards/generated/*.json and the Grafana file-provisioning configs.
+"""Write dashboards/generated/*.json (the provisioning configs are the grafana role's).
 
-Usage: python -m dashboards.generate [--out DIR]
-The output is committed; tests regenerate into a temporary folder and fail on drift.
+Usage: python -m dashboards.generate [--out DIR] [--overlay FILE --out DIR]
+The output is committed; tests regenerate into a temporary folder and fail on drift. With a
+user overlay (alert_rules/overlay.py) the ConfigMaps follow into DIR/generated/kubernetes/,
+never over the committed defaults.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from grafana_foundation_sdk.builders import dashboard as gd
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
+from alert_rules import overlay as overlays
 from alert_rules.generated_files import write_folder
 from dashboards import gpu_fleet, gpu_node, remediation_alerts, stack_health, training_job
 
@@ -32,8 +35,33 @@ DASHBOARDS: dict[str, Callable[[], gd.Dashboard]] = {
 DATASOURCE_UID = "trainwatch-prometheus"
 
 
+# Fields the SDK writes that Grafana's own dashboard schema (@grafana/schema) does not know:
+# the interval variable's auto settings on every variable, a zero UUID as every variable's
+# `id`, and the long-removed `style`.
+# tests/dashboards/test_grafana_schema.py type-checks the output against that schema.
+_INTERVAL_ONLY = ("auto", "auto_count", "auto_min")
+_NOT_IN_SCHEMA = ("style",)
+_ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def without_sdk_leftovers(doc: dict[str, Any]) -> dict[str, Any]:
+    """The SDK's JSON less what Grafana's schema does not define (and a zero dashboard `id`,
+    which only a dashboard saved in Grafana's database has)."""
+    for key in _NOT_IN_SCHEMA:
+        doc.pop(key, None)
+    if doc.get("id") == 0:
+        doc.pop("id")
+    for variable in doc.get("templating", {}).get("list", []):
+        if variable.get("id") == _ZERO_UUID:
+            variable.pop("id")
+        if variable.get("type") != "interval":
+            for key in _INTERVAL_ONLY:
+                variable.pop(key, None)
+    return doc
+
+
 def dashboard_json(build: Callable[[], gd.Dashboard]) -> dict[str, Any]:
-    return json.loads(json.dumps(build().build(), cls=JSONEncoder))
+    return without_sdk_leftovers(json.loads(json.dumps(build().build(), cls=JSONEncoder)))
 
 
 def render_dashboards() -> dict[str, str]:
@@ -49,14 +77,28 @@ def write(out: Path) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE,
-                        help="folder that receives generated/ and provisioning/")
+                        help="folder that receives generated/")
+    parser.add_argument("--overlay", type=Path, default=None,
+                        help=f"user overlay (alert_rules/overlay.py; default ${overlays.ENV})")
     args = parser.parse_args(argv)
+    from dashboards import kubernetes
+
+    try:
+        overlay = overlays.load(args.overlay)
+        overlays.refuse_tracked_output(overlay, args.out, HERE)
+        # the committed output, or an overlay's: the kube-prometheus-stack ConfigMaps follow
+        maps = (kubernetes.render(overlay=overlay)
+                if args.out == HERE or overlay.source else None)
+    except ValueError as exc:
+        print(f"dashboards.generate: {exc}", file=sys.stderr)
+        return 2
     for path in write(args.out):
         print(path)
-    if args.out == HERE:  # the committed output: the kube-prometheus-stack ConfigMaps follow
-        from dashboards import kubernetes
-
-        print(kubernetes.write())
+    if maps is not None:
+        target = args.out / "generated" / "kubernetes" / kubernetes.OUT_FILE.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(maps)
+        print(target)
     return 0
 
 

@@ -23,6 +23,8 @@ VALID_UNITS = {
     "binBps", "s", "ms", "µs", "ns", "m", "h", "d", "dtdurations", "hertz", "ops", "reqps",
     "cps", "watt", "kwatt", "joule", "celsius", "bool", "bool_yes_no", "bool_on_off",
     "dateTimeAsIso", "dateTimeFromNow",
+    # computation throughput (Grafana's "FLOP/s" unit), for model FLOP/s
+    "flops",
 }
 DATASOURCE_UIDS = {"$datasource", "${datasource}"}
 
@@ -33,7 +35,7 @@ def _variables(d: Dashboard) -> list[dict[str, Any]]:
 
 def template_datasource(d: Dashboard) -> list[str]:
     found = [v for v in _variables(d) if v.get("type") == "datasource"]
-    if not found:
+    if not any(v.get("query") == "prometheus" for v in found):
         return [f"{d['title']}: no templated data source"]
     problems = []
     for v in found:
@@ -41,7 +43,8 @@ def template_datasource(d: Dashboard) -> list[str]:
             problems.append(f"{d['title']}: data source variable named {v.get('name')!r}")
         if v.get("label") not in {"Data source", f"{str(v.get('query')).title()} data source"}:
             problems.append(f"{d['title']}: data source variable labeled {v.get('label')!r}")
-        if v.get("query") != "prometheus":
+        # the Prometheus one, and others only under their own name (the logs' Elasticsearch)
+        if v.get("query") != "prometheus" and v.get("name") != f"{v.get('query')}_datasource":
             problems.append(f"{d['title']}: data source variable is not for prometheus")
     return problems
 

@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from grafana_foundation_sdk.builders import common as gc
 from grafana_foundation_sdk.builders import dashboard as gd
-from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import elasticsearch, logs, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
@@ -107,6 +107,49 @@ def query_variable(name: str, label: str, query: str, all_value: str = ALL_REGEX
     return variable.description(description) if description else variable
 
 
+# How many ranks a per-rank panel draws: a 1,024-rank job's every line is no chart. The panels
+# keep the ranks that matter (highest loss or step time, lowest FLOP/s) with topk/bottomk.
+RANKS_SHOWN = "ranks_shown"
+RANKS_SHOWN_CHOICES = ("10", "20", "50", "100", "1000")
+RANKS_SHOWN_DEFAULT = "20"
+
+
+def ranks_shown_variable() -> gd.CustomVariable:
+    """The `ranks_shown` choice: the k of the per-rank panels' topk/bottomk."""
+    option = dm.VariableOption(selected=True, text=RANKS_SHOWN_DEFAULT, value=RANKS_SHOWN_DEFAULT)
+    return (gd.CustomVariable(RANKS_SHOWN).label("Ranks shown")
+            .description("Per-rank panels draw this many ranks: the highest loss, gradient "
+                         "norm or step time, the lowest FLOP/s.")
+            .values(",".join(RANKS_SHOWN_CHOICES)).current(option))
+
+
+def top_ranks(expr: str, lowest: bool = False) -> str:
+    """`expr` (one series per rank) cut to the `ranks_shown` ranks that matter most."""
+    return f"{'bottomk' if lowest else 'topk'}(${RANKS_SHOWN}, {expr})"
+
+
+# The training logs (ECS JSON through Filebeat and Logstash) in the Elasticsearch data source
+# the grafana role provisions (uid trainwatch-elasticsearch); a variable, like Prometheus's.
+LOGS_DATASOURCE = "elasticsearch_datasource"
+
+
+def logs_datasource_variable() -> gd.DatasourceVariable:
+    return (gd.DatasourceVariable(LOGS_DATASOURCE).label("Elasticsearch data source")
+            .type("elasticsearch"))
+
+
+def logs_panel(title: str, description: str, lucene: str, *, width: int = 24,
+               height: int = 10) -> logs.Panel:
+    """A log panel over the training logs: newest first, with each line's ECS fields."""
+    query = (elasticsearch.Dataquery().ref_id("A").query(lucene).time_field("@timestamp")
+             .metrics([elasticsearch.Logs().id("1")]))
+    return (logs.Panel().title(title).description(description)
+            .datasource(dm.DataSourceRef(type_val="elasticsearch", uid=f"${{{LOGS_DATASOURCE}}}"))
+            .span(width).height(height).show_time(True).wrap_log_message(True)
+            .enable_log_details(True).sort_order(cm.LogsSortOrder.DESCENDING)
+            .with_target(query))
+
+
 def cluster_variable(metric: str) -> gd.QueryVariable:
     return query_variable(
         "cluster", "Cluster", f"label_values({metric}, cluster)", all_value=ANY_REGEX,
@@ -126,10 +169,22 @@ def with_scope_variables(dashboard: gd.Dashboard, metric: str) -> gd.Dashboard:
                 f'label_values({metric}{{cluster=~"$cluster",job=~"$job"}}, instance)')))
 
 
+TAG = "trainwatch"
+
+
+def sibling_links() -> gd.DashboardLink:
+    """A drop-down of every Trainwatch dashboard (Grafana lists those with the tag), keeping
+    the time range and the variables: from a GPU to its node, its job, the alerts."""
+    return (gd.DashboardLink("Trainwatch").type(dm.DashboardLinkType.DASHBOARDS).tags([TAG])
+            .as_dropdown(True).keep_time(True).include_vars(True).target_blank(False)
+            .icon("external link").tooltip("").url(""))
+
+
 def new_dashboard(uid: str, title: str, description: str, tags: list[str]) -> gd.Dashboard:
     return (gd.Dashboard(title).uid(uid).description(description)
-            .tags(["trainwatch", *tags]).refresh("30s").time("now-1h", "now")
+            .tags([TAG, *tags]).refresh("30s").time("now-1h", "now")
             .timezone("browser").tooltip(dm.DashboardCursorSync.CROSSHAIR)
+            .link(sibling_links())
             .with_variable(datasource_variable()))
 
 

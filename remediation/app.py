@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from exporters.tokens import bearer, token_matches
+from remediation.approvers import ApproverFile
 from remediation.committer import CommitFailed, GroupCommitter
 from remediation.config import Config
 from remediation.engine import cancel_if_resolved
@@ -97,6 +98,10 @@ class Services:
         self.store = store
         self.books = books
         self.worker = worker
+        # re-read when it changes: an approver revoked on disk is refused at the next request
+        self.approvers = (ApproverFile(config.approvers_file, config.approvers,
+                                       webhook_token=config.webhook_token)
+                          if config.approvers_file else None)
         self.registry = CollectorRegistry()
         self.registry.register(StoreCollector(store, config))
         self.metrics = WebhookMetrics(self.registry)
@@ -126,7 +131,9 @@ def _approver() -> str | None:
     token = _bearer()
     if token is None or _is_webhook_token(token):
         return None
-    return services().config.approvers.identify(token)
+    svc = services()
+    current = svc.approvers.current() if svc.approvers else svc.config.approvers
+    return current.identify(token)
 
 
 def _error(status: int, message: str) -> Response:
@@ -211,7 +218,7 @@ def _set_approval(intent_id: int, approve: bool) -> Response:
     who = _approver()
     if who is None:
         return _error(401, "missing or invalid approver token"
-                      + ("" if svc.config.approvers.entries else
+                      + ("" if svc.config.approvers_file else
                          " (no approvers configured: set approvers_file)"))
     with svc.store.transaction() as conn:
         row = conn.execute("SELECT * FROM intents WHERE id=?", (intent_id,)).fetchone()

@@ -21,12 +21,18 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from exporters.atomic_file import atomic_write
+
+log = logging.getLogger(__name__)
 
 NAME = re.compile(r"^[A-Za-z0-9_.@-]{1,64}$")
 DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
@@ -92,6 +98,56 @@ def add(path: Path, name: str) -> str:
     with os.fdopen(fd, "a") as fh:
         fh.write(f"{name} sha256:{digest(token)}\n")
     return token
+
+
+def names(path: Path) -> list[str]:
+    """The approvers' names in file order (never their digests); the file must be valid."""
+    return [name for _, name in load_approvers(path).entries]
+
+
+def revoke(path: Path, name: str) -> None:
+    """Remove `name`'s line, atomically (the file keeps mode 0600 and its comments). The
+    service re-reads the file when it changes (ApproverFile), so the token stops working at
+    the next request, without a restart."""
+    if name not in names(path):  # also validates the whole file before rewriting it
+        raise ApproverError(f"{path}: no approver {name!r}")
+    kept = [line for line in path.read_text().splitlines(keepends=True)
+            if line.split("#", 1)[0].split()[:1] != [name]]
+    atomic_write(path, lambda fh: fh.write("".join(kept).encode()))
+
+
+class ApproverFile:
+    """The approvers file as the service sees it: re-read whenever it changes (inode, size or
+    mtime), so `trainwatch approvers revoke` takes effect at the next request. A file that
+    turns unreadable or invalid identifies nobody until it is fixed (fail closed), and says so
+    in the log once per change."""
+
+    def __init__(self, path: Path, initial: Approvers, *, webhook_token: str = "") -> None:
+        self.path = path
+        self.webhook_token = webhook_token
+        self._lock = threading.Lock()
+        self._stamp = self._stat()
+        self._current = initial
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def current(self) -> Approvers:
+        stamp = self._stat()
+        with self._lock:
+            if stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    self._current = load_approvers(self.path, webhook_token=self.webhook_token)
+                except ApproverError as exc:
+                    log.error("approvers file unusable, no approver accepted until fixed: %s",
+                              exc)
+                    self._current = Approvers()
+            return self._current
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import requests
 
+from exporters import add_version_argument
 from exporters.tokens import SecretFileError, read_secret_file
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainwatch-remediation",
                                      description="List, approve and reject remediation actions.")
+    add_version_argument(parser)
     parser.add_argument("--url", required=True, help="remediation service base URL")
     parser.add_argument("--token-file", required=True, type=Path,
                         help="file holding your approver token (or the webhook token, which "

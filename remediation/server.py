@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from exporters import serving
+from exporters import add_version_argument, serving
 from remediation.app import create_app
 from remediation.config import Config, ConfigError, load_config
 from remediation.marker import StoreResetError, check_store, write_marker
@@ -48,6 +48,7 @@ def serve(config: Config) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="remediation-server", description=__doc__)
+    add_version_argument(parser)
     parser.add_argument("--config", required=True, type=Path, help="YAML config file")
     parser.add_argument("--bind", help="override the config's bind address")
     parser.add_argument("--port", type=int, help="override the config's port")

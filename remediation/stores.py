@@ -16,8 +16,8 @@ def _pgstore():  # type: ignore[no-untyped-def]
     try:
         from remediation import pgstore
     except ImportError as exc:
-        raise ConfigError("store backend postgresql needs psycopg: install trainwatch with "
-                          "the 'postgresql' extra (pip install 'trainwatch[postgresql]')") from exc
+        raise ConfigError("store backend postgresql needs psycopg: install the 'postgresql' "
+                          "extra (pip install 'trainwatch-gpu[postgresql]')") from exc
     return pgstore
 
 

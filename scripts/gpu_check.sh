@@ -3,7 +3,7 @@
 # driver and nvidia-smi, a short CUDA DDP job, its attribution, GPM and MFU series, a summary.
 # Needs only this project's Python dependencies and the host's PyTorch with CUDA, in the
 # interpreter $PYTHON (default: python3), e.g.:
-#   python3 -m pip install -e .   # once, into the environment that has CUDA PyTorch
+#   python3 -m pip install -e '.[stack]'   # once, into the environment that has CUDA PyTorch
 #   bash scripts/gpu_check.sh --steps 300 --gpus 2
 set -euo pipefail
 cd "$(dirname "$0")/.."

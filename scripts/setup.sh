@@ -5,8 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEB_PACKAGES=(prometheus prometheus-alertmanager prometheus-pushgateway prometheus-node-exporter
-              supervisor python3-venv)
+DEB_PACKAGES=(prometheus prometheus-alertmanager prometheus-node-exporter supervisor python3-venv)
 # ruby: its Regexp (Onigmo) runs the generated Logstash patterns in tests/logs.
 DEB_PACKAGES+=(ruby)
 # postgresql: the remediation store that spans hosts (issue 14); tests start throwaway
@@ -17,6 +16,10 @@ DEB_PACKAGES+=(victoria-metrics)
 # docker-compose (`config -q` on compose/), podman + runc (build and run the compose images
 # without a Docker engine or systemd): tests/field_checks/
 DEB_PACKAGES+=(docker-compose podman runc)
+# npm (with Node.js): Grafana's own dashboard schema and the TypeScript compiler, pinned in
+# dashboards/schema/ (tests/dashboards/test_grafana_schema.py); a Node.js already installed
+# otherwise is used as it is
+command -v npm >/dev/null 2>&1 || DEB_PACKAGES+=(npm)
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -49,9 +52,19 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "==> installing Python packages into .venv (torch CPU wheel, project, dev tools)"
   .venv/bin/pip install -q --upgrade pip >/dev/null 2>&1 || true
   # pipefail (set above) makes a failed pip fail the script; the filter only drops noise.
-  .venv/bin/pip install -q "torch==2.13.0" 2>&1 | { grep -v '^WARNING: Location' || true; }
-  .venv/bin/pip install -q -e ".[dev,forwarders,fast,postgresql]" 2>&1 | { grep -v '^WARNING: Location' || true; }
+  # The CPU build by name (its local version `+cpu`): a stock index has only the CUDA build
+  # under the plain version, which would install gigabytes of CUDA libraries here. Give pip
+  # PyTorch's CPU wheel index (PIP_EXTRA_INDEX_URL) where no local wheel is configured.
+  .venv/bin/pip install -q "torch==2.13.0+cpu" 2>&1 | { grep -v '^WARNING: Location' || true; }
+  .venv/bin/pip install -q -e ".[stack,dev,forwarders,fast,postgresql]" 2>&1 | { grep -v '^WARNING: Location' || true; }
   .venv/bin/python -c "import torch, exporters, remediation, pytest, ansible_runner"
   touch "$stamp"
+fi
+schema_lock=dashboards/schema/package-lock.json
+schema_stamp=dashboards/schema/node_modules/.trainwatch-installed
+if [ ! -f "$schema_stamp" ] || [ "$schema_lock" -nt "$schema_stamp" ]; then
+  echo "==> installing the pinned dashboard schema (npm ci in dashboards/schema)"
+  (cd dashboards/schema && npm ci --no-audit --no-fund --loglevel=error)
+  touch "$schema_stamp"
 fi
 echo "==> setup complete"

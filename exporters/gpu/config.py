@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from exporters import add_version_argument
 from exporters.catalog import PORTS
 
 CONFIG_SCHEMA: dict[str, Any] = {
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpu-exporter",
         description="Prometheus exporter for NVIDIA GPUs (NVML), served from a background "
                     "snapshot so scrapes never wait on the driver.")
+    add_version_argument(parser)
     parser.add_argument("--bind", help="listen address (default 0.0.0.0)")
     parser.add_argument("--port", type=_positive(int, 65535),
                         help=f"listen port (default {PORTS['gpu_exporter']})")

@@ -1,6 +1,6 @@
 """One NVML collection cycle: read every GPU into an immutable `GpuSnapshot`.
 
-Error policy (DESIGN.md, hard problem 5):
+Error policy (README, "Exporters degrade, they do not die"):
 - NotSupported / FunctionNotFound: the series is absent (not 0, not NaN), not an error.
 - GpuIsLost, or any error getting the handle: that GPU is reported down; the others go on.
 - Uninitialized / DriverNotLoaded / LibraryNotFound: NVML itself is gone; the cycle stops

@@ -79,8 +79,8 @@ class AsyncEcsHandler(logging.Handler):
     """ECS JSON lines for one training rank, written by a background thread.
 
     Give `directory` (the file is `<directory>/<job>/rank-<rank>.jsonl`) or an explicit
-    `path`. `job` and `rank` default to the launcher environment (TRAINWATCH_JOB,
-    TORCHELASTIC_RUN_ID, SLURM_JOB_ID; RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK).
+    `path`. `job` and `rank` default to the launcher environment (exporters.identity:
+    detect_job and detect_rank; docs/logging.md lists the variables).
     """
 
     def __init__(

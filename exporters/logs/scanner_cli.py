@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from exporters import serving
+from exporters import add_version_argument, serving
 from exporters.catalog import PORTS
 from exporters.identity import JOB_NAME_PATTERN, is_job_name
 from exporters.logs.follower import FileFollower, source_for
@@ -65,6 +65,7 @@ def _job(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    add_version_argument(parser)
     parser.add_argument("paths", nargs="*", metavar="PATH_OR_GLOB",
                         help="log files or glob patterns (quote globs) to follow")
     parser.add_argument("--bind", default="0.0.0.0",  # noqa: S104 - contract default

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from exporters import serving
+from exporters import add_version_argument, serving
 from exporters.catalog import DEFAULT_EXPORTER_SOCKET, PORTS
 from exporters.tokens import SecretFileError, read_token_file
 from exporters.training.collector import TrainingCollector
@@ -40,6 +40,7 @@ def read_token(path: Path | None) -> str | None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="training-exporter", description=__doc__.splitlines()[0])
+    add_version_argument(parser)
     parser.add_argument("--bind", default="0.0.0.0",  # noqa: S104 - by contract
                         help="listen address (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=PORTS["training_exporter"])

@@ -1,11 +1,14 @@
 """target-promql-rule, for real: every panel query and variable selector is evaluated by a
 real Prometheus (an invalid query answers 400 bad_data), with Grafana's variables substituted
-the way dashboards.check.panel_queries does for the end-to-end test."""
+the way dashboards.check.panel_queries does for the end-to-end test; and parsed by
+promql-parser (the Rust parser Grafana's ecosystem tools use, issue 26), a second parser that
+disagrees with Prometheus's on nothing the dashboards may ship."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
+import promql_parser
 import pytest
 import requests
 
@@ -44,3 +47,21 @@ def test_every_panel_query_parses(prom: str, name: str) -> None:
             bad.append(f"{title}: {response.json().get('error')}\n  {expr}")
     assert not bad, "\n".join(bad)
 
+
+
+@pytest.mark.parametrize("name", sorted(load_all()))
+def test_every_panel_query_parses_with_promql_parser(name: str) -> None:
+    dashboard = load_all()[name]
+    queries = check.panel_queries(dashboard) + check.variable_selectors(dashboard)
+    bad = []
+    for title, expr in queries:
+        try:
+            promql_parser.parse(expr)
+        except ValueError as exc:
+            bad.append(f"{title}: {exc}\n  {expr}")
+    assert not bad, "\n".join(bad)
+
+
+def test_promql_parser_refuses_what_prometheus_refuses() -> None:
+    with pytest.raises(ValueError):
+        promql_parser.parse("rate(up[$__rate_interval])")

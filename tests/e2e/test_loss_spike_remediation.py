@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,7 @@ import requests
 
 from dashboards.check import FAILURE_ONLY, panel_queries
 from scripts.demo_timeline import DemoResult, Endpoints, print_summary, run_spike_demo
-from tests.support.net import free_port
+from tests.support.net import free_port, wait_until
 from tests.support.stack import Stack, running_stack
 
 pytestmark = pytest.mark.e2e
@@ -156,3 +158,49 @@ def test_every_dashboard_panel_returns_data(stack: Stack, demo: DemoResult) -> N
         empty += [f"{path.name} / {title}: {exprs}" for title, exprs in queries.items()
                   if title not in with_data and (dashboard["uid"], title) not in FAILURE_ONLY]
     assert not empty, "panels without data:\n" + "\n".join(empty)
+
+
+def test_trainwatch_status_shows_the_job_its_ranks_alerts_and_the_lr_cut(
+        stack: Stack, demo: DemoResult) -> None:
+    """Issue 26, acceptance 4: `trainwatch status` against the demo stack, as a table, with its
+    settings from the environment: the demo job with its ranks, its open alerts (what
+    Prometheus has firing for it), and the LR-cut incident remediation acted on."""
+    assert demo.intent is not None and demo.intent["state"] == "done", demo.intent
+    token = stack.workdir / "cli-webhook.token"  # reading needs no approver token
+    token.write_text(stack.webhook_token)
+    token.chmod(0o600)
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
+           "TRAINWATCH_PROMETHEUS_URL": stack.prometheus,
+           "TRAINWATCH_REMEDIATION_URL": stack.remediation,
+           "TRAINWATCH_TOKEN_FILE": str(token)}
+    cli = str(Path(sys.executable).parent / "trainwatch")
+
+    def run(*args: str) -> str:
+        done = subprocess.run([cli, *args], capture_output=True, text=True, timeout=60,
+                              env=env, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    text = run("status")
+    print(text)
+    lines = text.splitlines()
+    assert lines[0].startswith("JOBS") and lines[1].split()[:3] == ["JOB", "RANKS", "WORLD"]
+    (row,) = [line.split() for line in lines if line.startswith(JOB + " ")]
+    assert row[1:4] == ["2", "(0,1)", "2"], row
+    assert row[6:8] == ["finished", "e2e-node"], row  # every rank closed its monitor
+    incidents = lines[lines.index(next(x for x in lines if x.startswith("INCIDENTS"))) + 2:]
+    cut = [line.split() for line in incidents if line.split()[:1] == [str(demo.intent["id"])]]
+    assert cut and cut[0][1:8] == ["TrainingLossSpike", "lr_reduction",
+                                   f"training_job={JOB}", "fire", "done", "act", "yes"], incidents
+
+    def alerts_agree() -> bool:
+        (job,) = [j for j in json.loads(run("status", "--json"))["jobs"] if j["job"] == JOB]
+        firing = requests.get(f"{stack.prometheus}/api/v1/query", timeout=5, params={
+            "query": f'ALERTS{{alertstate="firing",training_job="{JOB}"}}'}).json()
+        names = {s["metric"]["alertname"] for s in firing["data"]["result"]}
+        assert job["ranks"] == [0, 1] and job["nodes"] == ["e2e-node"]
+        return set(job["open_alerts"]) >= names  # node alerts of its node count too
+
+    wait_until(alerts_agree, timeout=30, what="the CLI's open alerts to match Prometheus")
+    (job_row,) = [j for j in json.loads(run("jobs", "--json")) if j["job"] == JOB]
+    assert job_row["step"] >= max(e["step"] for e in demo.events("step"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -18,7 +19,8 @@ import pytest
 import requests
 import yaml
 
-from tests.rules.rulefiles import alerts
+from alert_rules import overlay as overlays
+from tests.rules.rulefiles import ROOT, alerts
 from tests.support.alertmanager_config import refused_variants, render_alertmanager
 from tests.support.net import wait_until
 from tests.support.procs import alertmanager
@@ -51,8 +53,15 @@ CONFIGURED = {
     },
     "alertmanager_group_wait": "1s",
 }
+# a user overlay's receivers, through `python -m alert_rules.overlay --ansible-vars`
+OVERLAY_RECEIVERS = {
+    "deadman": {"webhook_configs": [{"url": "https://heartbeat.example.org/ping/abc"}]},
+    "ml": {"webhook_configs": [{"url": "http://127.0.0.1:1/ml"}]},
+}
 VARIANTS = {"defaults": {}, "receivers-configured": CONFIGURED,
-            "remediation-off": {"alertmanager_remediation_enabled": False}}
+            "remediation-off": {"alertmanager_remediation_enabled": False},
+            "from-overlay": overlays.ansible_vars(
+                overlays.parse({"receivers": OVERLAY_RECEIVERS}))}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +88,29 @@ def test_default_receivers_have_no_integrations(configs: dict[str, Path]) -> Non
     hook = receivers["remediation"]["webhook_configs"][0]
     assert hook["http_config"]["authorization"]["credentials_file"].endswith(".token")
     assert hook["send_resolved"] is True  # gpu_power_limit restores on resolve
+
+
+def test_an_overlays_receivers_reach_the_rendered_config(configs: dict[str, Path]) -> None:
+    """Issue 26: the Watchdog's dead man's switch can be given (it could not before: the
+    template rendered `deadman` with no body whatever the variables said)."""
+    receivers = {r["name"]: r for r in
+                 yaml.safe_load(configs["from-overlay"].read_text())["receivers"]}
+    for name, body in OVERLAY_RECEIVERS.items():
+        assert {k: v for k, v in receivers[name].items() if k != "name"} == body
+    assert set(receivers["paging"]) == {"name"}
+
+
+def test_the_overlay_cli_prints_the_roles_variables(tmp_path: Path) -> None:
+    overlay = tmp_path / "overlay.yml"
+    overlay.write_text(yaml.safe_dump({"receivers": OVERLAY_RECEIVERS}))
+    result = subprocess.run([sys.executable, "-m", "alert_rules.overlay", "--ansible-vars",
+                             str(overlay)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout) == VARIANTS["from-overlay"]
+    overlay.write_text(yaml.safe_dump({"receivers": {"pager": {}}}))
+    result = subprocess.run([sys.executable, "-m", "alert_rules.overlay", "--ansible-vars",
+                             str(overlay)], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 2 and "pager" in result.stderr and not result.stdout
 
 
 def test_receiver_bodies_are_passed_through_verbatim(configs: dict[str, Path]) -> None:

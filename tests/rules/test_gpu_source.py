@@ -18,6 +18,7 @@ from dashboards import promql_text
 from exporters import catalog
 from tests.rules import promtool_cases
 from tests.rules.rulefiles import (
+    DCGM_COUNTERS_CSV,
     UNIT_TESTS,
     alerts_of,
     dcgm_counters_file,
@@ -83,3 +84,60 @@ def test_an_unknown_gpu_source_is_refused() -> None:
     raw["profiles"]["bad"] = {"gpu_source": "prometheus-magic"}
     with pytest.raises(ConfigError, match="gpu_source"):
         gpu_source.groups(resolve(raw, "bad"))
+
+
+# The labels dcgm-exporter writes on a GPU's series: its metrics template (gpuMetricsFormat in
+# internal/pkg/rendermetrics/render_metrics.go, NVIDIA/dcgm-exporter at 1f7abdb7dc0f) writes
+# gpu, UUID, pci_bus_id, device, modelName and Hostname, then one label per `label` row of the
+# counters file: DCGM_FI_DRIVER_VERSION is the one the default file enables. Stated here from
+# the upstream source, not read from alert_rules/gpu_source.py, so a wrong spelling there
+# (issue 26: `hostname`, which dcgm-exporter never writes on a GPU series) fails this file.
+DCGM_EXPORTER_GPU_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname",
+                            "DCGM_FI_DRIVER_VERSION"}
+SCRAPE_LABELS = {"job", "instance"}
+
+
+def _dcgm_cases() -> list[dict]:
+    return yaml.safe_load((UNIT_TESTS / "dcgm" / "gpu_test.yml").read_text())["tests"]
+
+
+def test_the_mapping_reads_dcgm_exporters_label_names() -> None:
+    assert set(gpu_source.DCGM_GPU_LABELS) | set(gpu_source.DCGM_DEFAULT_LABEL_FIELDS) \
+        == DCGM_EXPORTER_GPU_LABELS
+    assert enabled_label_rows() == set(gpu_source.DCGM_DEFAULT_LABEL_FIELDS)
+
+
+def enabled_label_rows() -> set[str]:
+    """The counters file's enabled `label` rows: labels dcgm-exporter adds to every series."""
+    text = DCGM_COUNTERS_CSV.read_text()
+    return set(re.findall(r"^(DCGM_\w+)\s*,\s*label\s*,", text, re.MULTILINE))
+
+
+def test_promtool_inputs_carry_exactly_dcgm_exporters_labels() -> None:
+    """Every dcgm-exporter series the promtool cases feed has the template's label set (plus
+    the scrape's job and instance, and `node` where a case has Prometheus attach one)."""
+    seen = 0
+    for case in _dcgm_cases():
+        for series in case.get("input_series") or []:
+            text = series["series"]
+            if not text.startswith("DCGM_"):
+                continue
+            names = set(re.findall(r"[{,](\w+)=", text))
+            assert names - {"node"} == DCGM_EXPORTER_GPU_LABELS | SCRAPE_LABELS, text
+            seen += 1
+    assert seen > 20
+
+
+def test_every_gpu_alert_from_dcgm_names_its_node() -> None:
+    """With dcgm-exporter's real labels, every firing GPU alert of the promtool cases carries a
+    `node` (the power-limit playbook's target and the NodeDown inhibition need it)."""
+    gpu_alerts = set(alerts_of("dcgm", "gpu"))
+    fired: set[str] = set()
+    for case in _dcgm_cases():
+        for check in case.get("alert_rule_test") or []:
+            if check["alertname"] not in gpu_alerts:
+                continue
+            for exp in check.get("exp_alerts") or []:
+                assert exp["exp_labels"].get("node"), (case["name"], check["alertname"])
+                fired.add(check["alertname"])
+    assert fired == gpu_alerts, gpu_alerts - fired

@@ -1,23 +1,45 @@
 """kube-prometheus-stack output: PrometheusRule objects valid against prometheus-operator's CRD
-schema (vendored in tests/rules/fixtures/ with its source), holding exactly the rule groups
-Prometheus loads from alert_rules/generated/<profile>/; dashboards as sidecar ConfigMaps."""
+schema (vendored in tests/rules/fixtures/ with its source), holding the rule groups Prometheus
+loads from alert_rules/generated/<profile>/ less the chart's own alerts, with no rule name of the
+chart's (its list vendored beside the CRD) and absolute runbook URLs; dashboards as sidecar
+ConfigMaps; the user overlay (alert_rules/overlay.py) over all of it (issue 26)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
 import yaml
 
 from alert_rules import kubernetes
+from alert_rules import overlay as overlays
+from alert_rules.config import ConfigError
+from alert_rules.generate import main as generate_main
 from dashboards import kubernetes as dashboards_k8s
 from dashboards.generate import render_dashboards
-from tests.rules.rulefiles import PROFILES, rule_files
+from tests.rules.rulefiles import GENERATED, PROFILES, rule_files, rules
 
 CRD = Path(__file__).parent / "fixtures" / "prometheusrules-crd.yaml"
+CHART_NAMES = Path(__file__).parent / "fixtures" / "kube-prometheus-stack-rule-names.txt"
 COMMITTED = kubernetes.OUT_DIR
+
+
+def chart_rule_names() -> dict[str, set[str]]:
+    """kube-prometheus-stack's alert and record names (the vendored list, with its source)."""
+    out: dict[str, set[str]] = {"alert": set(), "record": set()}
+    for line in CHART_NAMES.read_text().splitlines():
+        if line and not line.startswith("#"):
+            kind, name = line.split()
+            out[kind].add(name)
+    return out
+
+
+def rule_names(groups: list[dict[str, Any]]) -> set[str]:
+    return {r.get("alert") or r["record"] for g in groups for r in g["rules"]}
 
 
 def crd_schema() -> dict:
@@ -70,10 +92,49 @@ def test_the_schema_check_would_notice_a_broken_rule() -> None:
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_rules_inside_equal_the_files_prometheus_loads(profile: str) -> None:
+    """The same groups, less the chart's own alerts, with the runbook links made absolute."""
     loaded = [group for path in rule_files(profile)
               for group in yaml.safe_load(path.read_text())["groups"]]
+    expected = kubernetes.without_chart_alerts(loaded)
+    for group in expected:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                anchor = rule["annotations"]["runbook_url"].split("#", 1)[1]
+                rule["annotations"]["runbook_url"] = (
+                    f"{kubernetes.PLACEHOLDER_RUNBOOK_BASE_URL}#{anchor}")
     assert sorted(committed(profile)["spec"]["groups"], key=lambda g: g["name"]) == sorted(
-        loaded, key=lambda g: g["name"])
+        expected, key=lambda g: g["name"])
+
+
+def test_the_vendored_chart_list_holds_the_names_it_clashed_on() -> None:
+    """The list is the chart's (a check that it was not cut short)."""
+    chart = chart_rule_names()
+    assert {"Watchdog", "TargetDown", "InfoInhibitor"} <= chart["alert"]
+    assert "instance:node_memory_utilisation:ratio" in chart["record"]
+    assert len(chart["alert"]) > 100 and len(chart["record"]) > 80
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_no_rule_of_the_kubernetes_objects_has_a_name_of_the_charts(profile: str) -> None:
+    """Acceptance 2: neither an alert nor a recording rule of the PrometheusRule objects has
+    the name of one of kube-prometheus-stack's (on the code before, Watchdog, TargetDown and
+    instance:node_memory_utilisation:ratio did)."""
+    chart = chart_rule_names()
+    ours = rule_names(committed(profile)["spec"]["groups"])
+    assert not ours & (chart["alert"] | chart["record"])
+    # and the rule files a plain Prometheus loads beside node-mixin record none of its names
+    records = {r["record"] for r in rules(profile) if "record" in r}
+    assert not records & chart["record"]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_runbook_urls_of_the_kubernetes_objects_are_absolute(profile: str) -> None:
+    for group in committed(profile)["spec"]["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                url = rule["annotations"]["runbook_url"]
+                assert url.startswith("https://"), url
+                assert url.endswith(f"#{rule['alert'].lower()}"), url
 
 
 def test_committed_objects_match_the_generator(tmp_path: Path) -> None:
@@ -106,3 +167,107 @@ def test_dashboards_as_sidecar_config_maps_hold_the_generated_json() -> None:
         ((filename, text),) = cm["data"].items()
         assert text == rendered[filename]
         assert json.loads(text)["uid"]
+
+
+# --- the user overlay ---------------------------------------------------------------------
+
+OVERLAY = {
+    "runbook_base_url": "https://wiki.example.org/ml/trainwatch-runbooks",
+    "selectors": {"gpu": 'job="nvidia-dcgm-exporter"'},
+    "kubernetes": {"namespace": "ml-monitoring", "release": "kps", "name_prefix": "ml-tw",
+                   "dashboard_label": {"example.org/dashboard": "yes"}},
+    "receivers": {"deadman": {"webhook_configs": [{"url": "https://hb.example.org/ping"}]}},
+}
+
+
+def write_overlay(path: Path, doc: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_an_overlay_customises_rules_and_objects_without_touching_the_tree(
+        tmp_path: Path, real_binaries: dict[str, str]) -> None:
+    before = {p: p.read_text() for p in GENERATED.rglob("*.y*ml")}
+    overlay = write_overlay(tmp_path / "overlay.yml", OVERLAY)
+    out = tmp_path / "out"
+    assert generate_main(["--overlay", str(overlay), "--out", str(out)]) == 0
+    assert {p: p.read_text() for p in GENERATED.rglob("*.y*ml")} == before
+
+    dcgm = yaml.safe_load((out / "kubernetes" / "dcgm-prometheusrule.yaml").read_text())
+    validate(dcgm)
+    meta = dcgm["metadata"]
+    assert (meta["name"], meta["namespace"], meta["labels"]["release"]) == (
+        "ml-tw-dcgm", "ml-monitoring", "kps")
+    for path in [*out.glob("*/*.yml"), *out.glob("kubernetes/*.yaml")]:
+        text = path.read_text()
+        assert "docs/runbooks.md#" not in text and kubernetes.PLACEHOLDER_RUNBOOK_BASE_URL \
+            not in text, path
+    alerts = [r for g in dcgm["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert all(r["annotations"]["runbook_url"].startswith(OVERLAY["runbook_base_url"] + "#")
+               for r in alerts)
+    gpu_rules = (out / "dcgm" / "gpu_source.yml").read_text()
+    assert 'job="nvidia-dcgm-exporter"' in gpu_rules and 'job="dcgm-exporter"' not in gpu_rules
+    for profile in PROFILES:
+        result = subprocess.run([real_binaries["promtool"], "check", "rules",
+                                 *map(str, sorted((out / profile).glob("*.yml")))],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    maps = out / "dash"
+    assert dashboards_k8s.main(["--overlay", str(overlay), "--out", str(maps / "d.yaml")]) == 0
+    for cm in yaml.safe_load_all((maps / "d.yaml").read_text()):
+        assert cm["metadata"]["namespace"] == "ml-monitoring"
+        assert cm["metadata"]["name"].startswith("ml-tw-dashboard-")
+        assert cm["metadata"]["labels"]["example.org/dashboard"] == "yes"
+        assert "grafana_dashboard" not in cm["metadata"]["labels"]
+
+
+def test_the_overlay_is_read_from_the_environment(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(overlays.ENV, str(write_overlay(tmp_path / "o.yml", OVERLAY)))
+    assert overlays.load(None).kubernetes.release == "kps"
+    monkeypatch.delenv(overlays.ENV)
+    assert overlays.load(None) == overlays.Overlay()
+
+
+def test_an_overlay_never_writes_over_the_committed_defaults(tmp_path: Path) -> None:
+    overlay = write_overlay(tmp_path / "overlay.yml", OVERLAY)
+    before = {p: p.read_text() for p in GENERATED.rglob("*.y*ml")}
+    assert generate_main(["--overlay", str(overlay)]) == 2
+    assert generate_main(["--overlay", str(overlay), "--out", str(GENERATED / "x")]) == 2
+    assert dashboards_k8s.main(["--overlay", str(overlay)]) == 2
+    assert {p: p.read_text() for p in GENERATED.rglob("*.y*ml")} == before
+    assert not (GENERATED / "x").exists()
+
+
+BAD_OVERLAYS = {
+    "relative runbook URL": ({"runbook_base_url": "docs/runbooks.md"}, "runbook_base_url"),
+    "unknown key": ({"namespace": "x"}, "namespace"),
+    "unknown selector": ({"selectors": {"gpus": 'job="x"'}}, "overlay.selectors.gpus"),
+    "selector of the wrong type": ({"selectors": {"gpu": 3}}, "selectors.gpu"),
+    "namespace not a DNS label": ({"kubernetes": {"namespace": "ML_mon"}}, "namespace"),
+    "release with a space": ({"kubernetes": {"release": "a b"}}, "release"),
+    "prefix too long": ({"kubernetes": {"name_prefix": "p" * 40}}, "name_prefix"),
+    "unknown receiver": ({"receivers": {"pager": {}}}, "pager"),
+    "not a mapping": (["runbook_base_url"], "top level"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_OVERLAYS)
+def test_a_bad_overlay_names_its_key_and_writes_nothing(
+        tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]) -> None:
+    doc, key = BAD_OVERLAYS[case]
+    overlay = write_overlay(tmp_path / "overlay.yml", doc)  # type: ignore[arg-type]
+    out = tmp_path / "out"
+    assert generate_main(["--overlay", str(overlay), "--out", str(out)]) == 2
+    assert key in capsys.readouterr().err
+    assert not out.exists()
+    assert dashboards_k8s.main(["--overlay", str(overlay), "--out", str(out / "d.yaml")]) \
+        == (0 if case == "unknown selector" else 2)  # the dashboards read no selectors
+
+
+def test_load_reports_a_file_it_cannot_parse(tmp_path: Path) -> None:
+    bad = tmp_path / "overlay.yml"
+    bad.write_text("kubernetes: {namespace: [")
+    with pytest.raises(ConfigError, match="cannot read the overlay"):
+        overlays.load(bad)

@@ -1,0 +1,452 @@
+"""`trainwatch`: the on-call engineer's view of training jobs, alerts and remediation.
+
+    trainwatch status                      the jobs with their health, then recent incidents
+    trainwatch jobs                        one row per training job (ranks, step, open alerts)
+    trainwatch incidents [--state S] [--limit N]
+                                           what remediation received and did
+    trainwatch approve ID | reject ID      decide an action awaiting approval
+    trainwatch silence (--job J | --node N) --for 2h [--comment TEXT]
+                                           an Alertmanager silence on one job or node
+    trainwatch approvers list | add NAME | revoke NAME
+                                           the approvers file (on the remediation host)
+
+Tables by default; `--json` prints the same rows as JSON. No `--url` on every call: each
+setting comes from the environment, else the config file, else the local demo's address:
+
+    prometheus_url     TRAINWATCH_PROMETHEUS_URL     http://127.0.0.1:<prometheus port>
+    alertmanager_url   TRAINWATCH_ALERTMANAGER_URL   http://127.0.0.1:<alertmanager port>
+    remediation_url    TRAINWATCH_REMEDIATION_URL    http://127.0.0.1:<remediation port>
+    token_file         TRAINWATCH_TOKEN_FILE         your approver token (the webhook token
+                                                     can only read)
+    approvers_file     TRAINWATCH_APPROVERS_FILE     for `approvers`
+    alertmanager_user  TRAINWATCH_ALERTMANAGER_USER  with alertmanager_password_file
+    alertmanager_password_file  TRAINWATCH_ALERTMANAGER_PASSWORD_FILE
+                                                     (the deploy's API password; optional)
+
+The config file (YAML, the keys above) is --config, else $TRAINWATCH_CONFIG, else
+~/.config/trainwatch/cli.yml when it exists. Exit status: 0 done, 1 a service answered an
+error or could not be reached, 2 bad input or configuration (nothing was changed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+from exporters import add_version_argument
+from exporters.catalog import PORTS
+from exporters.tokens import SecretFileError, read_secret_file
+from remediation import approvers as approver_file
+from remediation.durations import seconds
+from remediation.labels import SAFE_VALUE
+
+PROG = "trainwatch"
+ENV_CONFIG = "TRAINWATCH_CONFIG"
+DEFAULT_CONFIG = Path("~/.config/trainwatch/cli.yml")
+KEYS = {  # config key -> (environment variable, default)
+    "prometheus_url": ("TRAINWATCH_PROMETHEUS_URL", f"http://127.0.0.1:{PORTS['prometheus']}"),
+    "alertmanager_url": ("TRAINWATCH_ALERTMANAGER_URL",
+                         f"http://127.0.0.1:{PORTS['alertmanager']}"),
+    "remediation_url": ("TRAINWATCH_REMEDIATION_URL",
+                        f"http://127.0.0.1:{PORTS['remediation']}"),
+    "token_file": ("TRAINWATCH_TOKEN_FILE", None),
+    "approvers_file": ("TRAINWATCH_APPROVERS_FILE", None),
+    "alertmanager_user": ("TRAINWATCH_ALERTMANAGER_USER", None),
+    "alertmanager_password_file": ("TRAINWATCH_ALERTMANAGER_PASSWORD_FILE", None),
+}
+TIMEOUT = 10.0
+MAX_SILENCE_SECONDS = 7 * 86400  # a forgotten silence hides pages; a week at most
+
+
+class UsageError(Exception):
+    """Bad input or configuration: exit 2, nothing changed."""
+
+
+class ServiceError(Exception):
+    """A service could not be reached or answered an error: exit 1."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    values: dict[str, str]
+
+    def get(self, key: str) -> str:
+        value = self.values.get(key)
+        if not value:
+            env, _ = KEYS[key]
+            raise UsageError(f"{key} is not set: set {env} or `{key}:` in the config file")
+        return value
+
+    def url(self, key: str) -> str:
+        value = self.get(key).rstrip("/")
+        if not value.startswith(("http://", "https://")):
+            raise UsageError(f"{key} {value!r} is not an http(s) URL")
+        return value
+
+    def token(self) -> str:
+        try:
+            return read_secret_file(Path(self.get("token_file")))
+        except SecretFileError as exc:
+            raise UsageError(str(exc)) from exc
+
+    def alertmanager_auth(self) -> tuple[str, str] | None:
+        user = self.values.get("alertmanager_user")
+        if not user:
+            return None
+        try:
+            return user, read_secret_file(Path(self.get("alertmanager_password_file")))
+        except SecretFileError as exc:
+            raise UsageError(str(exc)) from exc
+
+
+def load_settings(config: Path | None, environ: dict[str, str]) -> Settings:
+    """Environment over the config file over the defaults; unknown file keys are errors."""
+    path = config or (Path(environ[ENV_CONFIG]) if environ.get(ENV_CONFIG) else None)
+    from_file: dict[str, Any] = {}
+    default_path = DEFAULT_CONFIG.expanduser()
+    if path is None and default_path.is_file():
+        path = default_path
+    if path is not None:
+        try:
+            from_file = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise UsageError(f"{path}: cannot read the config: {exc}") from exc
+        if not isinstance(from_file, dict):
+            raise UsageError(f"{path}: expected a mapping of {sorted(KEYS)}")
+        unknown = set(from_file) - set(KEYS)
+        if unknown:
+            raise UsageError(f"{path}: unknown keys {sorted(unknown)} (known: {sorted(KEYS)})")
+    values: dict[str, str] = {}
+    for key, (env, default) in KEYS.items():
+        value = environ.get(env) or from_file.get(key) or default
+        if value is not None:
+            values[key] = str(value)
+    return Settings(values)
+
+
+# --- talking to the services ----------------------------------------------------------------
+
+def _call(method: str, url: str, what: str, **kwargs: Any) -> Any:
+    try:
+        resp = requests.request(method, url, timeout=TIMEOUT, **kwargs)
+    except requests.RequestException as exc:
+        raise ServiceError(f"{what} unreachable at {url.split('/api')[0].split('/v1')[0]}: "
+                           f"{type(exc).__name__}") from exc
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {"error": resp.text[:300]}
+    if not resp.ok:
+        message = body.get("error") if isinstance(body, dict) else None
+        raise ServiceError(f"{what} answered {resp.status_code}: {message or body}")
+    return body
+
+
+def promql(settings: Settings, query: str) -> list[dict[str, Any]]:
+    """An instant query's samples: [{'metric': {...}, 'value': float}]."""
+    body = _call("GET", f"{settings.url('prometheus_url')}/api/v1/query", "Prometheus",
+                 params={"query": query})
+    return [{"metric": s["metric"], "value": float(s["value"][1])}
+            for s in body.get("data", {}).get("result", [])]
+
+
+def remediation_get(settings: Settings, path: str, params: dict[str, Any]) -> Any:
+    return _call("GET", f"{settings.url('remediation_url')}{path}", "the remediation service",
+                 params=params, headers={"Authorization": f"Bearer {settings.token()}"})
+
+
+# --- the data behind the tables -------------------------------------------------------------
+
+def jobs(settings: Settings, since: str = "1h") -> list[dict[str, Any]]:
+    """One row per training job Prometheus saw within `since` (a job that just finished or
+    died is what on-call asks about, and the exporter drops a finished job's series): its
+    ranks and nodes, world size, newest step and its age, whether every rank reported a clean
+    finish, and the alerts firing for it or for one of its nodes."""
+    def last(name: str) -> str:
+        return f"last_over_time({name}[{since}])"
+
+    rows: dict[str, dict[str, Any]] = {}
+    for s in promql(settings, last("training_step")):
+        job = s["metric"].get("training_job")
+        if not job:
+            continue
+        row = rows.setdefault(job, {"job": job, "ranks": set(), "nodes": set(), "step": 0,
+                                    "world_size": None, "last_step_age_seconds": None,
+                                    "finished": False, "open_alerts": set()})
+        row["ranks"].add(int(s["metric"].get("rank", "-1")))
+        if s["metric"].get("node"):
+            row["nodes"].add(s["metric"]["node"])
+        row["step"] = max(row["step"], int(s["value"]))
+    per_job = {
+        "world_size": f"max by (training_job) ({last('training_world_size')})",
+        "last_step_age_seconds": "time() - max by (training_job) "
+                                 f"({last('training_last_step_timestamp_seconds')})",
+        "finished": f"min by (training_job) ({last('training_finished')})",
+    }
+    for key, query in per_job.items():
+        for s in promql(settings, query):
+            row = rows.get(s["metric"].get("training_job", ""))
+            if row is not None:
+                row[key] = (int(s["value"]) if key == "world_size" else
+                            s["value"] == 1 if key == "finished" else round(s["value"], 1))
+    for s in promql(settings, 'ALERTS{alertstate="firing"}'):
+        labels = s["metric"]
+        for row in rows.values():
+            if labels.get("training_job") == row["job"] or (
+                    "training_job" not in labels and labels.get("node") in row["nodes"]):
+                row["open_alerts"].add(labels["alertname"])
+    out = []
+    for row in sorted(rows.values(), key=lambda r: r["job"]):
+        out.append({**row, "ranks": sorted(row["ranks"]), "nodes": sorted(row["nodes"]),
+                    "open_alerts": sorted(row["open_alerts"])})
+    return out
+
+
+def incidents(settings: Settings, state: str | None = None, limit: int = 20
+              ) -> list[dict[str, Any]]:
+    """Remediation's intents, newest first: the alert, the playbook, its target and what
+    happened (state and decision)."""
+    params: dict[str, Any] = {"limit": limit}
+    if state:
+        params["state"] = state
+    body = remediation_get(settings, "/v1/actions", params)
+    out = []
+    for intent in body.get("actions", []):
+        labels = intent.get("labels") or {}
+        out.append({
+            "id": intent["id"], "alert": intent.get("alertname"),
+            "playbook": intent.get("playbook") or "-",
+            "job": labels.get("training_job"), "target": intent.get("target_key"),
+            "phase": intent.get("phase"), "state": intent.get("state"),
+            "decision": intent.get("decision"), "acted": bool(intent.get("acted")),
+            "created_at": intent.get("created_at"),
+        })
+    return out
+
+
+# --- tables -----------------------------------------------------------------------------------
+
+def _cell(value: Any) -> str:
+    if value is None or value == [] or value == "":
+        return "-"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+    """Plain aligned columns (header, then one line per row); `(none)` for no rows."""
+    if not rows:
+        return "(none)"
+    cells = [[title for _, title in columns]]
+    cells += [[_cell(row.get(key)) for key, _ in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
+                     for line in cells)
+
+
+def _ago(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return _duration(time.time() - float(epoch))
+
+
+def _duration(secs: float) -> str:
+    secs = max(secs, 0.0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{secs / size:.0f}{unit}"
+    return f"{secs:.0f}s"
+
+
+JOB_COLUMNS = (("job", "JOB"), ("ranks_text", "RANKS"), ("world_size", "WORLD"),
+               ("step", "STEP"), ("last_step", "STEP AGE"), ("state", "STATE"),
+               ("nodes", "NODES"), ("open_alerts", "OPEN ALERTS"))
+ACTIVE_SECONDS = 120  # a job whose newest step is older than this is shown as `silent`
+INCIDENT_COLUMNS = (("id", "ID"), ("alert", "ALERT"), ("playbook", "PLAYBOOK"),
+                    ("target", "TARGET"), ("phase", "PHASE"), ("state", "STATE"),
+                    ("decision", "DECISION"), ("acted_text", "ACTED"), ("age", "AGE"))
+
+
+def job_table(rows: list[dict[str, Any]]) -> str:
+    shown = [{**r, "ranks_text": f"{len(r['ranks'])} ({_cell(r['ranks'])})",
+              "last_step": (None if r["last_step_age_seconds"] is None
+                            else _duration(r["last_step_age_seconds"])),
+              "state": _state(r)}
+             for r in rows]
+    return table(shown, JOB_COLUMNS)
+
+
+def _state(row: dict[str, Any]) -> str:
+    if row["finished"]:
+        return "finished"
+    age = row["last_step_age_seconds"]
+    return "stepping" if age is not None and age < ACTIVE_SECONDS else "silent"
+
+
+def incident_table(rows: list[dict[str, Any]]) -> str:
+    return table([{**r, "age": _ago(r["created_at"]), "acted_text": "yes" if r["acted"] else "no"}
+                  for r in rows], INCIDENT_COLUMNS)
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+Printer = Callable[[str], None]
+
+
+def _since(value: str) -> str:
+    """A Prometheus range for last_over_time: digits and one unit, nothing else."""
+    if not re.fullmatch(r"[1-9][0-9]{0,5}[smhd]", value):
+        raise UsageError(f"--since {value!r}: expected e.g. 15m, 1h, 2d")
+    return value
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
+    job_rows = jobs(settings, _since(args.since))
+    incident_rows = incidents(settings, limit=args.limit)
+    if args.json:
+        out(json.dumps({"jobs": job_rows, "incidents": incident_rows}, indent=2))
+        return
+    out(f"JOBS (Prometheus {settings.url('prometheus_url')})")
+    out(job_table(job_rows))
+    out("")
+    out(f"INCIDENTS (remediation {settings.url('remediation_url')}, newest first)")
+    out(incident_table(incident_rows))
+
+
+def cmd_jobs(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
+    rows = jobs(settings, _since(args.since))
+    out(json.dumps(rows, indent=2) if args.json else job_table(rows))
+
+
+def cmd_incidents(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
+    rows = incidents(settings, args.state, args.limit)
+    out(json.dumps(rows, indent=2) if args.json else incident_table(rows))
+
+
+def cmd_decide(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
+    if not 0 < args.id < 2**62:
+        raise UsageError(f"intent id {args.id} out of range")
+    body = _call("POST", f"{settings.url('remediation_url')}/v1/actions/{args.id}/"
+                         f"{args.command}", "the remediation service",
+                 headers={"Authorization": f"Bearer {settings.token()}"})
+    row = {"id": body.get("id"), "state": body.get("state"), "by": body.get("by")}
+    out(json.dumps(row, indent=2) if args.json else
+        table([row], (("id", "ID"), ("state", "STATE"), ("by", "BY"))))
+
+
+def cmd_silence(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
+    """One exact-match silence (never a regex: a value cannot widen it to other jobs)."""
+    name, value = ("training_job", args.job) if args.job else ("node", args.node)
+    if not SAFE_VALUE.match(value):
+        raise UsageError(f"{name} {value!r} is not a label value Trainwatch uses")
+    try:
+        length = seconds(args.duration)
+    except ValueError as exc:
+        raise UsageError(f"--for {args.duration!r}: {exc}") from exc
+    if not 0 < length <= MAX_SILENCE_SECONDS:
+        raise UsageError(f"--for must be more than 0 and at most {MAX_SILENCE_SECONDS // 86400}d")
+    now = datetime.now(timezone.utc)
+    body = {"matchers": [{"name": name, "value": value, "isRegex": False, "isEqual": True}],
+            "startsAt": now.isoformat(), "endsAt": (now + timedelta(seconds=length)).isoformat(),
+            "createdBy": f"{getpass.getuser()} (trainwatch)",
+            "comment": args.comment or f"silenced from the trainwatch CLI for {args.duration}"}
+    answer = _call("POST", f"{settings.url('alertmanager_url')}/api/v2/silences", "Alertmanager",
+                   json=body, auth=settings.alertmanager_auth())
+    row = {"silence_id": answer.get("silenceID"), "matcher": f'{name}="{value}"',
+           "ends_at": body["endsAt"]}
+    out(json.dumps(row, indent=2) if args.json else
+        table([row], (("silence_id", "SILENCE"), ("matcher", "MATCHER"), ("ends_at", "ENDS"))))
+
+
+def cmd_approvers(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
+    path = Path(settings.get("approvers_file"))
+    try:
+        if args.action == "add":
+            token = approver_file.add(path, args.name)
+            row = {"name": args.name, "token": token}
+            out(json.dumps(row, indent=2) if args.json else
+                f"approver {args.name} added; their token (shown once, give it to them):\n"
+                f"{token}")
+        elif args.action == "revoke":
+            approver_file.revoke(path, args.name)
+            out(json.dumps({"revoked": args.name}) if args.json else
+                f"approver {args.name} revoked")
+        else:
+            names = [{"name": n} for n in approver_file.names(path)]
+            out(json.dumps(names, indent=2) if args.json else table(names, (("name", "NAME"),)))
+    except (approver_file.ApproverError, OSError) as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:]))
+    add_version_argument(parser)
+    parser.add_argument("--config", type=Path, default=None,
+                        help=f"YAML settings file (default ${ENV_CONFIG}, then {DEFAULT_CONFIG})")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="JSON instead of a table")
+    sub = parser.add_subparsers(dest="command", required=True)
+    status = sub.add_parser("status", parents=[common], help="jobs, then recent incidents")
+    status.add_argument("--limit", type=int, default=10, help="incidents shown (default 10)")
+    status.set_defaults(run=cmd_status)
+    job_cmd = sub.add_parser("jobs", parents=[common], help="training jobs and their health")
+    job_cmd.set_defaults(run=cmd_jobs)
+    for p in (status, job_cmd):
+        p.add_argument("--since", default="1h",
+                       help="jobs seen within this range (default 1h)")
+    inc = sub.add_parser("incidents", parents=[common], help="remediation's intents")
+    inc.add_argument("--state", help="only this state, e.g. awaiting_approval")
+    inc.add_argument("--limit", type=int, default=20)
+    inc.set_defaults(run=cmd_incidents)
+    for name in ("approve", "reject"):
+        p = sub.add_parser(name, parents=[common], help=f"{name} an action awaiting approval")
+        p.add_argument("id", type=int)
+        p.set_defaults(run=cmd_decide)
+    sil = sub.add_parser("silence", parents=[common], help="silence one job's or node's alerts")
+    which = sil.add_mutually_exclusive_group(required=True)
+    which.add_argument("--job", help="training_job label value")
+    which.add_argument("--node", help="node label value")
+    sil.add_argument("--for", dest="duration", required=True, help="e.g. 30m, 2h, 1d")
+    sil.add_argument("--comment", default="")
+    sil.set_defaults(run=cmd_silence)
+    appr = sub.add_parser("approvers", parents=[common], help="the approvers file")
+    appr_sub = appr.add_subparsers(dest="action", required=True)
+    appr_sub.add_parser("list", parents=[common])
+    for action in ("add", "revoke"):
+        appr_sub.add_parser(action, parents=[common]).add_argument("name")
+    appr.set_defaults(run=cmd_approvers)
+    return parser
+
+
+def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config, dict(os.environ if environ is None else environ))
+        args.run(args, settings, print)
+    except UsageError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except ServiceError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
