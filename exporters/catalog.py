@@ -207,6 +207,22 @@ TRAINING_COMMANDS_APPLIED = _training("training_commands_applied_total", COUNTER
                                       extra=("command",))
 TRAINING_STEP_DURATION = _training("training_step_duration_seconds", HISTOGRAM,
                                    "Wall time of one training step.", unit="seconds")
+# Goodput (exporters/training/goodput.py, docs/goodput.md): every second of the job's ranks on
+# this node, summed over them (rank-seconds, like CPU seconds over cores), as counters that
+# survive restarts of the job and of the exporter. kind partitions wall; discarded is a part
+# of productive, so goodput = productive - discarded and ETTR = goodput / wall.
+TRAINING_NODE_WALL = _define(
+    "training", "training_node_wall_seconds_total", COUNTER,
+    "Seconds of the job's life on this node, summed over its ranks there (first start to "
+    "finish, across incarnations).", TRAINING_NODE_LABELS, "seconds")
+TRAINING_NODE_TIME = _define(
+    "training", "training_node_time_seconds_total", COUNTER,
+    "The job's seconds on this node by kind: productive or a badput cause (they add up to "
+    "wall).", (*TRAINING_NODE_LABELS, "kind"), "seconds")
+TRAINING_NODE_DISCARDED = _define(
+    "training", "training_node_discarded_seconds_total", COUNTER,
+    "Productive seconds of steps later thrown away, by cause (rollback, restart).",
+    (*TRAINING_NODE_LABELS, "cause"), "seconds")
 TRAINING_EXPORTER_PREFIX = "trainwatch_training_exporter_"
 TRAINING_EXPORTER_JOBS = _define("training", TRAINING_EXPORTER_PREFIX + "jobs", GAUGE,
                                  "Jobs currently reporting to this exporter.", ())

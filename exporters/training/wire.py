@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporters.identity import is_job_name
+from exporters.training import goodput as gp
 from exporters.training.commands import COMMAND_ID_PATTERN, COMMAND_TYPE_PATTERN
 
 VERSION = 1
@@ -64,6 +65,9 @@ class RankReport:
     flops_total: float = 0.0  # model FLOPs done (MFU); 0: the job does not report them
     peak_flops: float = 0.0  # the rank's peak FLOP/s for its dtype; 0: unknown
     checkpoint_failures: int = 0  # optional in the datagram (older clients omit it)
+    # The rank's cumulative goodput seconds (exporters/training/goodput.py); None from
+    # clients that do not count them.
+    goodput: gp.RankGoodput | None = None
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -162,8 +166,12 @@ def decode(data: bytes) -> RankReport:
         if since is not None and (not math.isfinite(since) or since < 0):
             raise WireError("collective since must be a finite time")
         source = collective[2]
+    try:
+        goodput = gp.parse(obj.get("goodput"))
+    except ValueError as exc:
+        raise WireError(str(exc)) from None
     return RankReport(
-        job=job, rank=rank, local_rank=_int(obj, "local_rank", 0, 1 << 20),
+        goodput=goodput, job=job, rank=rank, local_rank=_int(obj, "local_rank", 0, 1 << 20),
         world_size=world_size, restarts=_int(obj, "restarts"), dropped=_int(obj, "dropped"),
         nonfinite=_int(obj, "nonfinite"), samples_total=_finite_nonneg(obj, "samples_total"),
         tokens_total=_finite_nonneg(obj, "tokens_total"), rollbacks=_int(obj, "rollbacks"),
