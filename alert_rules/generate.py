@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from alert_rules import gpu, gpu_source, node, recording, stack, training
+from alert_rules import goodput, gpu, gpu_source, node, recording, stack, training
 from alert_rules.config import CONFIG_PATH, ConfigError, Profile, load_profiles
 from alert_rules.generated_files import write_folder
 from alert_rules.model import Alert, Group
@@ -29,6 +29,7 @@ FILES: dict[str, Callable[[Profile], list[Group]]] = {
     "recording.yml": recording.groups,
     "gpu.yml": gpu.groups,
     "training.yml": training.groups,
+    "goodput.yml": goodput.groups,
     "node.yml": node.groups,
     "stack.yml": stack.groups,
 }
