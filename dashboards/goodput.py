@@ -8,6 +8,7 @@ from grafana_foundation_sdk.models import common as cm
 
 from alert_rules import goodput as rules
 from dashboards.panels import (
+    CLUSTER,
     DATASOURCE,
     SCOPE,
     Q,
@@ -24,6 +25,14 @@ UID = "trainwatch-goodput"
 J = 'training_job=~"$training_job"'
 T = f"{SCOPE},{J}"
 JOB = "{{training_job}}"
+
+
+def _mean_per_playbook(histogram: str) -> str:
+    """A remediation histogram's mean per playbook over the rate interval (the remediation
+    service's series carry no job: they are its own scrape job's)."""
+    return (f"sum by (playbook) (increase({histogram}_sum{{{CLUSTER}}}[$__rate_interval]))\n"
+            f"/ sum by (playbook) (increase({histogram}_count{{{CLUSTER}}}"
+            f"[$__rate_interval]))")
 
 
 def _share(rate: str) -> str:
@@ -94,4 +103,16 @@ def build() -> gd.Dashboard:
                          Q(f"sum by (training_job, node, kind) (rate({c.TRAINING_NODE_TIME}"
                            f"{{{T}}}[$__rate_interval]))",
                            "{{training_job}} {{node}} {{kind}}"), width=24),
+        timeseries_panel("Time to detect by playbook", "What self-healing saved, part 1: "
+                         "seconds from a fault's first evidence (its alert's condition first "
+                         "seen) to the alert firing, mean per playbook of the intents that "
+                         "acted in the interval (remediation/recovery.py).", "s",
+                         Q(_mean_per_playbook(c.REMEDIATION_TIME_TO_DETECT), "{{playbook}}"),
+                         min_value=0),
+        timeseries_panel("Time to recover by playbook", "Part 2: seconds from the first "
+                         "evidence to the playbook's last step done, the job going again with "
+                         "the fix (an LR cut: every rank applied it, its next step runs at the "
+                         "new LR).", "s",
+                         Q(_mean_per_playbook(c.REMEDIATION_TIME_TO_RECOVER), "{{playbook}}"),
+                         min_value=0),
     )

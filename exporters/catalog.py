@@ -508,6 +508,17 @@ REMEDIATION_WEBHOOK_REQUESTS = _remediation("webhook_requests_total", COUNTER,
 REMEDIATION_WEBHOOK_DURATION = _remediation("webhook_duration_seconds", HISTOGRAM,
                                             "Time to persist and answer a webhook request",
                                             unit="seconds")
+# What self-healing saved (remediation/recovery.py, docs/goodput.md): per playbook, from the
+# fault's first evidence (the alert's pending start) to the alert firing, and to the job going
+# again (its last step done: for a training command, every rank applied it).
+REMEDIATION_TIME_TO_DETECT = _remediation(
+    "time_to_detect_seconds", HISTOGRAM,
+    "Seconds from a fault's first evidence to its alert firing, for intents that acted",
+    ("playbook",), unit="seconds")
+REMEDIATION_TIME_TO_RECOVER = _remediation(
+    "time_to_recover_seconds", HISTOGRAM,
+    "Seconds from a fault's first evidence to the playbook's last step done (the job's next "
+    "step runs with the fix)", ("playbook",), unit="seconds")
 REMEDIATION_WEBHOOK_ALERTS = _remediation("webhook_alerts_total", COUNTER,
                                           "Alerts received, by outcome at intake", ("outcome",))
 
