@@ -495,7 +495,7 @@ class CheckpointManager:
             if "/" not in old["dir"] and not old["dir"].startswith("."):
                 shutil.rmtree(self.directory / old["dir"], ignore_errors=True)
 
-    @blocking(SAVE)  # goodput: the training thread waits here
+    @blocking(SAVE, when=lambda self: self._staging is not None)  # goodput: a blocked wait
     def wait_staged(self) -> None:
         """Block until the save in flight has its copy of the state (the optimizer does this
         before every step; call it before changing weights any other way)."""

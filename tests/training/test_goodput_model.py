@@ -43,12 +43,29 @@ def test_blocking_records_outermost_call_with_its_step() -> None:
         def rollback(self) -> SimpleNamespace:
             return SimpleNamespace(step=40)
 
+        @gp.blocking(gp.RESTORE)
+        def resume(self) -> None:  # no checkpoint: started from scratch
+            return None
+
+        @gp.blocking(gp.RESTORE)
+        def broken(self) -> None:
+            raise RuntimeError("a rank could not read it")
+
+        @gp.blocking(gp.SAVE, when=lambda self: False)
+        def idle_wait(self) -> None:
+            pass
+
     saver = Saver()
     assert saver.save(30) == "ok"
     saver.rollback()
     saver.wait()
+    saver.resume()
+    with pytest.raises(RuntimeError):
+        saver.broken()
+    saver.idle_wait()  # not timed at all
     kinds = [(kind, step) for _, kind, _, _, step in saver.goodput_events]
-    assert kinds == [(gp.SAVE, 30), (gp.RESTORE, 40), (gp.SAVE, None)]
+    assert kinds == [(gp.SAVE, 30), (gp.RESTORE, 40), (gp.SAVE, None), (gp.RESTORE, -1),
+                     (gp.RESTORE, None)]
 
 
 def account_with_steps(manager: Manager | None = None) -> gp.RankAccount:
@@ -102,6 +119,11 @@ def test_rollback_discards_progress_since_the_restored_checkpoint_once() -> None
     assert account.goodput == pytest.approx(10.0 + 0.8)  # steps 1..10, then 1 s - 0.2 s restore
     # a second rollback, to step 5: only the kept progress since 5 is discarded again
     manager.event(gp.RESTORE, t + 0.1, t + 0.1, 5)
+    t += 1.0
+    account.step(t, None)
+    assert account.discarded == pytest.approx(10.0 + 5.8)
+    # a rollback that failed on some rank changed nothing: its time is restore, no discard
+    manager.event(gp.RESTORE, t + 0.1, t + 0.5, None)
     t += 1.0
     account.step(t, None)
     assert account.discarded == pytest.approx(10.0 + 5.8)
