@@ -152,11 +152,13 @@ def test_every_second_of_a_restarted_rolled_back_stalled_job_is_counted(
             wait_until(lambda: min(newest_step(first, 0), newest_step(first, 1)) >= KILL_AFTER,
                        timeout=120, what=f"step {KILL_AFTER} after the stall")
             pids = [s["pid"] for s in of(events(first), "start")]
+            # the ranks at once (torchrun's workers run in sessions of their own), then the
+            # agent (it restarts nothing: no --max-restarts)
             killed_at = time.time()
-            first.kill9()  # the agent first, so nothing restarts; then the ranks
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+            first.kill9()
             found1 = events(first)
         finally:
             first.stop()
