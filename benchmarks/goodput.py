@@ -8,7 +8,8 @@ per-row accounting on the shipper, no goodput member in the datagram); "after" i
 monitor as shipped. Both run at once against one real training-exporter, and the two are
 measured in short interleaved chunks in rotating order, because this shared machine's speed
 drifts by tens of percent over seconds:
-  1. report() per call (perf_counter_ns, median and p99 of each variant);
+  1. report() per call (perf_counter_ns, median and p99 of each variant), and a second
+     "before" monitor as the control (control/before = the noise floor of after/before);
   2. a loop of ~10 ms steps (torch matmuls, one thread) with report + step_end, wall time per
      chunk; plus each variant's shipper thread CPU per step (the accounting runs there).
 The last line printed is a JSON object with every figure and the after/before ratios.
@@ -48,18 +49,27 @@ class NoAccount:
         return None
 
 
+VARIANTS = ("before", "after", "control")
+ORDERS = (("before", "after", "control"), ("after", "control", "before"),
+          ("control", "before", "after"))
+
+
 def monitors(sock: Path) -> dict[str, TrainingMonitor]:
-    before = TrainingMonitor(rank_info=INFO, socket_path=str(sock), control=False)
-    before._goodput = NoAccount()  # type: ignore[assignment]
-    after = TrainingMonitor(rank_info=INFO, socket_path=str(sock), control=False)
-    return {"before": before, "after": after}
+    """before, after, and a second "before" as the control: control/before is the noise
+    floor of after/before on this machine."""
+    out = {}
+    for name in VARIANTS:
+        out[name] = TrainingMonitor(rank_info=INFO, socket_path=str(sock), control=False)
+        if name != "after":
+            out[name]._goodput = NoAccount()  # type: ignore[assignment]
+    return out
 
 
 def bench_report(mons: dict[str, TrainingMonitor], calls: int, rounds: int) -> dict[str, Any]:
-    samples: dict[str, list[int]] = {"before": [], "after": []}
+    samples: dict[str, list[int]] = {name: [] for name in VARIANTS}
     chunk = max(calls // rounds, 100)
     for i in range(rounds):
-        for name in (("before", "after") if i % 2 == 0 else ("after", "before")):
+        for name in ORDERS[i % 3]:
             monitor = mons[name]
 
             def report(step: int, m: TrainingMonitor = monitor) -> None:
@@ -67,14 +77,17 @@ def bench_report(mons: dict[str, TrainingMonitor], calls: int, rounds: int) -> d
                          data_wait=0.001)
 
             samples[name] += time_calls(report, chunk)
-            time.sleep(0.01)  # let the shippers drain: the buffer never overflows
+            monitor._shipper.wake.set()  # let the shipper drain now: the buffer never overflows
+            time.sleep(0.02)
     out: dict[str, Any] = {}
     for name, values in samples.items():
         ordered = sorted(values)
         out[name] = {"median_us": ordered[len(ordered) // 2] / 1000,
                      "p99_us": ordered[int(len(ordered) * 0.99)] / 1000}
-    out["ratio_median"] = round(out["after"]["median_us"] / out["before"]["median_us"], 3)
-    out["ratio_p99"] = round(out["after"]["p99_us"] / out["before"]["p99_us"], 3)
+    for key in ("median", "p99"):
+        out[f"ratio_{key}"] = round(out["after"][f"{key}_us"] / out["before"][f"{key}_us"], 3)
+        out[f"control_{key}"] = round(out["control"][f"{key}_us"]
+                                      / out["before"][f"{key}_us"], 3)
     return out
 
 
@@ -92,7 +105,7 @@ def bench_loop(mons: dict[str, TrainingMonitor], chunk: int, rounds: int) -> dic
     start = time.perf_counter()
     work(100)
     reps = max(1, round(0.010 / ((time.perf_counter() - start) / 100)))
-    steps = {"before": 0, "after": 0}
+    steps = dict.fromkeys(VARIANTS, 0)
     cpu_start = {n: thread_cpu_seconds(m._shipper.native_id) for n, m in mons.items()}
 
     def run(name: str) -> float:
@@ -105,20 +118,22 @@ def bench_loop(mons: dict[str, TrainingMonitor], chunk: int, rounds: int) -> dic
             steps[name] += 1
         return time.perf_counter() - begin
 
-    ratios = []
-    totals = {"before": 0.0, "after": 0.0}
+    ratios, controls = [], []
+    totals = dict.fromkeys(VARIANTS, 0.0)
     for i in range(rounds):
         times = {}
-        for name in (("before", "after") if i % 2 == 0 else ("after", "before")):
+        for name in ORDERS[i % 3]:
             times[name] = run(name)
             totals[name] += times[name]
         ratios.append(times["after"] / times["before"])
+        controls.append(times["control"] / times["before"])
     cpu = {n: (thread_cpu_seconds(m._shipper.native_id) or 0.0) - (cpu_start[n] or 0.0)
            for n, m in mons.items()}
     return {"step_ms": round(totals["before"] / steps["before"] * 1000, 3),
             "steps_each": steps["before"],
             "ratio_median": round(statistics.median(ratios), 4),
             "ratio_totals": round(totals["after"] / totals["before"], 4),
+            "control_median": round(statistics.median(controls), 4),
             "shipper_cpu_us_per_step": {n: round(cpu[n] / max(steps[n], 1) * 1e6, 2)
                                         for n in cpu}}
 
@@ -143,11 +158,13 @@ def main() -> int:
         finally:
             proc.terminate()
             proc.wait(10)
-    print(f"report(): before {result['report']['before']}, after {result['report']['after']}"
-          f" (median ratio {result['report']['ratio_median']})")
-    print(f"step loop ({result['loop']['step_ms']} ms steps): after/before "
-          f"{result['loop']['ratio_median']} (median of rounds), shipper CPU per step "
-          f"{result['loop']['shipper_cpu_us_per_step']}")
+    rep, loop = result["report"], result["loop"]
+    print(f"report(): before {rep['before']}, after {rep['after']} (after/before median "
+          f"{rep['ratio_median']}, p99 {rep['ratio_p99']}; control/before median "
+          f"{rep['control_median']}, p99 {rep['control_p99']})")
+    print(f"step loop ({loop['step_ms']} ms steps): after/before {loop['ratio_median']} "
+          f"(median of rounds; control/before {loop['control_median']}), shipper CPU per "
+          f"step {loop['shipper_cpu_us_per_step']}")
     print(json.dumps(result))
     return 0
 
