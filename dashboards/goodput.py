@@ -103,6 +103,12 @@ def build() -> gd.Dashboard:
                          Q(f"sum by (training_job, node, kind) (rate({c.TRAINING_NODE_TIME}"
                            f"{{{T}}}[$__rate_interval]))",
                            "{{training_job}} {{node}} {{kind}}"), width=24),
+        timeseries_panel("Data wait and checkpoint save per rank", "The causes that point "
+                         "at one rank: seconds per second each rank waited for its loader or "
+                         "was blocked saving a checkpoint (a slow loader or slow storage on "
+                         "one node stands out).", "percentunit",
+                         Q(f"rate({c.TRAINING_RANK_BADPUT}{{{T}}}[$__rate_interval])",
+                           "{{training_job}} rank {{rank}} {{kind}}"), width=24, min_value=0),
         timeseries_panel("Time to detect by playbook", "What self-healing saved, part 1: "
                          "seconds from a fault's first evidence (its alert's condition first "
                          "seen) to the alert firing, mean per playbook of the intents that "

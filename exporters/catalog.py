@@ -223,6 +223,12 @@ TRAINING_NODE_DISCARDED = _define(
     "training", "training_node_discarded_seconds_total", COUNTER,
     "Productive seconds of steps later thrown away, by cause (rollback, restart).",
     (*TRAINING_NODE_LABELS, "cause"), "seconds")
+# Per rank, only the causes that point at one rank (its loader, its checkpoint storage): two
+# series per rank that no rule reads; the rules read the per-node kinds above.
+TRAINING_RANK_BADPUT = _training(
+    "training_badput_seconds_total", COUNTER,
+    "Seconds this rank's process spent waiting for data (kind=data_wait) or blocked in "
+    "checkpoint saves (kind=checkpoint_save).", extra=("kind",), unit="seconds")
 TRAINING_EXPORTER_PREFIX = "trainwatch_training_exporter_"
 TRAINING_EXPORTER_JOBS = _define("training", TRAINING_EXPORTER_PREFIX + "jobs", GAUGE,
                                  "Jobs currently reporting to this exporter.", ())

@@ -86,9 +86,15 @@ def _goodput_families(store: Store, jobs: Mapping[str, object], node: str) -> It
             kinds.add_metric([job, node, kind], totals[kind])
         for cause in gp.DISCARD_CAUSES:
             discarded.add_metric([job, node, cause], totals[f"discarded_{cause}"])
+    per_rank = _family(c.TRAINING_RANK_BADPUT)
+    for job, ranks in store.goodput.rank_seconds(jobs).items():
+        for rank, seconds in sorted(ranks.items()):
+            for kind, value in seconds.items():
+                per_rank.add_metric([job, str(rank), node, kind], value)
     yield wall
     yield kinds
     yield discarded
+    yield per_rank
 
 
 class TrainingCollector(Collector):

@@ -51,6 +51,8 @@ CAUSES = ("startup", "data_wait", "checkpoint_save", "checkpoint_restore", "stal
 KINDS = (PRODUCTIVE, *CAUSES)
 # What a rank counts itself (downtime is only seen by the exporter).
 RANK_KINDS = tuple(k for k in KINDS if k != "downtime")
+# The causes also served per rank (they point at one rank: its loader, its storage).
+PER_RANK_CAUSES = ("data_wait", "checkpoint_save")
 # Why productive seconds were thrown away (label `cause` of training_node_discarded_...).
 DISCARD_CAUSES = ("rollback", "restart")
 # A step interval is a stall when its time outside data wait and checkpoints exceeds
@@ -474,6 +476,14 @@ class Ledger:
             job.restart_settled = False
         job.incarnation = incarnation
         job.ranks = {}
+
+    def rank_seconds(self, names: Iterable[str]) -> dict[str, dict[int, dict[str, float]]]:
+        """Each current rank's own cumulative seconds of PER_RANK_CAUSES, by job (a new
+        incarnation's ranks count again from 0, as every per-rank counter does)."""
+        with self._lock:
+            return {n: {r: {k: e.seen[k] for k in PER_RANK_CAUSES}
+                        for r, e in self._jobs[n].ranks.items()}
+                    for n in names if n in self._jobs}
 
     def totals(self, names: Iterable[str]) -> dict[str, dict[str, float]]:
         """The counters of the named jobs, written to disk first: a value once served is never

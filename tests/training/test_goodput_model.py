@@ -186,6 +186,8 @@ def test_ledger_survives_restart_without_reset_or_double_count(tmp_path: Path) -
         account.step(float(t), 0.1)
     reopened.ingest("job-b", "inc1", 0, False, report(account), 1014.0)
     after = reopened.totals(["job-b"])["job-b"]
+    assert reopened.rank_seconds(["job-b"]) == {
+        "job-b": {0: {"data_wait": pytest.approx(1.3), "checkpoint_save": 0.0}}}
     assert after["wall"] == pytest.approx(14.0)  # 1 s startup + 13 steps, counted once
     assert after["data_wait"] == pytest.approx(1.3)
     assert all(after[k] >= served[k] for k in served)
