@@ -437,6 +437,16 @@ class Ledger:
             if incarnation != job.incarnation:
                 self._next_incarnation(job, incarnation)
             entry = job.ranks.get(rank)
+            if entry is not None and g.start > entry.start + 0.5:
+                # Another process under the same incarnation id (a relaunch whose id is
+                # derived from an unchanged environment): close the old one like an
+                # incarnation's end, for this rank, and count the new one from 0.
+                job.add("unattributed" if entry.finished else "stall",
+                        entry.heartbeat - entry.closed_end)
+                job.add("downtime", g.start - entry.heartbeat)
+                entry = job.ranks[rank] = RankEntry(
+                    g.start, {**dict.fromkeys(RANK_KINDS, 0.0), "discarded": 0.0},
+                    g.start, heartbeat)
             if entry is None:
                 entry = job.ranks[rank] = RankEntry(
                     g.start, {**dict.fromkeys(RANK_KINDS, 0.0), "discarded": 0.0},

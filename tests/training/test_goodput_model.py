@@ -202,3 +202,22 @@ def test_datagram_goodput_is_validated() -> None:
                 {**account.wire(), "start": float("nan")}, "x"):
         with pytest.raises(WireError):
             decode(encode({**base, "goodput": bad}))
+
+
+def test_a_new_process_under_the_same_incarnation_id_is_counted_from_zero() -> None:
+    ledger = gp.Ledger()
+    first = gp.RankAccount(0.0, 1000.0, None)
+    first.step(1.0, None)
+    for t in range(2, 11):
+        first.step(float(t), None)
+    ledger.ingest("job-c", "same", 0, False, report(first), 1012.0)  # killed after 1012
+    second = gp.RankAccount(0.0, 1015.0, None)  # relaunched at 1015, same incarnation id
+    second.step(2.0, None)
+    second.step(3.0, None)
+    ledger.ingest("job-c", "same", 0, False, report(second), 1018.0)
+    totals = ledger.totals(["job-c"])["job-c"]
+    assert totals["stall"] == pytest.approx(2.0)  # last report 1010 -> heartbeat 1012
+    assert totals["downtime"] == pytest.approx(3.0)
+    assert totals["startup"] == pytest.approx(1.0 + 2.0)
+    assert totals["productive"] == pytest.approx(9.0 + 1.0)
+    assert totals["wall"] == pytest.approx(18.0)
