@@ -9,7 +9,7 @@ life ratio reads the counters as they are.
 
 from __future__ import annotations
 
-from alert_rules.config import Profile
+from alert_rules.config import Profile, seconds
 from alert_rules.model import Alert, Group, Record, alert_groups
 from alert_rules.promql import sel
 from exporters import catalog
@@ -65,12 +65,14 @@ def records(p: Profile) -> list[Record]:
 def _goodput_low(p: Profile) -> Alert:
     cfg = p.alert("TrainingGoodputLow")
     window, target = cfg["window"], cfg["target_ratio"]
+    settled = f"{seconds(window) + seconds(p.rate_window):g}s"
     return Alert(
         "TrainingGoodputLow",
-        # only jobs that were already counted a whole window ago: a job's first window is
-        # mostly its startup, which is no fault
+        # only jobs whose steps were already counted a window and a rate window ago (their
+        # wall grew then; a job's wall first grows at its first step, all its startup at
+        # once): a job's first window is mostly that startup, which is no fault
         f"{ettr_over(window)} < {target}\n"
-        f"and on (training_job) ({WALL_RATE} offset {window})",
+        f"and on (training_job) ({WALL_RATE} offset {settled} > 0)",
         "warning", "training",
         "Job {{ $labels.training_job }} kept only {{ $value | humanizePercentage }} of its "
         f"time over {window}",
