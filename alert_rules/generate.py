@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from alert_rules import gpu, gpu_source, node, recording, stack, training
+from alert_rules import goodput, gpu, gpu_source, node, recording, stack, training
 from alert_rules import overlay as overlays
 from alert_rules.config import CONFIG_PATH, ConfigError, Profile, load_profiles
 from alert_rules.generated_files import write_folder
@@ -32,6 +32,7 @@ FILES: dict[str, Callable[[Profile], list[Group]]] = {
     "recording.yml": recording.groups,
     "gpu.yml": gpu.groups,
     "training.yml": training.groups,
+    "goodput.yml": goodput.groups,
     "node.yml": node.groups,
     "stack.yml": stack.groups,
 }

@@ -24,6 +24,7 @@ import requests
 
 from benchmarks import remote_write
 from exporters.catalog import PORTS
+from exporters.training.goodput import DISCARD_CAUSES, KINDS
 
 GPUS_PER_NODE = 8
 BUCKETS = ("0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "+Inf")
@@ -73,6 +74,15 @@ def _node(n: int) -> Iterator[Series]:
     yield Series("training_node_compute_slowest_seconds",
                  {**job_node, "rank": str(n * GPUS_PER_NODE)}, "1.55")
     yield Series("training_node_compute_ranks", job_node, str(GPUS_PER_NODE))
+    # goodput (exporters/training/goodput.py): rank-seconds of its 8 ranks by kind, 7/8
+    # productive and 1/8 data wait, nothing discarded
+    yield Series("training_node_wall_seconds_total", job_node, "secs8")
+    for kind in KINDS:
+        yield Series("training_node_time_seconds_total", {**job_node, "kind": kind},
+                     {"productive": "secs7", "data_wait": "secs1"}.get(kind, "zero"))
+    for cause in DISCARD_CAUSES:
+        yield Series("training_node_discarded_seconds_total", {**job_node, "cause": cause},
+                     "zero")
     for g in range(GPUS_PER_NODE):
         gl = {**gpu_inst, "gpu": str(g), "uuid": f"GPU-{n}-{g}", "name": "H100"}
         yield Series("trainwatch_gpu_up", gl, "one")
@@ -146,6 +156,8 @@ def value(kind: str, ts: int, start: int) -> float:
             return 2.0 + 1.0 / (1 + steps / 100)
         case "temp":
             return float(60 + (t // 60) % 7)
+        case "secs1" | "secs7" | "secs8":
+            return t * float(kind[4:])
         case "disk":
             return 5e11 - t * 1e4
         case _:

@@ -38,6 +38,10 @@ FAILURE_ONLY: dict[tuple[str, str], str] = {
         "decisions exist only after an alert with a playbook reached the remediation service",
     ("trainwatch-remediation-alerts", "Actions by result"):
         "actions exist only after a playbook ran",
+    ("trainwatch-goodput", "Time to detect by playbook"):
+        "observed when a playbook finished acting on a job; the mean is over the rate interval",
+    ("trainwatch-goodput", "Time to recover by playbook"):
+        "observed when a playbook finished acting on a job; the mean is over the rate interval",
     ("trainwatch-remediation-alerts", "Intents by state"):
         "intents exist only after an alert with a playbook reached the remediation service",
 }

@@ -20,7 +20,14 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from alert_rules import overlay as overlays
 from alert_rules.generated_files import write_folder
-from dashboards import gpu_fleet, gpu_node, remediation_alerts, stack_health, training_job
+from dashboards import (
+    goodput,
+    gpu_fleet,
+    gpu_node,
+    remediation_alerts,
+    stack_health,
+    training_job,
+)
 
 HERE = Path(__file__).parent
 # file stem -> builder; the stem is also the dashboard's uid suffix
@@ -28,6 +35,7 @@ DASHBOARDS: dict[str, Callable[[], gd.Dashboard]] = {
     "gpu-fleet": gpu_fleet.build,
     "gpu-node": gpu_node.build,
     "training-job": training_job.build,
+    "goodput": goodput.build,
     "remediation-alerts": remediation_alerts.build,
     "stack-health": stack_health.build,
 }

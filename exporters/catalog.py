@@ -246,6 +246,28 @@ TRAINING_NODE_COMPUTE_RANKS = _define(
     "training", "training_node_compute_ranks", GAUGE,
     "How many of the job's ranks on this node have an own compute time.",
     TRAINING_NODE_LABELS)
+# Goodput (exporters/training/goodput.py, docs/goodput.md): every second of the job's ranks on
+# this node, summed over them (rank-seconds, like CPU seconds over cores), as counters that
+# survive restarts of the job and of the exporter. kind partitions wall; discarded is a part
+# of productive, so goodput = productive - discarded and ETTR = goodput / wall.
+TRAINING_NODE_WALL = _define(
+    "training", "training_node_wall_seconds_total", COUNTER,
+    "Seconds of the job's life on this node, summed over its ranks there (first start to "
+    "finish, across incarnations).", TRAINING_NODE_LABELS, "seconds")
+TRAINING_NODE_TIME = _define(
+    "training", "training_node_time_seconds_total", COUNTER,
+    "The job's seconds on this node by kind: productive or a badput cause (they add up to "
+    "wall).", (*TRAINING_NODE_LABELS, "kind"), "seconds")
+TRAINING_NODE_DISCARDED = _define(
+    "training", "training_node_discarded_seconds_total", COUNTER,
+    "Productive seconds of steps later thrown away, by cause (rollback, restart).",
+    (*TRAINING_NODE_LABELS, "cause"), "seconds")
+# Per rank, only the causes that point at one rank (its loader, its checkpoint storage): two
+# series per rank that no rule reads; the rules read the per-node kinds above.
+TRAINING_RANK_BADPUT = _training(
+    "training_badput_seconds_total", COUNTER,
+    "Seconds this rank's process spent waiting for data (kind=data_wait) or blocked in "
+    "checkpoint saves (kind=checkpoint_save).", extra=("kind",), unit="seconds")
 TRAINING_EXPORTER_PREFIX = "trainwatch_training_exporter_"
 TRAINING_EXPORTER_JOBS = _define("training", TRAINING_EXPORTER_PREFIX + "jobs", GAUGE,
                                  "Jobs currently reporting to this exporter.", ())
@@ -531,6 +553,17 @@ REMEDIATION_WEBHOOK_REQUESTS = _remediation("webhook_requests_total", COUNTER,
 REMEDIATION_WEBHOOK_DURATION = _remediation("webhook_duration_seconds", HISTOGRAM,
                                             "Time to persist and answer a webhook request",
                                             unit="seconds")
+# What self-healing saved (remediation/recovery.py, docs/goodput.md): per playbook, from the
+# fault's first evidence (the alert's pending start) to the alert firing, and to the job going
+# again (its last step done: for a training command, every rank applied it).
+REMEDIATION_TIME_TO_DETECT = _remediation(
+    "time_to_detect_seconds", HISTOGRAM,
+    "Seconds from a fault's first evidence to its alert firing, for intents that acted",
+    ("playbook",), unit="seconds")
+REMEDIATION_TIME_TO_RECOVER = _remediation(
+    "time_to_recover_seconds", HISTOGRAM,
+    "Seconds from a fault's first evidence to the playbook's last step done (the job's next "
+    "step runs with the fix)", ("playbook",), unit="seconds")
 REMEDIATION_WEBHOOK_ALERTS = _remediation("webhook_alerts_total", COUNTER,
                                           "Alerts received, by outcome at intake", ("outcome",))
 

@@ -29,6 +29,7 @@ from remediation.config import Config
 from remediation.ingest import ESCALATION_PLAYBOOK
 from remediation.labels import LabelError, safe_labels
 from remediation.playbooks import Playbook
+from remediation.recovery import RecoveryTimes
 from remediation.store import PRIORITIES, Intent, Store
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,8 @@ class Engine:
         self.books = {**books, ESCALATION_PLAYBOOK: escalation_playbook()}
         self.owner = owner
         self.session = requests.Session()
+        # what self-healing saved (remediation/recovery.py); the server wires it in
+        self.recovery: RecoveryTimes | None = None
         # how soon a resolve waiting for a running firing intent looks again
         self._recheck = min(max(config.poll_interval_seconds * 5, 0.25), 2.0)
 
@@ -222,6 +225,10 @@ class Engine:
                         action=",".join(s["action"] for s in steps),
                         reason="on_resolve steps completed" if decision == "resolve_act"
                         else "all steps completed", detail={"results": results})
+        if decision == "act" and self.recovery is not None:
+            self.recovery.observe_intent(self.session, self.config.prometheus_url, book.name,
+                                         intent.alertname, intent.labels, intent.starts_at,
+                                         time.time())
 
     def _expire_silences(self, results: list[dict[str, Any]], ctx: ActionContext) -> None:
         for item in results:

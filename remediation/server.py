@@ -18,6 +18,7 @@ from remediation.app import create_app
 from remediation.config import Config, ConfigError, load_config
 from remediation.marker import StoreResetError, check_store, write_marker
 from remediation.playbooks import PlaybookError, load_playbooks
+from remediation.recovery import RecoveryTimes
 from remediation.stores import open_store, store_errors
 from remediation.worker import Worker
 
@@ -40,6 +41,7 @@ def serve(config: Config) -> None:
     books = load_playbooks(config.playbooks_dir)
     worker = Worker(config, store, books)
     app = create_app(config, worker=worker, store=store, books=books)
+    worker.recovery = RecoveryTimes(app.extensions["trainwatch_remediation"].registry)
     server = make_server(app, config)
     worker.start()
     log.info("listening on %s:%d", config.bind, config.port)

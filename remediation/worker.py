@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from remediation.config import Config
 from remediation.engine import Engine, LostLease
 from remediation.playbooks import Playbook
+from remediation.recovery import RecoveryTimes
 from remediation.store import ClockSuspect, Store
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class Worker:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.recovery: RecoveryTimes | None = None  # set before start() to record them
 
     def start(self) -> None:
         for n in range(self.config.worker_threads):
@@ -89,6 +91,7 @@ class Worker:
     def _loop(self) -> None:
         self.store.use_worker_durability()
         engine = Engine(self.config, self.store, self.books, self.owner)
+        engine.recovery = self.recovery
         while not self._stop.is_set():
             try:
                 intent = self.store.claim(self.owner, self.config.lease_seconds)

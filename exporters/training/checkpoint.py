@@ -74,6 +74,7 @@ from torch.distributed.checkpoint.state_dict import (
 from exporters.atomic_file import atomic_write
 from exporters.training import train_state as ts
 from exporters.training.checkpoint_writer import WriterError, WriterProcess, shared_writer
+from exporters.training.goodput import RESTORE, SAVE, blocking
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -475,6 +476,7 @@ class CheckpointManager:
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "train_state": train_state}
 
+    @blocking(SAVE)  # goodput: the training thread waits here
     def save(self, step: int, loss: Any = None, healthy: bool | None = None,
              next_batch: int | None = None) -> str:
         """Checkpoint the state after `step` completed. Collective: call on every rank.
@@ -562,6 +564,7 @@ class CheckpointManager:
             if "/" not in old["dir"] and not old["dir"].startswith("."):
                 shutil.rmtree(self.directory / old["dir"], ignore_errors=True)
 
+    @blocking(SAVE, when=lambda self: self._staging is not None)  # goodput: a blocked wait
     def wait_staged(self) -> None:
         """Block until the save in flight has its copy of the state (the optimizer does this
         before every step; call it before changing weights any other way)."""
@@ -572,6 +575,7 @@ class CheckpointManager:
             except Exception:  # the upload fails too and reports it
                 log.debug("checkpoint staging failed", exc_info=True)
 
+    @blocking(SAVE)  # goodput: the training thread waits here
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed or has failed."""
         self.wait_staged()
@@ -626,6 +630,7 @@ class CheckpointManager:
             self.data.load_state_dict(saved.loader)
         return saved
 
+    @blocking(RESTORE)
     def rollback(self, before_step: int | None = None) -> Restored:
         """Restore the newest healthy checkpoint on every rank, or on none. Collective.
 
@@ -681,6 +686,7 @@ class CheckpointManager:
         return Restored(step=int(loaded[1]["step"]), directory=str(entry["dir"]),
                         train_state=restored)
 
+    @blocking(RESTORE)
     def resume(self) -> Restored | None:
         """At start: restore the newest healthy checkpoint if there is one (collective)."""
         has_one = self._from_rank0(self.newest_healthy() is not None if self.rank == 0

@@ -36,7 +36,7 @@ from typing import Any
 from exporters import catalog, identity
 from exporters.tokens import SecretFileError, read_secret_file
 from exporters.training import commands as cmd
-from exporters.training import departure, sync
+from exporters.training import departure, goodput, sync
 from exporters.training import flops as flops_table
 from exporters.training.collectives import CollectiveWatch
 from exporters.training.flops import ModelFlops
@@ -170,6 +170,10 @@ class TrainingMonitor:
         self._last_report: float | None = None
         self._last_loss: float | None = None
         self._wall_offset = time.time() - time.perf_counter()
+        # Goodput (exporters/training/goodput.py): this process's seconds from its start,
+        # counted by the shipper thread from the step reports and the checkpoint manager.
+        started = goodput.process_start_wall() or time.time()
+        self._goodput = goodput.RankAccount(started - self._wall_offset, started, checkpoints)
         self._cuda_device = cuda_device
         self._closed = False
         self.finished = False

@@ -22,6 +22,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from exporters import catalog as c
+from exporters.training import goodput as gp
 from exporters.training.store import STEP_DURATION_BUCKETS, RankState, StepHistogram, Store
 
 
@@ -73,6 +74,28 @@ def _family(name: str) -> Metric:
     """An empty family named, typed, documented and labelled as its table row says."""
     row = c.METRICS[name]
     return _FAMILIES[row.type](_base(name), row.help, labels=list(row.labels))
+
+
+def _goodput_families(store: Store, jobs: Mapping[str, object], node: str) -> Iterator[Metric]:
+    """The live jobs' goodput counters on this node (one series per job, node and kind)."""
+    wall = _family(c.TRAINING_NODE_WALL)
+    kinds = _family(c.TRAINING_NODE_TIME)
+    discarded = _family(c.TRAINING_NODE_DISCARDED)
+    for job, totals in store.goodput.totals(jobs).items():
+        wall.add_metric([job, node], totals["wall"])
+        for kind in gp.KINDS:
+            kinds.add_metric([job, node, kind], totals[kind])
+        for cause in gp.DISCARD_CAUSES:
+            discarded.add_metric([job, node, cause], totals[f"discarded_{cause}"])
+    per_rank = _family(c.TRAINING_RANK_BADPUT)
+    for job, ranks in store.goodput.rank_seconds(jobs).items():
+        for rank, seconds in sorted(ranks.items()):
+            for kind, value in seconds.items():
+                per_rank.add_metric([job, str(rank), node, kind], value)
+    yield wall
+    yield kinds
+    yield discarded
+    yield per_rank
 
 
 class TrainingCollector(Collector):
@@ -186,6 +209,7 @@ class TrainingCollector(Collector):
         yield compute_median
         yield compute_slowest
         yield compute_ranks
+        yield from _goodput_families(self._store, jobs, self._node)
         self_jobs = _family(c.TRAINING_EXPORTER_JOBS)
         self_jobs.add_metric([], float(len(jobs)))
         yield self_jobs

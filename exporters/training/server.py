@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import sqlite3
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from exporters.tokens import SecretFileError, read_token_file
 from exporters.training.collector import TrainingCollector
 from exporters.training.command_log import CommandLog
 from exporters.training.control_api import MAX_BODY_BYTES, ControlApp
+from exporters.training.goodput import Ledger, LedgerFile
 from exporters.training.launcher import node_name
 from exporters.training.receiver import Receiver, bind_socket
 from exporters.training.store import DEPARTED_AFTER_SECONDS, Store
@@ -58,6 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--command-log", type=Path, default=None,
                         help="SQLite file that keeps accepted commands and their outcomes "
                         "across exporter restarts (memory only without it)")
+    parser.add_argument("--goodput-state", type=Path, default=None,
+                        help="SQLite file that keeps the goodput counters across exporter "
+                        "restarts (memory only without it; docs/goodput.md)")
     args = parser.parse_args(argv)
     try:
         ipaddress.ip_address(args.bind)
@@ -76,6 +81,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      "every second)")
     if args.command_log is not None and not args.command_log.parent.is_dir():
         parser.error(f"--command-log directory {args.command_log.parent} does not exist")
+    if args.goodput_state is not None and not args.goodput_state.parent.is_dir():
+        parser.error(f"--goodput-state directory {args.goodput_state.parent} does not exist")
     if not 1 <= args.threads <= 64:
         parser.error("--threads must be between 1 and 64")
     return args
@@ -89,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     if token is None:
         log.warning("no --token-file: control API answers 503 (fail closed)")
     store = Store(args.job_expiry_seconds, departed_after=args.rank_departed_seconds)
+    if args.goodput_state is not None:
+        try:
+            store.goodput = Ledger(LedgerFile(args.goodput_state))
+        except sqlite3.Error as exc:
+            raise SystemExit(f"--goodput-state {args.goodput_state}: {exc}") from None
     registry = CollectorRegistry()
     registry.register(TrainingCollector(store, args.node))
     try:
@@ -107,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_stop() -> None:
         receiver.stop()
+        store.goodput.close()  # the counters as last served stay on disk
         sock.close()
         # A new exporter may already have bound its own socket file at this path (a restart
         # that overlapped this one's exit): remove the file only if it is still ours.

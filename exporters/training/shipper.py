@@ -143,6 +143,8 @@ class Shipper(threading.Thread):
                 self._m._nonfinite_seen += 1
             self.seen_seq = seq
             self._m._collectives.compute.note_report(t + offset)
+            self._m._goodput.step(t, data_wait if type(data_wait) is float else
+                                  _float(data_wait))
             rows.append((int(step), t + offset, _float(duration), loss_f, _float(lr),
                          _float(grad_norm), _float(data_wait)))
         return rows
@@ -165,11 +167,14 @@ class Shipper(threading.Thread):
             "collective_key": m._collectives.key,  # of the collective just described
             "compute": [m._collectives.compute.seconds, m._collectives.compute.steps],
             "checkpoint_failures": int(getattr(m._checkpoints, "failed_saves", 0)),
+            "goodput": m._goodput.wire(),
         }
 
     def _flush(self, force: bool = False) -> None:
         rows = self._drain()
         self._m._collectives.compute.measure()
+        if force and self._m.finished:  # the monitor closed: a clean end of this process
+            self._m._goodput.finish(time.perf_counter())
         if rows and self._forwarders is not None:
             self._forwarders.submit(rows)
         now = time.monotonic()

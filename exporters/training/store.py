@@ -22,6 +22,7 @@ from typing import Any
 from exporters import catalog
 from exporters.training import commands as cmd
 from exporters.training.command_log import CommandLog
+from exporters.training.goodput import Ledger
 from exporters.training.wire import RankReport
 
 STEP_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -192,6 +193,9 @@ class Store:
         self._clock = clock
         self.datagrams = 0
         self.malformed = 0
+        # Goodput counters per job (exporters/training/goodput.py); the server makes them
+        # durable with a LedgerFile (--goodput-state).
+        self.goodput = Ledger(wall=wall)
 
     # --- ingest (receiver thread) ---------------------------------------------------------
     def ingest(self, report: RankReport) -> None:
@@ -249,6 +253,9 @@ class Store:
                     rollup.durations.observe(duration)
             for event in report.applied:
                 self._record_applied(job, report.rank, event, now, report.job)
+            if report.goodput is not None:
+                self.goodput.ingest(report.job, report.incarnation, report.rank,
+                                    report.finished, report.goodput, state.heartbeat)
             if report.finished and all(s.finished for s in job.ranks.values()):
                 self._close_pending(job, report.job)
 

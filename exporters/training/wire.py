@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporters.identity import is_job_name
+from exporters.training import goodput as gp
 from exporters.training.commands import COMMAND_ID_PATTERN, COMMAND_TYPE_PATTERN
 
 VERSION = 1
@@ -75,6 +76,9 @@ class RankReport:
     # omit it.
     compute_seconds: float = 0.0
     compute_steps: int = 0
+    # The rank's cumulative goodput seconds (exporters/training/goodput.py); None from
+    # clients that do not count them.
+    goodput: gp.RankGoodput | None = None
 
 
 def encode(message: dict[str, Any]) -> bytes:
@@ -179,8 +183,12 @@ def decode(data: bytes) -> RankReport:
         if since is not None and (not math.isfinite(since) or since < 0):
             raise WireError("collective since must be a finite time")
         source = collective[2]
+    try:
+        goodput = gp.parse(obj.get("goodput"))
+    except ValueError as exc:
+        raise WireError(str(exc)) from None
     return RankReport(
-        job=job, rank=rank, local_rank=_int(obj, "local_rank", 0, 1 << 20),
+        goodput=goodput, job=job, rank=rank, local_rank=_int(obj, "local_rank", 0, 1 << 20),
         world_size=world_size, restarts=_int(obj, "restarts"), dropped=_int(obj, "dropped"),
         nonfinite=_int(obj, "nonfinite"), samples_total=_finite_nonneg(obj, "samples_total"),
         tokens_total=_finite_nonneg(obj, "tokens_total"), rollbacks=_int(obj, "rollbacks"),

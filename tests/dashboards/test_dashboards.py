@@ -19,11 +19,13 @@ EXPECTED_UIDS = {
     "training-job.json": "trainwatch-training-job",
     "remediation-alerts.json": "trainwatch-remediation-alerts",
     "stack-health.json": "trainwatch-stack-health",
+    "goodput.json": "trainwatch-goodput",
 }
 COMMON_VARIABLES = {"datasource", "cluster", "job", "instance"}
 EXTRA_VARIABLES = {
     "gpu-fleet.json": {"gpu"}, "gpu-node.json": {"gpu"},
     "training-job.json": {"training_job", "rank"},
+    "goodput.json": {"training_job"},
 }
 
 

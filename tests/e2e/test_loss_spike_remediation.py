@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards.check import FAILURE_ONLY, panel_queries
+from exporters.catalog import REMEDIATION_TIME_TO_DETECT, REMEDIATION_TIME_TO_RECOVER
 from scripts.demo_timeline import DemoResult, Endpoints, print_summary, run_spike_demo
 from tests.support.net import free_port, wait_until
 from tests.support.stack import Stack, running_stack
@@ -117,6 +119,18 @@ def test_loss_spike_is_cut_on_every_rank_at_the_same_step(stack: Stack, demo: De
     assert delay is not None
     print(f"\nspike -> LR applied on both ranks: {delay:.1f} s")
     assert delay < 15.0, f"took {delay:.1f} s from spike to applied LR (budget 15 s)"
+
+    # Issue 24, acceptance 4: the cut is one observation of lr_reduction's time to recover,
+    # from the spike's first evidence (Prometheus's activeAt, in whole seconds) to every rank
+    # having applied it (seen within the action's 1 s poll).
+    text = requests.get(f"{stack.remediation}/metrics", timeout=5).text
+    saved = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+             if s.labels.get("playbook") == "lr_reduction"}
+    assert saved[f"{REMEDIATION_TIME_TO_RECOVER}_count"] == 1, saved
+    recover = saved[f"{REMEDIATION_TIME_TO_RECOVER}_sum"]
+    detect = saved[f"{REMEDIATION_TIME_TO_DETECT}_sum"]
+    print(f"time to detect {detect:.1f} s, to recover {recover:.1f} s")
+    assert 0 <= detect <= recover <= delay + 3.0, (detect, recover, delay)
 
 
 def _row_counts(store: Path) -> tuple[int, int]:

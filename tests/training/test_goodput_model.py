@@ -1,0 +1,223 @@
+"""The goodput model on its own: a rank's timeline, the node ledger and its durable state.
+
+The end-to-end proof with a real torchrun job is tests/training/test_goodput_job.py; these
+cases pin the arithmetic (every second in exactly one kind, discards, incarnations) and the
+ledger's promises (never backwards, no double count across an exporter restart).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from exporters.training import goodput as gp
+from exporters.training.wire import WireError, decode, encode
+
+
+class Manager(SimpleNamespace):
+    """Stands in for a CheckpointManager: only the events its decorated methods record."""
+
+    def __init__(self) -> None:
+        super().__init__(goodput_events=deque(maxlen=256), seq=0)
+
+    def event(self, kind: str, start: float, end: float, step: int | None) -> None:
+        self.seq += 1
+        self.goodput_events.append((self.seq, kind, start, end, step))
+
+
+def test_blocking_records_outermost_call_with_its_step() -> None:
+    class Saver:
+        @gp.blocking(gp.SAVE)
+        def wait(self) -> None:
+            pass
+
+        @gp.blocking(gp.SAVE)
+        def save(self, step: int) -> str:
+            self.wait()  # nested: counted once, as the save
+            return "ok"
+
+        @gp.blocking(gp.RESTORE)
+        def rollback(self) -> SimpleNamespace:
+            return SimpleNamespace(step=40)
+
+        @gp.blocking(gp.RESTORE)
+        def resume(self) -> None:  # no checkpoint: started from scratch
+            return None
+
+        @gp.blocking(gp.RESTORE)
+        def broken(self) -> None:
+            raise RuntimeError("a rank could not read it")
+
+        @gp.blocking(gp.SAVE, when=lambda self: False)
+        def idle_wait(self) -> None:
+            pass
+
+    saver = Saver()
+    assert saver.save(30) == "ok"
+    saver.rollback()
+    saver.wait()
+    saver.resume()
+    with pytest.raises(RuntimeError):
+        saver.broken()
+    saver.idle_wait()  # not timed at all
+    kinds = [(kind, step) for _, kind, _, _, step in saver.goodput_events]
+    assert kinds == [(gp.SAVE, 30), (gp.RESTORE, 40), (gp.SAVE, None), (gp.RESTORE, -1),
+                     (gp.RESTORE, None)]
+
+
+def account_with_steps(manager: Manager | None = None) -> gp.RankAccount:
+    account = gp.RankAccount(start_perf=0.0, start_wall=1000.0, checkpoints=manager)
+    return account
+
+
+def test_rank_timeline_splits_every_second_into_one_kind() -> None:
+    manager = Manager()
+    account = account_with_steps(manager)
+    manager.event(gp.RESTORE, 2.0, 3.0, -1)  # resume found no checkpoint
+    account.step(4.0, data_wait=0.5)  # first report: startup 2.5, restore 1, data 0.5
+    t = 4.0
+    for _ in range(10):  # 1 s steps, 0.25 s of each waiting for data
+        t += 1.0
+        account.step(t, data_wait=0.25)
+    manager.event(gp.SAVE, t + 0.1, t + 0.6, 10)  # save after step 10: mark
+    t += 1.5
+    account.step(t, data_wait=0.0)
+    t += 30.0  # a stall: 30 s where 1 s steps were usual
+    account.step(t, data_wait=0.0)
+    account.finish(t + 0.2)
+    s = account.seconds
+    assert s["startup"] == pytest.approx(2.5)
+    assert s["checkpoint_restore"] == pytest.approx(1.0)
+    assert s["data_wait"] == pytest.approx(0.5 + 10 * 0.25)
+    assert s["checkpoint_save"] == pytest.approx(0.5)
+    assert s["stall"] == pytest.approx(30.0 - 0.75)  # beyond the median step
+    assert s["unattributed"] == pytest.approx(0.2)
+    assert s["productive"] == pytest.approx(10 * 0.75 + 1.0 + 0.75)
+    assert sum(s.values()) == pytest.approx(t + 0.2)  # wall: process start to finish
+    assert account.resumed == -1
+    assert account.marks[-1] == (10, pytest.approx(7.5))
+
+
+def test_rollback_discards_progress_since_the_restored_checkpoint_once() -> None:
+    manager = Manager()
+    account = account_with_steps(manager)
+    account.step(1.0, None)  # startup
+    t = 1.0
+    for step in range(1, 21):
+        t += 1.0
+        account.step(t, None)
+        if step in (5, 10):
+            manager.event(gp.SAVE, t + 0.01, t + 0.01, step)
+    # rollback to step 10 after step 20: steps 11..20 (10 s) are thrown away
+    manager.event(gp.RESTORE, t + 0.1, t + 0.3, 10)
+    t += 1.0
+    account.step(t, None)
+    assert account.discarded == pytest.approx(10.0)
+    assert account.goodput == pytest.approx(10.0 + 0.8)  # steps 1..10, then 1 s - 0.2 s restore
+    # a second rollback, to step 5: only the kept progress since 5 is discarded again
+    manager.event(gp.RESTORE, t + 0.1, t + 0.1, 5)
+    t += 1.0
+    account.step(t, None)
+    assert account.discarded == pytest.approx(10.0 + 5.8)
+    # a rollback that failed on some rank changed nothing: its time is restore, no discard
+    manager.event(gp.RESTORE, t + 0.1, t + 0.5, None)
+    t += 1.0
+    account.step(t, None)
+    assert account.discarded == pytest.approx(10.0 + 5.8)
+    assert account.seconds["productive"] - account.discarded == pytest.approx(account.goodput)
+
+
+def report(g: gp.RankAccount) -> gp.RankGoodput:
+    parsed = gp.parse(g.wire())
+    assert parsed is not None
+    return parsed
+
+
+def test_ledger_incarnations_downtime_stall_and_restart_discard(tmp_path: Path) -> None:
+    now = [1000.0]
+    ledger = gp.Ledger(gp.LedgerFile(tmp_path / "g.db"), wall=lambda: now[0])
+    old = [gp.RankAccount(0.0, 1000.0, Manager()) for _ in range(2)]
+    for rank, account in enumerate(old):
+        t = 2.0
+        account.step(t, None)  # startup 2 s
+        for step in range(1, 11):
+            t += 1.0
+            account.step(t, None)
+            if step == 5:
+                account._checkpoints.event(gp.SAVE, t, t, 5)
+        ledger.ingest("job-a", "inc1", rank, False, report(account), 1000.0 + 15.0)
+    # killed at 1015 (last heartbeat); relaunched processes start at 1020
+    new = gp.RankAccount(0.0, 1020.0, Manager())
+    ledger.ingest("job-a", "inc2", 0, False, report(new), 1020.5)
+    totals = ledger.totals(["job-a"])["job-a"]
+    assert totals["stall"] == pytest.approx(2 * 3.0)  # last report 1012 -> heartbeat 1015
+    assert totals["downtime"] == pytest.approx(5.0)
+    assert totals["discarded_restart"] == 0.0  # not known until the new rank resumed
+    new.resumed = 5
+    ledger.ingest("job-a", "inc2", 0, False, report(new), 1021.0)
+    totals = ledger.totals(["job-a"])["job-a"]
+    # each old rank kept 10 s, of which 5 s were saved at step 5
+    assert totals["discarded_restart"] == pytest.approx(2 * 5.0)
+    parts = sum(totals[k] for k in gp.KINDS)
+    assert parts == pytest.approx(totals["wall"])
+    assert totals["wall"] == pytest.approx(2 * 15.0 + 5.0)
+    # a late datagram of the retired incarnation changes nothing
+    ledger.ingest("job-a", "inc1", 1, False, report(old[1]), 1030.0)
+    assert ledger.totals(["job-a"])["job-a"] == totals
+
+
+def test_ledger_survives_restart_without_reset_or_double_count(tmp_path: Path) -> None:
+    path = tmp_path / "g.db"
+    account = gp.RankAccount(0.0, 1000.0, None)
+    account.step(1.0, None)
+    for t in range(2, 12):
+        account.step(float(t), 0.1)
+    ledger = gp.Ledger(gp.LedgerFile(path))
+    ledger.ingest("job-b", "inc1", 0, False, report(account), 1011.0)
+    served = ledger.totals(["job-b"])["job-b"]  # served: written to disk first
+    ledger.ingest("job-b", "inc1", 0, False, report(account), 1011.5)  # same totals again
+    del ledger  # the exporter dies without closing
+    reopened = gp.Ledger(gp.LedgerFile(path))
+    assert reopened.totals(["job-b"])["job-b"] == served
+    for t in range(12, 15):
+        account.step(float(t), 0.1)
+    reopened.ingest("job-b", "inc1", 0, False, report(account), 1014.0)
+    after = reopened.totals(["job-b"])["job-b"]
+    assert reopened.rank_seconds(["job-b"]) == {
+        "job-b": {0: {"data_wait": pytest.approx(1.3), "checkpoint_save": 0.0}}}
+    assert after["wall"] == pytest.approx(14.0)  # 1 s startup + 13 steps, counted once
+    assert after["data_wait"] == pytest.approx(1.3)
+    assert all(after[k] >= served[k] for k in served)
+
+
+def test_datagram_goodput_is_validated() -> None:
+    account = gp.RankAccount(0.0, 1000.0, None)
+    base = {"v": 1, "job": "j", "rank": 0, "world_size": 1, "incarnation": "ab"}
+    assert decode(encode({**base, "goodput": account.wire()})).goodput is not None
+    for bad in ({"seconds": [1.0]}, {**account.wire(), "seconds": [-1.0] * 7},
+                {**account.wire(), "marks": [["x", 1.0]]}, {**account.wire(), "resumed": -2},
+                {**account.wire(), "start": float("nan")}, "x"):
+        with pytest.raises(WireError):
+            decode(encode({**base, "goodput": bad}))
+
+
+def test_a_new_process_under_the_same_incarnation_id_is_counted_from_zero() -> None:
+    ledger = gp.Ledger()
+    first = gp.RankAccount(0.0, 1000.0, None)
+    first.step(1.0, None)
+    for t in range(2, 11):
+        first.step(float(t), None)
+    ledger.ingest("job-c", "same", 0, False, report(first), 1012.0)  # killed after 1012
+    second = gp.RankAccount(0.0, 1015.0, None)  # relaunched at 1015, same incarnation id
+    second.step(2.0, None)
+    second.step(3.0, None)
+    ledger.ingest("job-c", "same", 0, False, report(second), 1018.0)
+    totals = ledger.totals(["job-c"])["job-c"]
+    assert totals["stall"] == pytest.approx(2.0)  # last report 1010 -> heartbeat 1012
+    assert totals["downtime"] == pytest.approx(3.0)
+    assert totals["startup"] == pytest.approx(1.0 + 2.0)
+    assert totals["productive"] == pytest.approx(9.0 + 1.0)
+    assert totals["wall"] == pytest.approx(18.0)
