@@ -89,6 +89,16 @@ def panel_queries(dashboard: Mapping[str, Any],
             if target.get("expr")]
 
 
+def annotation_queries(dashboard: Mapping[str, Any],
+                       variables: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """[(annotation name, PromQL)] of the dashboard's Prometheus annotations, substituted as
+    panel queries are (Grafana's schema types leave an annotation's `expr` unchecked)."""
+    values = {**BUILTINS, **variable_defaults(dashboard), **(variables or {})}
+    return [(a["name"], substitute(a["expr"], values))
+            for a in dashboard.get("annotations", {}).get("list", [])
+            if (a.get("datasource") or {}).get("type") == "prometheus" and a.get("expr")]
+
+
 def variable_selectors(dashboard: Mapping[str, Any],
                        variables: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """[(variable name, series selector)] of each label_values() variable query."""

@@ -26,6 +26,24 @@ TSCONFIG = {"compilerOptions": {"strict": True, "noEmit": True, "module": "noden
                                 "skipLibCheck": True}}
 
 
+# Fields of an annotation query that belong to its data source's query model, which
+# @grafana/schema does not carry (it types an annotation's query as the generic DataQuery and
+# has no Prometheus query type; Grafana's Prometheus data source reads `expr` from the
+# annotation). They are taken out before the type check and checked as PromQL instead
+# (tests/dashboards/test_queries_parse.py, annotation queries).
+DATASOURCE_QUERY_FIELDS = {"prometheus": ("expr",)}
+
+
+def without_datasource_query_fields(doc: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the dashboard without its annotations' data-source-specific query fields."""
+    doc = json.loads(json.dumps(doc))
+    for annotation in doc.get("annotations", {}).get("list", []):
+        kind = (annotation.get("datasource") or {}).get("type")
+        for field in DATASOURCE_QUERY_FIELDS.get(kind, ()):
+            assert isinstance(annotation.pop(field, ""), str), (annotation.get("name"), field)
+    return doc
+
+
 def typecheck(dashboards: dict[str, dict[str, Any]], workdir: Path) -> str:
     """tsc's diagnostics for the dashboards (empty: all valid), one .ts file per dashboard."""
     if not TSC.exists():
@@ -35,8 +53,9 @@ def typecheck(dashboards: dict[str, dict[str, Any]], workdir: Path) -> str:
     files = []
     for name, doc in dashboards.items():
         path = workdir / (Path(name).stem.replace("-", "_") + ".ts")
+        literal = json.dumps(without_datasource_query_fields(doc), indent=1)
         path.write_text("import type { Dashboard } from '@grafana/schema';\n"
-                        f"export const dashboard = {json.dumps(doc, indent=1)} "
+                        f"export const dashboard = {literal} "
                         "satisfies Dashboard;\n")
         files.append(path.name)
     (workdir / "tsconfig.json").write_text(json.dumps({**TSCONFIG, "files": files}))
@@ -64,6 +83,9 @@ def test_every_dashboard_type_checks_against_grafanas_schema(tmp_path: Path) -> 
     ("style", lambda d: d.update(style="dark")),
     ("a wrong type", lambda d: d.update(refresh=30)),
     ("an unknown panel field", lambda d: d["panels"][0].update(colour="red")),
+    ("an unknown annotation field", lambda d: d.setdefault("annotations", {}).setdefault(
+        "list", []).append({"datasource": {"type": "prometheus", "uid": "x"}, "enable": True,
+                            "iconColor": "red", "name": "n", "colour": "red"})),
 ])
 def test_the_check_catches_what_the_schema_forbids(tmp_path: Path, where: str, mutate: Any
                                                    ) -> None:

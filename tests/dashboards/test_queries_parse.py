@@ -65,3 +65,15 @@ def test_every_panel_query_parses_with_promql_parser(name: str) -> None:
 def test_promql_parser_refuses_what_prometheus_refuses() -> None:
     with pytest.raises(ValueError):
         promql_parser.parse("rate(up[$__rate_interval])")
+
+
+@pytest.mark.parametrize("name", sorted(load_all()))
+def test_every_annotation_query_parses(prom: str, name: str) -> None:
+    bad = []
+    queries = check.annotation_queries(load_all()[name])
+    for title, expr in queries:
+        promql_parser.parse(expr)
+        response = _query(prom, expr)
+        if response.status_code != 200:
+            bad.append(f"{title}: {response.json().get('error')}\n  {expr}")
+    assert not bad, "\n".join(bad)
