@@ -241,7 +241,7 @@ def test_job_and_rank_from_launcher_environment(tmp_path: Path,
 
 @pytest.mark.parametrize("kwargs", [
     {"job": "../escape"}, {"job": "a/b"}, {"job": ""}, {"rank": -1},
-    {"overflow": "maybe"}, {"capacity": 0},
+    {"overflow": "maybe"}, {"capacity": 0}, {"wake_batches": 0},
 ])
 def test_bad_arguments_are_refused_before_touching_disk(tmp_path: Path, kwargs: dict) -> None:
     args = {"job": "ok", "rank": 0, **kwargs}
