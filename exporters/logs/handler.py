@@ -22,6 +22,9 @@ Choices a user should know about (see docs/logging.md):
   for room instead (for logs that must not be lost, at the price of stalling the loop).
 * Layout: `layout="ecs"` (default) follows Elastic's ECS logging spec; `layout="ecs-logging"`
   writes exactly what Elastic's `ecs-logging` package writes (slower; see ecs_compat.py).
+* Wake-ups: the writer wakes on its timer (`flush_interval`) and when half the capacity
+  waits (`wake_batches`), never per so many records: each wake-up costs the training loop
+  forced GIL hand-offs whose price depends on the CPU and the kernel (issue 29).
 * Records are flushed by `flush()`, `close()` (idempotent), at interpreter exit and on
   SIGTERM (chained to the previous SIGTERM handler). A stalled disk cannot hang exit: close
   waits at most `close_timeout` seconds and reports what it had to abandon.
@@ -58,11 +61,6 @@ OVERFLOW_POLICIES = ("drop", "block")
 # package writes for the same record (slower; for pipelines built around that formatter).
 LAYOUTS = ("ecs", "ecs-logging")
 _IMMUTABLE_ARG_TYPES = frozenset({int, float, str, bytes, bool, type(None)})
-# Callers wake the writer once this many encoded batches wait (at most a quarter of the
-# capacity). Each wake-up costs the caller two forced GIL hand-offs (see _run), and each one
-# waits for the writer thread to be scheduled: on a busy machine that is where a queueing
-# handler loses most. 16 batches of 256 records is ~1.6 MB of lines per write.
-_WAKE_BATCHES = 16
 
 
 class LineWriter(Protocol):
@@ -104,6 +102,7 @@ class AsyncEcsHandler(logging.Handler):
         use_orjson: bool = True,
         install_signal_handler: bool = True,
         encode_on_caller: bool = True,
+        wake_batches: int | None = None,
         level: int = logging.NOTSET,
     ) -> None:
         super().__init__(level)
@@ -115,6 +114,8 @@ class AsyncEcsHandler(logging.Handler):
             raise ValueError("capacity and batch_size must be >= 1")
         if flush_interval <= 0 or close_timeout <= 0:
             raise ValueError("flush_interval and close_timeout must be > 0")
+        if wake_batches is not None and wake_batches < 1:
+            raise ValueError("wake_batches must be >= 1 (or None: half the capacity)")
         self.job = validate_job(job if job is not None else detect_job())
         self.rank = validate_rank(rank if rank is not None else detect_rank())
         if writer is None:
@@ -134,9 +135,14 @@ class AsyncEcsHandler(logging.Handler):
         self._block = overflow == "block"
         self._batch_size = batch_size
         self._wake_at = min(batch_size, capacity) - 1
-        # Callers wake the writer once several encoded batches wait (fewer GIL hand-offs and
-        # thread switches); its timer writes whatever waits within `flush_interval`.
-        self._wake_batches = max(1, min(_WAKE_BATCHES, capacity // batch_size // 4))
+        # Encoded batches that may wait for the writer: with the batch being filled, at most
+        # `capacity` records are held (see _encode_on_caller_batch).
+        self._room = max(1, capacity // batch_size - 1)
+        # The writer wakes on its timer (`flush_interval`), and a caller wakes it early only
+        # when half the room is taken: the number of wake-ups, and so of GIL hand-offs
+        # between the writer and the training loop, is set by the clock, not by how much
+        # is logged (issue 29: what a hand-off costs depends on the CPU and the kernel).
+        self._wake_batches = wake_batches or max(1, self._room // 2)
         self._flush_interval = flush_interval
         self._close_timeout = close_timeout
         self._queue: deque[logging.LogRecord] = deque()
@@ -145,9 +151,10 @@ class AsyncEcsHandler(logging.Handler):
         self._taken: deque[list] = deque()
         # Blocks the writer has written, kept until a caller encodes its next batch: that
         # caller drops one just before it allocates the next block, so the allocator hands
-        # the same memory back (see _encode_on_caller_batch). Bounded by two writes' worth;
-        # cleared when idle.
-        self._spent: deque[bytes] = deque(maxlen=2 * self._wake_batches)
+        # the same memory back (see _encode_on_caller_batch). Bounded by the room (the
+        # writer keeps `_spent` and `_taken` together within it: `capacity` records' worth
+        # at most, on top of those waiting); cleared when idle.
+        self._spent: deque[bytes] = deque(maxlen=self._room)
         self._encode_on_caller = encode_on_caller
         self._wake = threading.Event()
         self._cond = threading.Condition()
@@ -263,7 +270,7 @@ class AsyncEcsHandler(logging.Handler):
             taken = self._taken
             # Batches waiting for the writer, counted as full ones, leave room for the batch
             # being filled, so at most `capacity` records are held.
-            room = max(1, self._capacity // self._batch_size - 1)
+            room = self._room
             if len(taken) >= room:
                 if self._block:
                     with self._cond:
@@ -276,6 +283,7 @@ class AsyncEcsHandler(logging.Handler):
                     deque(map(call, (partial(dropped.extend, queue), queue.clear)), maxlen=0)
                     with self._drop_lock:
                         self._dropped += len(dropped)
+                    self._wake.set()  # the writer must be on its way (it reports the drops)
                     return
             spent = self._spent
             if spent:
@@ -348,17 +356,19 @@ class AsyncEcsHandler(logging.Handler):
         while True:
             woken = self._wake.wait(self._flush_interval)
             self._wake.clear()
-            # A caller's wake-up means "a batch is encoded": the writer leaves the partly
-            # filled queue to the callers then. It takes the queue itself on the timer (records
-            # are written within flush_interval), for flush()/close(), and when it encodes.
             flush_wanted, self._flush_wanted = self._flush_wanted, False
-            everything = not woken or flush_wanted or not self._encode_on_caller
-            # Woken by a caller: write what waits, then wait again unless a full wake-up's
-            # worth is waiting already. Every return from a write needs the GIL back, which the
-            # caller only gives up when forced (after sys.getswitchinterval()): each extra
-            # round costs the training loop a forced thread switch.
-            wrote = self._drain(take_queue=everything,
-                                least=1 if everything else self._wake_batches)
+            if flush_wanted or self._stopping or not self._encode_on_caller:
+                # flush()/close()/SIGTERM, or the writer encodes: everything, until empty.
+                wrote = self._drain(take_queue=True)
+            else:
+                # Woken by a caller (half the room is taken) or by the timer: one write of
+                # what waits, then wait again. Every return from a blocking call needs the GIL
+                # back, which the training loop only gives up when forced (after
+                # sys.getswitchinterval()), so each round costs the loop a forced thread
+                # switch: the writer never loops after callers that keep logging. On the
+                # timer it also takes the partly filled queue (records are written within
+                # `flush_interval`); callers encode it otherwise.
+                wrote = self._drain(take_queue=not woken, once=True)
             if not woken and not wrote:  # idle for a whole interval: give the memory back
                 self._spent.clear()
             if self._stopping:
@@ -366,15 +376,15 @@ class AsyncEcsHandler(logging.Handler):
                 self._spent.clear()
                 return
 
-    def _drain(self, take_queue: bool, least: int = 1) -> bool:
-        """Write the waiting batches (and the queue, if `take_queue`) until fewer than `least`
-        batches wait; True if it wrote any."""
+    def _drain(self, take_queue: bool, once: bool = False) -> bool:
+        """Write the waiting batches (and the queue, if `take_queue`): until none wait, or
+        `once`: what waits now, in one write. True if it wrote any."""
         taken = self._taken
         wrote = False
         while True:
             with self._cond:
-                if ((len(taken) < least and not (take_queue and self._queue))
-                        and self._dropped == self._dropped_reported):
+                if (wrote and once) or (not taken and not (take_queue and self._queue)
+                                        and self._dropped == self._dropped_reported):
                     self._cond.notify_all()
                     return wrote
                 wrote = True
@@ -383,7 +393,7 @@ class AsyncEcsHandler(logging.Handler):
                 self._take()
             parts: list[bytes] = []
             count = 0
-            while taken and count < self._batch_size * self._wake_batches:
+            while taken and count < self._batch_size * self._room:
                 batch = taken.popleft()[:]  # a copy: its caller may still be encoding it
                 if len(batch) == 2 and type(batch[1]) is bytes:  # encoded: [count, bytes]
                     count += batch[0]
@@ -405,7 +415,11 @@ class AsyncEcsHandler(logging.Handler):
                     self._writer.flush()
                 self.written += count
                 if self._encode_on_caller:
-                    self._spent.extend(parts)  # callers free them (_encode_on_caller_batch)
+                    spent = self._spent  # callers free them (_encode_on_caller_batch)
+                    spent.extend(parts)
+                    with suppress(IndexError):  # waiting and kept blocks: within the room
+                        while len(spent) + len(taken) > self._room:
+                            spent.popleft()
             except Exception as exc:  # a full disk must not kill the writer
                 self.lost += count
                 print(f"trainwatch AsyncEcsHandler: lost {count} records: {exc!r}",
