@@ -17,6 +17,10 @@ DEB_PACKAGES+=(victoria-metrics)
 # docker-compose (`config -q` on compose/), podman + runc (build and run the compose images
 # without a Docker engine or systemd): tests/field_checks/
 DEB_PACKAGES+=(docker-compose podman runc)
+# slurmctld, slurmd, slurm-client, munge: the real scheduler the remediation service drains
+# nodes and requeues jobs in (issue 23); tests/slurm start a cluster of their own under a tmp
+# dir (one `slurmd -N` per node, a munge key of its own), never the machine's.
+DEB_PACKAGES+=(slurmctld slurmd slurm-client munge)
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
