@@ -25,6 +25,7 @@ class NodeState:
     name: str
     state: str  # the scheduler's word, lower case: idle, allocated, mixed, drained, down...
     reason: str
+    since: str = ""  # when the reason was set, as the scheduler prints it (ISO 8601, local)
 
     @property
     def in_service(self) -> bool:

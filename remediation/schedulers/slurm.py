@@ -64,13 +64,14 @@ class SlurmScheduler:
     def node_states(self, nodes: tuple[str, ...]) -> dict[str, NodeState]:
         """The state of each named node (one sinfo of every node, filtered here by exact name,
         so no hostlist is ever built)."""
-        out = self._run("sinfo", "--noheader", "--Node", "--format=%N|%T|%E")
+        out = self._run("sinfo", "--noheader", "--Node", "--format=%N|%T|%H|%E")
         states: dict[str, NodeState] = {}
         for line in out.splitlines():
-            name, _, rest = line.partition("|")
-            state, _, reason = rest.partition("|")
+            name, state, since, reason = line.split("|", 3) if line.count("|") >= 3 else (
+                line, "", "", "")
             if name in nodes:
-                states[name] = NodeState(name, state.strip().lower(), reason.strip())
+                states[name] = NodeState(name, state.strip().lower(), reason.strip(),
+                                         since.strip())
         return states
 
     def jobs_on(self, node: str) -> list[Job]:

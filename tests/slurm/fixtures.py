@@ -24,9 +24,11 @@ os.execv({real!r}, [{real!r}, *sys.argv[1:]])
 """
 
 
-def write_inventory(path: Path) -> Path:
+def write_inventory(path: Path, host_vars: dict[str, dict[str, Any]] | None = None) -> Path:
+    """The three GPU hosts, local connections, each mapped to its Slurm node."""
     hosts = {host: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-                    "scheduler_node_name": node} for host, node in HOSTS.items()}
+                    "scheduler_node_name": node, **(host_vars or {}).get(host, {})}
+             for host, node in HOSTS.items()}
     path.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
     return path
 
