@@ -173,7 +173,7 @@ def drain_reason(plan: Plan) -> str:
     fault = plan.fault
     xid = f" XID {fault.xid}" if fault.xid is not None else ""
     return (f"{fault.alertname}{xid} intent {plan.intent_id}: quarantine ({fault.fault_class}),"
-            f" job requeued; resume after node_health_check")
+            f" job requeued, resume after node_health_check")
 
 
 def page(session: requests.Session, config: Config, decision: str, reason: str,

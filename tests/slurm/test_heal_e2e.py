@@ -1,0 +1,135 @@
+"""Issue 23, acceptance 1 (the job side, end to end on the Slurm test cluster): a 2-node job
+submitted with sbatch (srun starts torchrun on each node, c10d rendezvous, gloo) loses a GPU on
+one node: XID 79, then GpuLost, each delivered by both Alertmanagers to both remediation
+replicas. Without a human the node is drained with a reason naming the alert and intent, the
+job is requeued, it resumes on the two healthy nodes (one the spare) from its newest committed
+checkpoint, and its steps go on; every rank's parameters after the resume equal those of a
+reference restored from the same checkpoint; scontrol drained once and requeued once.
+
+The alerts are posted as Alertmanager posts them (tests/slurm/test_quarantine.py covers the
+rails); the rule and Alertmanager path from the fake NVML to the webhook is the existing
+stack's (tests/e2e).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from exporters.training.checkpoint import CheckpointManager, weights_digest
+from tests.remediation.helpers import REPO, alert
+from tests.slurm.cluster import SlurmCluster
+from tests.slurm.fixtures import drains, job_nodes, quarantine_book, requeues
+from tests.slurm.test_quarantine import NODE_HOST, deliver, running_on, services
+from tests.support.net import free_port, wait_until
+
+FEATURES = 16  # examples/train_ddp.py's model
+JOB = "heal-e2e"
+
+
+def job_script(out: Path, ckpt: Path, port: int) -> str:
+    """sbatch script: one torchrun agent per node through srun, c10d rendezvous on loopback
+    (every test node is this machine), a fresh rendezvous id per incarnation."""
+    train = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+             "--rdzv-id=heal-${SLURM_JOB_ID}-${SLURM_RESTART_COUNT:-0}",
+             str(REPO / "examples" / "train_ddp.py"), "--job", JOB, "--steps", "100000",
+             "--step-time", "0.1", "--print-every", "1", "--checkpoint-dir", str(ckpt),
+             "--checkpoint-every", "5", "--keep-checkpoints", "1000", "--sync-checkpoints"]
+    return "\n".join([
+        "#!/bin/bash",
+        "#SBATCH --nodes=2 --requeue --open-mode=append",
+        f"#SBATCH --output={out}",
+        "export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1",
+        "echo '{\"event\": \"incarnation\", \"restart_count\": '${SLURM_RESTART_COUNT:-0}', "
+        "\"nodes\": \"'$SLURM_JOB_NODELIST'\"}'",
+        "exec srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 " + " ".join(train),
+        ""])
+
+
+def events(out: Path) -> list[dict[str, Any]]:
+    found = []
+    for line in out.read_text(errors="replace").splitlines() if out.exists() else ():
+        if line.startswith("{"):
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                continue
+    return found
+
+
+def of(evs: list[dict[str, Any]], name: str, **match: Any) -> list[dict[str, Any]]:
+    return [e for e in evs if e.get("event") == name
+            and all(e.get(k) == v for k, v in match.items())]
+
+
+def reference_digest(ckpt: Path, step: int) -> str:
+    """The weights a fresh single process restores from the checkpoint of `step`."""
+    torch.manual_seed(0)  # different initial weights: only the restore can make them equal
+    net = nn.Sequential(nn.Linear(FEATURES, 64), nn.LeakyReLU(0.1), nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+    manager = CheckpointManager(ckpt, net, optimizer, keep=1000, asynchronous=False)
+    try:
+        restored = manager.rollback(before_step=step + 1)
+        assert restored.step == step
+        return weights_digest(net)
+    finally:
+        manager.close()
+
+
+def test_lost_gpu_node_drained_job_requeued_and_resumed_from_checkpoint(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    out, ckpt = tmp_path / "job.out", tmp_path / "ckpt"
+    script = tmp_path / "job.sh"
+    script.write_text(job_script(out, ckpt, free_port()))
+    submitted = slurm.run(["sbatch", "--parsable", f"--chdir={tmp_path}", str(script)])
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    first = running_on(slurm, job)
+    assert len(first) == 2
+    wait_until(lambda: len({e["step"] for e in of(events(out), "checkpoint_saved")}) >= 2,
+               timeout=180, interval=0.5, what="two committed checkpoints")
+    bad = first[0]
+    host = NODE_HOST[bad]
+    xid = alert("GpuXidErrors", {"node": host, "gpu": "0", "xid": "79"},
+                fingerprint="1a2b3c4d5e6f7081")
+    lost = alert("GpuLost", {"node": host, "gpu": "0"}, fingerprint="9a8b7c6d5e4f3021")
+    with services(tmp_path / "svc", slurm, [quarantine_book()], replicas=2,
+                  min_healthy_fraction=0.5) as (svcs, log, _):
+        for payload_alert in (xid, lost):
+            for _ in range(2):  # both Alertmanagers
+                for svc in svcs:  # both replicas
+                    deliver(svc, payload_alert)
+        for svc in svcs:
+            svc.wait_idle(120)
+        assert len(drains(log)) == 1 and len(requeues(log)) == 1
+        [acted] = svcs[0].audit("acted")
+    # whichever of the two alerts a worker took first names the drain
+    named = "GpuXidErrors XID 79" if acted["alertname"] == "GpuXidErrors" else "GpuLost"
+    assert slurm.node_reason(bad) == (
+        f"trainwatch: {named} intent {acted['intent_id']}: quarantine (hardware), job "
+        "requeued, resume after node_health_check")
+    # the new incarnation: on the two healthy nodes, resumed from the newest committed
+    # checkpoint, and stepping on
+    second = running_on(slurm, job, timeout=120)
+    assert bad not in second and len(second) == 2
+    resumed = wait_until(lambda: (lambda r: r if len(r) == 2 else None)(
+        of(events(out), "resumed")), timeout=180, interval=0.5, what="both ranks resumed")
+    step = resumed[0]["step"]
+    assert {r["step"] for r in resumed} == {step}
+    wait_until(lambda: any(e["step"] >= step + 3 for e in of(events(out), "step")
+                           if e["time"] > resumed[0]["time"]), timeout=120, interval=0.5,
+               what="steps after the resume")
+    saved_before = {e["step"] for e in of(events(out), "checkpoint_saved")
+                    if e["time"] < resumed[0]["time"]}
+    assert step - 1 == max(saved_before), "resumed from the newest committed checkpoint"
+    assert of(events(out), "incarnation", restart_count=1)
+    slurm.run(["scancel", job])
+    wait_until(lambda: job_nodes(slurm, job)[0] == "", timeout=60, what="job gone")
+    reference = reference_digest(ckpt, step - 1)
+    assert {r["weights_sha256"] for r in resumed} == {reference}
