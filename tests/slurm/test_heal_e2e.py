@@ -47,7 +47,7 @@ def job_script(out: Path, ckpt: Path, port: int) -> str:
         f"#SBATCH --output={out}",
         "export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1",
         "echo '{\"event\": \"incarnation\", \"restart_count\": '${SLURM_RESTART_COUNT:-0}', "
-        "\"nodes\": \"'$SLURM_JOB_NODELIST'\"}'",
+        "\"time\": '$(date +%s.%N)', \"nodes\": \"'$SLURM_JOB_NODELIST'\"}'",
         "exec srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 " + " ".join(train),
         ""])
 
