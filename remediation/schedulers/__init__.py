@@ -21,6 +21,10 @@ def for_config(config: Config) -> Scheduler:
         from remediation.schedulers.slurm import SlurmScheduler
 
         return SlurmScheduler(settings)
+    if settings.kind == "torchrun_elastic":
+        from remediation.schedulers.torchrun_elastic import TorchrunElasticScheduler
+
+        return TorchrunElasticScheduler(config)
     raise SchedulerError(f"unknown scheduler kind {settings.kind!r}")
 
 

@@ -42,7 +42,10 @@ def running_on(cluster: SlurmCluster, job_id: str, timeout: float = 60) -> list[
                    interval=0.2, what=f"job {job_id} running")
     except TimeoutError as exc:
         queue = cluster.run(["squeue", "--format=%i %T %r %N %S"]).stdout
-        raise AssertionError(f"{exc}\n{queue}\n{cluster.logs()}") from exc
+        record = cluster.run(["scontrol", "show", "job", job_id]).stdout
+        outputs = "".join(p.read_text(errors="replace")[-2000:]
+                          for p in cluster.root.glob(f"job-{job_id}.out"))
+        raise AssertionError(f"{exc}\n{queue}\n{record}\n{outputs}\n{cluster.logs()}") from exc
     return [n for n in cluster.nodes if any(j.job_id == job_id for j in scheduler.jobs_on(n))]
 
 
