@@ -222,3 +222,23 @@ def test_application_xid_drains_nothing(slurm: SlurmCluster, tmp_path: Path) -> 
         [record] = svc.audit("not_actionable")
         assert "application" in record["detail"]["plan"]["fault"]["class"]
         assert not [c for c in calls(log) if c[0] == "scontrol"]
+
+
+def test_contained_error_restarts_the_job_without_draining(slurm: SlurmCluster,
+                                                           tmp_path: Path) -> None:
+    """XID 94 (contained memory error: the catalog's RESTART_APP): the job is requeued and
+    restarts at once; no node is drained."""
+    job = submit(slurm)
+    node = running_on(slurm, job)[0]
+    with services(tmp_path, slurm, [quarantine_book()]) as (svcs, log, _):
+        svc = svcs[0]
+        deliver(svc, alert("GpuXidErrors", {"node": NODE_HOST[node], "gpu": "0", "xid": "94"}))
+        svc.wait_idle(60)
+        [acted] = svc.audit("acted")
+        fault = acted["detail"]["results"][0]["result"]["plan"]["fault"]
+        assert (fault["class"], fault["action"]) == ("contained", "restart")
+        assert drains(log) == [] and len(requeues(log)) == 1
+    assert all("drain" not in slurm.node_state(n) for n in slurm.nodes)
+    running_on(slurm, job)  # restarted at once: the requeue hold was lifted
+    record = slurm.run(["scontrol", "show", "job", job]).stdout
+    assert "Restarts=1" in record
