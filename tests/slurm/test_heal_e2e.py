@@ -15,18 +15,25 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import ExitStack
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import requests
 import torch
 from torch import nn
 
+from exporters import catalog
 from exporters.training.checkpoint import CheckpointManager, weights_digest
-from tests.remediation.helpers import REPO, alert
+from tests.remediation.helpers import REPO, TOKEN, auth, stub_server
+from tests.remediation.processes import service_config, start_service
 from tests.slurm.cluster import SlurmCluster
-from tests.slurm.fixtures import drains, job_nodes, quarantine_book, requeues
-from tests.slurm.test_quarantine import NODE_HOST, deliver, running_on, services
+from tests.slurm.fixtures import drains, job_nodes, quarantine_book, requeues, service_overrides
+from tests.slurm.test_quarantine import NODE_HOST, running_on
+from tests.support.alertmanager_config import render_one
 from tests.support.net import free_port, wait_until
+from tests.support.procs import alertmanager
 
 FEATURES = 16  # examples/train_ddp.py's model
 JOB = "heal-e2e"
@@ -96,19 +103,52 @@ def test_lost_gpu_node_drained_job_requeued_and_resumed_from_checkpoint(
                timeout=180, interval=0.5, what="two committed checkpoints")
     bad = first[0]
     host = NODE_HOST[bad]
-    xid = alert("GpuXidErrors", {"node": host, "gpu": "0", "xid": "79"},
-                fingerprint="1a2b3c4d5e6f7081")
-    lost = alert("GpuLost", {"node": host, "gpu": "0"}, fingerprint="9a8b7c6d5e4f3021")
-    with services(tmp_path / "svc", slurm, [quarantine_book()], replicas=2,
-                  min_healthy_fraction=0.5) as (svcs, log, _):
-        for payload_alert in (xid, lost):
-            for _ in range(2):  # both Alertmanagers
-                for svc in svcs:  # both replicas
-                    deliver(svc, payload_alert)
-        for svc in svcs:
-            svc.wait_idle(120)
+    gpu = {"node": host, "gpu": "0", "uuid": "GPU-fake-0", "name": "Fake H100",
+           "severity": "critical", "component": "gpu"}
+    with ExitStack() as stack:
+        pager, _ = stack.enter_context(stub_server())
+        overrides, log = service_overrides(tmp_path, slurm, pager, min_healthy_fraction=0.5)
+        ports = [free_port(), free_port()]
+        replicas = [stack.enter_context(start_service(service_config(
+            tmp_path / f"replica{i}", [quarantine_book()], port=port,
+            store_path=str(tmp_path / "shared.sqlite"), **overrides), port,
+            log_name=f"replica{i}.log")) for i, port in enumerate(ports)]
+        token = tmp_path / "webhook.token"
+        token.write_text(TOKEN)
+        am_config = render_one({
+            "alertmanager_remediation_urls": [f"{r.url}/v1/alerts" for r in replicas],
+            "alertmanager_remediation_token_file": str(token),
+            "alertmanager_group_wait": "1s", "alertmanager_group_interval": "1s",
+            "alertmanager_repeat_interval": "1h"}, tmp_path / "am-render")
+        ams = [stack.enter_context(alertmanager(tmp_path / f"am{i}", am_config))
+               for i in range(2)]
+        starts = datetime.now(timezone.utc).isoformat()
+        for labels in ({"alertname": "GpuXidErrors", "xid": "79", **gpu},
+                       {"alertname": "GpuLost", **gpu}):
+            for am in ams:  # Prometheus sends every alert to each Alertmanager
+                resp = requests.post(f"{am}/api/v2/alerts", timeout=5, json=[{
+                    "labels": labels, "startsAt": starts, "annotations": {"summary": "e2e"},
+                    "generatorURL": "http://prometheus.test/graph"}])
+                assert resp.status_code == 200, resp.text
+
+        def received(replica: Any) -> float:
+            """Alerts this replica's process took in (its own counter, every outcome)."""
+            text = requests.get(f"{replica.url}/metrics", headers=auth(), timeout=5).text
+            return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith(f"{catalog.REMEDIATION_WEBHOOK_ALERTS}{{"))
+
+        # each Alertmanager delivers both alerts to each replica
+        wait_until(lambda: all(received(r) >= 4 for r in replicas), timeout=60,
+                   what="both replicas received both alerts from both Alertmanagers")
+        acted = wait_until(lambda: [a for a in replicas[0].actions()["audit"]
+                                    if a["decision"] == "acted"], timeout=120,
+                           what="the quarantine acted")[0]
+        wait_until(lambda: not replicas[0].actions(state="pending")["actions"]
+                   and not replicas[0].actions(state="running")["actions"], timeout=120,
+                   what="every intent processed")
         assert len(drains(log)) == 1 and len(requeues(log)) == 1
-        [acted] = svcs[0].audit("acted")
+        decisions = [a["decision"] for a in replicas[1].actions()["audit"]]
+        assert decisions.count("acted") == 1 and "already_quarantined" in decisions
     # whichever of the two alerts a worker took first names the drain
     named = "GpuXidErrors XID 79" if acted["alertname"] == "GpuXidErrors" else "GpuLost"
     assert slurm.node_reason(bad) == (
