@@ -242,3 +242,21 @@ def test_contained_error_restarts_the_job_without_draining(slurm: SlurmCluster,
     running_on(slurm, job)  # restarted at once: the requeue hold was lifted
     record = slurm.run(["scontrol", "show", "job", job]).stdout
     assert "Restarts=1" in record
+
+
+def test_node_down_acts_only_on_a_node_that_runs_a_job(slurm: SlurmCluster,
+                                                        tmp_path: Path) -> None:
+    job = submit(slurm)
+    busy = running_on(slurm, job)
+    idle = next(n for n in slurm.nodes if n not in busy)
+    with services(tmp_path, slurm, [quarantine_book(alertnames=("NodeDown",))],
+                  min_healthy_fraction=0.3) as (svcs, log, _):
+        svc = svcs[0]
+        deliver(svc, alert("NodeDown", {"node": NODE_HOST[idle]}))
+        svc.wait_idle(60)
+        [record] = svc.audit("not_actionable")
+        assert "hosts no job" in record["reason"]
+        deliver(svc, alert("NodeDown", {"node": NODE_HOST[busy[0]]}))
+        svc.wait_idle(60)
+        assert [c[1] for c in drains(log)] == [f"NodeName={busy[0]}"]
+        assert len(requeues(log)) == 1
