@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.remediation.conftest import make_service
 from tests.remediation.helpers import REPO, alert
 from tests.slurm.fixtures import quarantine_book
-from tests.slurm.test_heal_e2e import events, of, reference_digest
+from tests.slurm.test_heal_e2e import events, newest_committed_before, of, reference_digest
 from tests.slurm.test_quarantine import deliver
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess
@@ -78,9 +78,7 @@ def test_stopping_the_faulty_nodes_agent_leaves_the_job_running_resharded(
             wait_until(lambda: any(e["step"] >= step + 3 for e in of(events(a.log_path), "step")
                                    if e["time"] > resumed["time"]), timeout=120,
                        interval=0.5, what="steps at world size 1")
-            saved = {e["step"] for e in of(events(a.log_path), "checkpoint_saved")
-                     if e["time"] < resumed["time"]}
-            assert step - 1 == max(saved)
+            assert step - 1 == newest_committed_before(ckpt, step)
         finally:
             a.stop()
             if b is not None:

@@ -71,7 +71,7 @@ def service_overrides(workdir: Path, cluster: SlurmCluster, pager: str, **rails:
         "ansible_inventory": str(write_inventory(workdir / "hosts.yml")),
         "pager_url": f"http://{pager}/page",
         "scheduler": {"kind": "slurm", "bin_dir": str(bin_dir), "slurm_conf": str(cluster.conf),
-                      "command_timeout": "20s", **rails},
+                      "command_timeout": "60s", **rails},
     }
     return overrides, log
 

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from exporters import catalog
-from exporters.training.checkpoint import CheckpointManager, weights_digest
+from exporters.training.checkpoint import MANIFEST, CheckpointManager, weights_digest
 from tests.remediation.helpers import REPO, TOKEN, auth, stub_server
 from tests.remediation.processes import service_config, start_service
 from tests.slurm.cluster import SlurmCluster
@@ -73,6 +73,15 @@ def events(out: Path) -> list[dict[str, Any]]:
 def of(evs: list[dict[str, Any]], name: str, **match: Any) -> list[dict[str, Any]]:
     return [e for e in evs if e.get("event") == name
             and all(e.get(k) == v for k, v in match.items())]
+
+
+def newest_committed_before(ckpt: Path, step: int) -> int:
+    """The newest checkpoint the manifest lists below `step`: the new incarnation writes only
+    from the step it resumed at, so this is the newest the old one committed (a checkpoint
+    committed just before the requeue killed its ranks may never have been announced on
+    stdout, so the manifest, not the events, is the record)."""
+    manifest = json.loads((ckpt / MANIFEST).read_text())["checkpoints"]
+    return max(e["step"] for e in manifest if e["step"] < step)
 
 
 def reference_digest(ckpt: Path, step: int) -> str:
@@ -165,9 +174,8 @@ def test_lost_gpu_node_drained_job_requeued_and_resumed_from_checkpoint(
     wait_until(lambda: any(e["step"] >= step + 3 for e in of(events(out), "step")
                            if e["time"] > resumed[0]["time"]), timeout=120, interval=0.5,
                what="steps after the resume")
-    saved_before = {e["step"] for e in of(events(out), "checkpoint_saved")
-                    if e["time"] < resumed[0]["time"]}
-    assert step - 1 == max(saved_before), "resumed from the newest committed checkpoint"
+    assert step - 1 == newest_committed_before(ckpt, step), (
+        "resumed from the newest committed checkpoint")
     assert of(events(out), "incarnation", restart_count=1)
     slurm.run(["scancel", job])
     wait_until(lambda: job_nodes(slurm, job)[0] == "", timeout=60, what="job gone")

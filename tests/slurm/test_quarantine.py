@@ -70,7 +70,7 @@ def deliver(svc: Service, *alerts: dict[str, Any]) -> None:
 
 
 def settings(cluster: SlurmCluster) -> SchedulerSettings:
-    return SchedulerSettings(slurm_conf=cluster.conf, command_timeout_seconds=20)
+    return SchedulerSettings(slurm_conf=cluster.conf, command_timeout_seconds=60)
 
 
 def test_adapter_drains_requeues_and_resumes_only_its_own_drain(slurm: SlurmCluster) -> None:
