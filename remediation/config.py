@@ -42,6 +42,21 @@ class PgSettings:
 
 
 @dataclass(frozen=True)
+class SchedulerSettings:
+    """Config `scheduler:` (issue 23): where the scheduler's commands are, and the rails of
+    the quarantine action (remediation.actions.quarantine)."""
+
+    kind: str = "slurm"
+    bin_dir: Path | None = None
+    slurm_conf: Path | None = None
+    command_timeout_seconds: float = 30.0
+    max_quarantined: int = 2
+    quarantine_window_seconds: float = 3600.0
+    min_healthy_fraction: float = 0.75
+    fault_classes_file: Path | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything the app, the worker and the actions need; secrets are read once, here."""
 
@@ -81,6 +96,8 @@ class Config:
     breaker_max_by_priority: tuple[tuple[str, int], ...] = ()
     # None: SQLite at store_path (the single-host default); set: PostgreSQL (remediation.pgstore)
     postgresql: PgSettings | None = None
+    # None: no scheduler actions (a quarantine step is refused)
+    scheduler: SchedulerSettings | None = None
 
     @property
     def store_location(self) -> str:
@@ -108,6 +125,21 @@ def _read_secret(path: Path, key: str, source: Path, *, min_length: int = 1) -> 
 def _resolve(base: Path, value: str) -> Path:
     path = Path(value).expanduser()
     return path if path.is_absolute() else (base / path).resolve()
+
+
+def _scheduler(raw: dict[str, object], base: Path) -> SchedulerSettings:
+    out: dict[str, object] = {"kind": raw["kind"]}
+    for key in ("bin_dir", "slurm_conf", "fault_classes_file"):
+        if key in raw:
+            out[key] = _resolve(base, str(raw[key]))
+    for key, name in (("command_timeout", "command_timeout_seconds"),
+                      ("quarantine_window", "quarantine_window_seconds")):
+        if key in raw:
+            out[name] = seconds(raw[key])  # type: ignore[arg-type]
+    for key in ("max_quarantined", "min_healthy_fraction"):
+        if key in raw:
+            out[key] = raw[key]
+    return SchedulerSettings(**out)  # type: ignore[arg-type]
 
 
 def load_config(path: Path) -> Config:
@@ -171,6 +203,8 @@ def config_from_dict(raw: object, source: Path) -> Config:
         store_path = _resolve(base, raw["store_path"])
     else:
         raise ConfigError(f"{source}: store_path is required with the sqlite store")
+    if "scheduler" in raw:
+        optional["scheduler"] = _scheduler(raw["scheduler"], base)
     if breaker:
         optional["breaker_max_actions"] = breaker["max_actions"]
         optional["breaker_window_seconds"] = seconds(breaker["window"])

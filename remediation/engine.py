@@ -24,12 +24,14 @@ from typing import Any
 import requests
 
 from remediation.actions import ACTIONS, ActionContext, ActionError, check_targets
+from remediation.actions import quarantine as quarantine_action
 from remediation.actions import silence as silence_action
 from remediation.config import Config
 from remediation.ingest import ESCALATION_PLAYBOOK
 from remediation.labels import LabelError, safe_labels
 from remediation.playbooks import Playbook
 from remediation.recovery import RecoveryTimes
+from remediation.schedulers import SchedulerError
 from remediation.store import PRIORITIES, Intent, Store
 
 log = logging.getLogger(__name__)
@@ -86,9 +88,10 @@ class Engine:
         self._recheck = min(max(config.poll_interval_seconds * 5, 0.25), 2.0)
 
     # --- decision -------------------------------------------------------------------------
-    def _decide(self, intent: Intent, book: Playbook, labels_ok: bool, reason: str) -> str:
+    def _decide(self, intent: Intent, book: Playbook, labels_ok: bool, reason: str,
+                plan: quarantine_action.Plan | None = None) -> str:
         """Returns 'act', 'resolve_act', 'deferred', or a terminal decision already written to
-        the audit."""
+        the audit. With a quarantine `plan`, its rails run here, in the same transaction."""
         ids = _ids(intent)
         now = time.time()
         with self.store.transaction() as conn:
@@ -113,6 +116,13 @@ class Engine:
             if book.requires_approval and not intent.approved:
                 return finish("awaiting_approval", "awaiting_approval",
                               "playbook requires approval (POST /v1/actions/<id>/approve)")
+            if plan is not None:
+                assert self.config.scheduler is not None  # plan_for refuses without one
+                verdict = quarantine_action.decide(
+                    conn, plan, approved=intent.approved, observe_only=book.observe_only,
+                    settings=self.config.scheduler, now=now)
+                if verdict is not None:
+                    return finish(*verdict)
             key = intent.target_key or ""
             if book.cooldown_seconds > 0:
                 _, last = Store.grants_since(conn, now - book.cooldown_seconds, book.name, key)
@@ -140,6 +150,8 @@ class Engine:
                                   f"{self.config.breaker_window_seconds:.0f}s (limit {limit})")
             conn.execute("INSERT INTO grants (at, playbook, target_key, intent_id, priority)"
                          " VALUES (?,?,?,?,?)", (now, book.name, key, intent.id, priority))
+            if plan is not None:
+                quarantine_action.record_grant(conn, plan, now)
             Store.update_intent(conn, intent.id, decision="act", acted=1)
         return "act"
 
@@ -176,6 +188,16 @@ class Engine:
             labels_ok, reason = True, ""
         except LabelError as exc:
             labels, labels_ok, reason = {}, False, str(exc)
+        plan = None
+        if labels_ok and intent.phase == "fire" and any(
+                step["action"] == "quarantine" for step in book.steps):
+            try:  # classify and resolve the node before anything is decided (issue 23)
+                plan = quarantine_action.plan_for(intent.id, intent.labels, self.config)
+            except LabelError as exc:
+                labels_ok, reason = False, str(exc)
+            except SchedulerError as exc:
+                self._fail(intent, "quarantine", str(exc), terminal=False)
+                return
         decision = intent.decision
         if decision in ("act", "resolve_act"):  # resumed: a retry or a dead process's work
             with self.store.transaction() as conn:
@@ -184,12 +206,17 @@ class Engine:
                 if cancel_if_resolved(conn, intent, intent.next_step):
                     return
         else:
-            decision = self._decide(intent, book, labels_ok, reason)
+            decision = self._decide(intent, book, labels_ok, reason, plan)
+            if plan is not None and decision in ("observe_only", "awaiting_approval"):
+                last = self.store.list_audit(1, intent.id)
+                quarantine_action.page(self.session, self.config, decision,
+                                       last[0]["reason"] if last else decision, plan,
+                                       intent.labels)
         if decision not in ("act", "resolve_act"):
             return
         steps = book.on_resolve if decision == "resolve_act" else book.steps
         ctx = ActionContext(config=self.config, labels=labels, session=self.session,
-                            idempotency_key=intent.idempotency_key)
+                            idempotency_key=intent.idempotency_key, plan=plan)
         results = list(intent.results)
         for index in range(intent.next_step, len(steps)):
             step = steps[index]

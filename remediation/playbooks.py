@@ -50,6 +50,7 @@ class Playbook:
     rate_limit_window_seconds: float = 0.0
     dry_run: bool = False
     requires_approval: bool = False
+    observe_only: bool = False  # quarantine playbooks: audit what would be done, page, act not
     priority: str = "normal"  # low | normal | high: which circuit breaker it answers to
     used_labels: frozenset[str] = field(default_factory=frozenset)
 
@@ -110,6 +111,7 @@ def parse_playbook(doc: object, source: Path) -> Playbook:
         rate_limit_window_seconds=seconds(rate["window"]) if rate else 0.0,
         dry_run=bool(doc.get("dry_run", False)),
         requires_approval=bool(doc.get("requires_approval", False)),
+        observe_only=bool(doc.get("observe_only", False)),
         priority=doc.get("priority", "normal"),
         used_labels=frozenset(used),
     )

@@ -20,6 +20,10 @@ DEB_PACKAGES+=(docker-compose podman runc)
 # dashboards/schema/ (tests/dashboards/test_grafana_schema.py); a Node.js already installed
 # otherwise is used as it is
 command -v npm >/dev/null 2>&1 || DEB_PACKAGES+=(npm)
+# slurmctld, slurmd, slurm-client, munge: the real scheduler the remediation service drains
+# nodes and requeues jobs in (issue 23); tests/slurm start a cluster of their own under a tmp
+# dir (one `slurmd -N` per node, a munge key of its own), never the machine's.
+DEB_PACKAGES+=(slurmctld slurmd slurm-client munge)
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

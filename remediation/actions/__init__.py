@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from remediation.actions import ansible, http, silence, training_command
+from remediation.actions import ansible, http, quarantine, silence, training_command
 from remediation.actions.base import ActionContext, ActionError
 from remediation.config import Config
 
@@ -21,6 +21,7 @@ ACTIONS: dict[str, Runner] = {
     "ansible": ansible.run,
     "silence": silence.run,
     "http": http.run,
+    "quarantine": quarantine.run,
 }
 
 # Checks an action makes before anything is granted (e.g. that a host target names exactly one

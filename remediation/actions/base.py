@@ -22,6 +22,8 @@ class ActionContext:
     idempotency_key: str  # stable across retries and restarts of the same step
     session: requests.Session
     dry_run: bool = False
+    # what the engine decided before the steps (remediation.actions.quarantine.Plan), if any
+    plan: Any = None
 
     @property
     def template_config(self) -> dict[str, str | None]:

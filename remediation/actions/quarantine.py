@@ -1,0 +1,211 @@
+"""`quarantine`: take the faulty node out of the scheduler and restart the job without it.
+
+Three parts, in the engine's order (remediation/engine.py calls the first two):
+
+1. `plan_for` (before the decision, outside any transaction): classify the alert with the
+   fault-class table (remediation.faults), resolve the suspect through the inventory's node
+   mapping (a label that is a hostlist, a pattern or an unknown name raises LabelError: the
+   intent is refused before any command runs) and read the pool's state from the scheduler.
+2. `decide` (inside the engine's decision transaction, so two replicas are serialised):
+   the rails. Observe-only playbooks record what would be done and page. A node already
+   quarantined inside the window (the same fault seen again: XID 79, then GpuLost) is not
+   drained or requeued again. Past `max_quarantined` nodes per window, or below
+   `min_healthy_fraction` of the pool in service, the intent waits for approval and the
+   on-call is paged. A granted quarantine is recorded as a grant row of its own
+   (playbook `:quarantine`, target the scheduler node, priority -1 so no breaker counts it).
+3. `run` (the step): drain with a reason naming the alert, the intent and the intent's plan,
+   then requeue the jobs running on the node (the job restarts from its newest committed
+   checkpoint on the nodes in service). For `restart` (the evidence names more than one
+   node, or the fault is the job's), the jobs are requeued and nothing is drained.
+
+A node returns to service only through `remediation.cli resume-node` after the
+node_health_check playbook passed on it, never because an alert resolved (a lost GPU stops
+being scraped, so its alert resolves by itself): this action has no on_resolve.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from remediation.actions.base import ActionContext, ActionError
+from remediation.config import Config, SchedulerSettings
+from remediation.faults import (
+    DEFAULT_TABLE,
+    Evidence,
+    Fault,
+    FaultTable,
+    NodeMap,
+    classify,
+    load_table,
+)
+from remediation.labels import LabelError, safe_labels
+from remediation.schedulers import SchedulerError, for_config
+
+log = logging.getLogger(__name__)
+
+GRANT_PLAYBOOK = ":quarantine"  # no playbook name starts with ':' (schema: ^[a-z])
+GRANT_PRIORITY = -1  # below every breaker's minimum: the playbook's own grant counts there
+# The labels classification reads (each allowlisted first, like every label the engine uses).
+CLASSIFY_LABELS = ("alertname", "node", "xid", "rank", "training_job", "gpu")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the engine decided to do about one intent, before any step runs."""
+
+    intent_id: int
+    fault: Fault
+    pool: tuple[str, ...]
+    unavailable: tuple[str, ...]  # pool nodes the scheduler has out of service now
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"intent_id": self.intent_id, "fault": self.fault.as_dict(),
+                "pool": list(self.pool), "unavailable": list(self.unavailable)}
+
+
+@functools.lru_cache(maxsize=8)
+def _table(path: Path) -> FaultTable:
+    return load_table(path)
+
+
+def settings_of(config: Config) -> SchedulerSettings:
+    if config.scheduler is None:
+        raise LabelError("quarantine: no scheduler is configured (config `scheduler:`)")
+    return config.scheduler
+
+
+def classification_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The labels classification reads, each allowlisted (LabelError otherwise)."""
+    return safe_labels(labels, [k for k in CLASSIFY_LABELS if labels.get(k)])
+
+
+def plan_for(intent_id: int, labels: Mapping[str, str], config: Config) -> Plan:
+    """Classify and resolve (LabelError: refuse) and read the pool (SchedulerError: retry)."""
+    from remediation.actions.ansible import state_dir
+
+    settings = settings_of(config)
+    table = _table(settings.fault_classes_file or DEFAULT_TABLE)
+    nodes = NodeMap.from_inventory(config.ansible_inventory, state_dir(config))
+    clean = classification_labels(labels)
+    scheduler = for_config(config)
+    evidence = Evidence()
+    signal = table.signals.get(clean.get("alertname", ""))
+    if signal is not None and signal.needs_ranks:
+        node = nodes.node_for(clean.get("node"), "node label")
+        evidence = Evidence(node_hosts_ranks=bool(scheduler.jobs_on(node)))
+    fault = classify(table, clean, nodes, evidence)
+    states = scheduler.node_states(nodes.pool)
+    unavailable = tuple(n for n in nodes.pool if n not in states or not states[n].in_service)
+    return Plan(intent_id, fault, nodes.pool, unavailable)
+
+
+def recent_quarantines(conn: Any, since: float) -> list[str]:
+    rows = conn.execute("SELECT DISTINCT target_key FROM grants WHERE playbook=? AND at>=?",
+                        (GRANT_PLAYBOOK, since)).fetchall()
+    return sorted(str(row[0]) for row in rows)
+
+
+def decide(conn: Any, plan: Plan, *, approved: bool, observe_only: bool,
+           settings: SchedulerSettings, now: float) -> tuple[str, str, str, dict[str, Any]] | None:
+    """Inside the engine's decision transaction: None to go on (grant), else (decision, state,
+    reason, detail) to finish the intent with. The caller pages for observe_only and
+    awaiting_approval."""
+    fault = plan.fault
+    detail: dict[str, Any] = {"plan": plan.as_dict()}
+    if fault.action == "none":
+        return ("not_actionable", "done", f"{fault.alertname}: {fault.reason}; nothing "
+                "automatic (the alert pages)", detail)
+    recent = recent_quarantines(conn, now - settings.quarantine_window_seconds)
+    detail["quarantined_in_window"] = recent
+    if fault.action == "quarantine":
+        node = fault.nodes[0]
+        if node in recent:
+            return ("already_quarantined", "done", f"{node} is already quarantined for this "
+                    f"fault (within {settings.quarantine_window_seconds:.0f}s): not drained or "
+                    "requeued again", detail)
+    if observe_only:
+        return ("observe_only", "done", "observe-only: would " + describe(plan), detail)
+    if fault.action == "quarantine" and not approved:
+        node = fault.nodes[0]
+        if len(recent) >= settings.max_quarantined:
+            return ("awaiting_approval", "awaiting_approval",
+                    f"rail: {len(recent)} nodes quarantined in the last "
+                    f"{settings.quarantine_window_seconds:.0f}s (max_quarantined "
+                    f"{settings.max_quarantined}); draining {node} needs approval", detail)
+        out = set(plan.unavailable) | set(recent) | {node}
+        healthy = len([n for n in plan.pool if n not in out])
+        detail["healthy_after"] = healthy
+        if healthy < settings.min_healthy_fraction * len(plan.pool):
+            return ("awaiting_approval", "awaiting_approval",
+                    f"rail: draining {node} would leave {healthy} of {len(plan.pool)} nodes "
+                    f"in service, below min_healthy_fraction {settings.min_healthy_fraction:g}; "
+                    "needs approval", detail)
+    return None
+
+
+def record_grant(conn: Any, plan: Plan, now: float) -> None:
+    """Next to the engine's own grant: this node counts as quarantined from now on."""
+    if plan.fault.action == "quarantine":
+        conn.execute("INSERT INTO grants (at, playbook, target_key, intent_id, priority)"
+                     " VALUES (?,?,?,?,?)", (now, GRANT_PLAYBOOK, plan.fault.nodes[0],
+                                             plan.intent_id, GRANT_PRIORITY))
+
+
+def describe(plan: Plan) -> str:
+    fault = plan.fault
+    if fault.action == "quarantine":
+        return (f"drain {fault.nodes[0]} and requeue the jobs running on it "
+                f"({fault.alertname}, {fault.fault_class})")
+    if fault.nodes:
+        return (f"requeue the jobs running on {', '.join(fault.nodes)} without draining "
+                f"({fault.alertname}, {fault.fault_class})")
+    return f"nothing: no node to find the job on ({fault.alertname})"
+
+
+def drain_reason(plan: Plan) -> str:
+    fault = plan.fault
+    xid = f" XID {fault.xid}" if fault.xid is not None else ""
+    return (f"{fault.alertname}{xid} intent {plan.intent_id}: quarantine ({fault.fault_class}),"
+            f" job requeued, resume after node_health_check")
+
+
+def page(session: requests.Session, config: Config, decision: str, reason: str,
+         plan: Plan, labels: Mapping[str, str]) -> None:
+    """Tell the on-call (pager_url) what the rails held back or what observe-only would have
+    done. A page that fails is logged; the audit record has the same content."""
+    if not config.pager_url:
+        log.warning("quarantine %s for intent %d: no pager_url to page", decision,
+                    plan.intent_id)
+        return
+    body = {"event": f"quarantine_{decision}", "intent_id": plan.intent_id,
+            "alertname": labels.get("alertname", ""), "summary": reason,
+            "plan": plan.as_dict()}
+    try:
+        session.post(config.pager_url, json=body, timeout=config.request_timeout_seconds)
+    except requests.RequestException as exc:
+        log.warning("quarantine: paging failed: %s", exc)
+
+
+def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
+    plan: Plan | None = ctx.plan
+    if plan is None:
+        raise ActionError("quarantine: no plan (the engine computes one before the steps)")
+    scheduler = for_config(ctx.config)
+    fault = plan.fault
+    result: dict[str, Any] = {"plan": plan.as_dict(), "requeued": []}
+    try:
+        if fault.action == "quarantine":
+            result["drain"] = scheduler.drain(fault.nodes[0], drain_reason(plan))
+        jobs = {job.job_id: job for node in fault.nodes for job in scheduler.jobs_on(node)}
+        for job in jobs.values():
+            result["requeued"].append(scheduler.requeue(job))
+    except SchedulerError as exc:
+        raise ActionError(f"quarantine: {exc}") from exc
+    return result

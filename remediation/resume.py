@@ -1,0 +1,149 @@
+"""`trainwatch-resume-node --config F HOST`: return a node Trainwatch drained to the scheduler,
+only after its health check passes (issue 23).
+
+A node never comes back because an alert resolved: a lost GPU stops being scraped, so its
+alert resolves by itself while the GPU is still gone. This explicit command, run by a person
+or a scheduled job on the remediation host, is the only way back, and it refuses unless
+
+1. HOST is one inventory host of the scheduler node mapping (no pattern, no hostlist),
+2. its node is drained, by Trainwatch (a node drained by a person or by Slurm is theirs),
+3. Prometheus saw no XID on that node since the drain (the exporter's XID counter; NVML keeps
+   no history),
+4. the node_health_check Ansible playbook passes on exactly that host (NVML state of every
+   GPU, pending or failed row remaps, uncorrectable ECC; a short burn and all-reduce where
+   there is CUDA).
+
+Every outcome is written to the audit (decision `node_resumed` or `node_resume_refused`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from exporters import catalog
+from remediation.actions import ansible as ansible_action
+from remediation.actions.base import ActionContext, ActionError
+from remediation.config import Config, ConfigError, load_config
+from remediation.faults import NodeMap
+from remediation.labels import LabelError
+from remediation.schedulers import SchedulerError, for_config
+from remediation.store import Store
+from remediation.stores import open_store
+
+HEALTH_PLAYBOOK = "node_health_check.yml"
+
+
+class ResumeRefused(RuntimeError):
+    """The node stays out of service; the message says why (and goes into the audit)."""
+
+
+def drained_since(since: str, now: float) -> float:
+    """Seconds since Slurm recorded the drain reason (sinfo %H, local time), at least 1."""
+    try:
+        at = datetime.fromisoformat(since).timestamp()
+    except ValueError as exc:
+        raise ResumeRefused(f"cannot read the drain time {since!r}") from exc
+    return max(now - at, 1.0)
+
+
+def xids_since(config: Config, host: str, seconds: float) -> list[dict[str, Any]]:
+    """The XIDs Prometheus counted on `host` in the last `seconds` (fail closed: no answer
+    from Prometheus refuses the resume)."""
+    window = f"{int(seconds) + 1}s"
+    series = catalog.GPU_XID_ERRORS
+    # a counter that rose in the window, or was born in it (increase() needs two samples;
+    # the same expression as the GpuXidErrors alert, alert_rules.promql.new_events)
+    expr = f"(increase({series}[{window}]) > 0) or ({series} > 0 unless {series} offset {window})"
+    try:
+        resp = requests.get(f"{config.prometheus_url}/api/v1/query", params={"query": expr},
+                            timeout=config.request_timeout_seconds)
+        resp.raise_for_status()
+        result = resp.json()["data"]["result"]
+    except (requests.RequestException, ValueError, KeyError) as exc:
+        raise ResumeRefused(f"Prometheus cannot say whether {host} had XIDs since the drain: "
+                            f"{exc}") from exc
+    return [{"gpu": r["metric"].get("gpu"), "xid": r["metric"].get("xid")}
+            for r in result if _node_of(r["metric"]) == host]
+
+
+def _node_of(labels: dict[str, str]) -> str:
+    """The series' node: its `node` label, else the host part of `instance` (as the alert
+    rules' with_node does)."""
+    return labels.get("node") or labels.get("instance", "").rsplit(":", 1)[0].strip("[]")
+
+
+def resume_node(config: Config, host: str) -> dict[str, Any]:
+    """Check, then resume; ResumeRefused (node left drained) with the reason otherwise."""
+    try:
+        nodes = NodeMap.from_inventory(config.ansible_inventory,
+                                       ansible_action.state_dir(config))
+        node = nodes.node_for(host, "host")
+    except LabelError as exc:
+        raise ResumeRefused(str(exc)) from exc
+    scheduler = for_config(config)
+    state = scheduler.node_states((node,)).get(node)
+    if state is None:
+        raise ResumeRefused(f"{node} is not known to the scheduler")
+    if "drain" not in state.state:
+        raise ResumeRefused(f"{node} is {state.state}, not drained: nothing to resume")
+    if not state.drained_by_trainwatch:
+        raise ResumeRefused(f"{node} was drained by someone else ({state.reason!r}); "
+                            "Trainwatch leaves it to them")
+    report: dict[str, Any] = {"host": host, "node": node, "drain_reason": state.reason}
+    xids = xids_since(config, host, drained_since(state.since, time.time()))
+    report["xids_since_drain"] = xids
+    if xids:
+        raise ResumeRefused(f"{host} reported XIDs since the drain: {xids}")
+    ctx = ActionContext(config=config, labels={"node": host}, session=requests.Session(),
+                        idempotency_key=f"resume|{node}|{time.time()}")
+    try:
+        health = ansible_action.run({"action": "ansible", "playbook": HEALTH_PLAYBOOK}, ctx)
+    except ActionError as exc:
+        raise ResumeRefused(f"node_health_check failed on {host}: {exc}") from exc
+    report["health_check"] = health.get("captured", {})
+    report["resume"] = scheduler.resume(node)
+    return report
+
+
+def _audit(config: Config, decision: str, host: str, reason: str, detail: Any) -> None:
+    store = open_store(config)
+    try:
+        with store.transaction() as conn:
+            Store.audit(conn, decision, playbook="node_health_check", target_key=host,
+                        action="resume_node", reason=reason[:4000], detail=detail)
+    finally:
+        store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trainwatch-resume-node", description=(
+        "Return a node Trainwatch drained to the scheduler after its health check passes."))
+    parser.add_argument("--config", required=True, type=Path, help="the service's config")
+    parser.add_argument("host", help="the inventory host (not a pattern, not a hostlist)")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"trainwatch-resume-node: {exc}", file=sys.stderr)
+        return 2
+    try:
+        report = resume_node(config, args.host)
+    except (ResumeRefused, SchedulerError) as exc:
+        _audit(config, "node_resume_refused", args.host, str(exc), {"host": args.host})
+        print(json.dumps({"resumed": False, "reason": str(exc)}))
+        return 1
+    _audit(config, "node_resumed", args.host, "health check passed; node resumed", report)
+    print(json.dumps({"resumed": True, **report}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

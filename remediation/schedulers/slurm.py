@@ -1,0 +1,144 @@
+"""Slurm through its own commands: scontrol to act, sinfo and squeue to read.
+
+Argv only, a minimal environment (PATH, SLURM_CONF, LANG): the service's secrets never reach a
+Slurm command. Every node name is checked again as a plain name here (defence in depth: the
+caller took it from the inventory's mapping), because `NodeName=gpu-[01-64]` would address
+64 nodes; every job id is digits as squeue printed it. Reads never use scontrol, so counting
+scontrol calls counts exactly the changes Trainwatch made.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from remediation.config import SchedulerSettings
+from remediation.faults import check_plain_name
+from remediation.schedulers.base import REASON_PREFIX, Job, NodeState, SchedulerError
+
+JOB_ID = re.compile(r"^[0-9]{1,12}$")
+# What a drain reason may hold: it is one argv element, but also shown by sinfo and read by
+# people and scripts; anything else is replaced.
+REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 ._:,()=#-]")
+REASON_MAX = 200
+
+
+def reason_text(text: str) -> str:
+    """A drain reason Trainwatch can write: its prefix, plain characters, bounded length."""
+    body = REASON_UNSAFE.sub("_", text)
+    return f"{REASON_PREFIX} {body}"[:REASON_MAX]
+
+
+class SlurmScheduler:
+    def __init__(self, settings: SchedulerSettings) -> None:
+        self.settings = settings
+
+    # --- plumbing ------------------------------------------------------------------------
+    def _argv(self, tool: str, *args: str) -> list[str]:
+        path = (self.settings.bin_dir / tool) if self.settings.bin_dir else Path(tool)
+        return [str(path), *args]
+
+    def _env(self) -> dict[str, str]:
+        env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C"}
+        if self.settings.slurm_conf is not None:
+            env["SLURM_CONF"] = str(self.settings.slurm_conf)
+        return env
+
+    def _run(self, tool: str, *args: str) -> str:
+        argv = self._argv(tool, *args)
+        try:
+            proc = subprocess.run(argv, env=self._env(), capture_output=True, text=True,
+                                  timeout=self.settings.command_timeout_seconds, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SchedulerError(f"{tool} {' '.join(args[:2])}: {exc}") from exc
+        if proc.returncode != 0:
+            raise SchedulerError(f"{tool} {' '.join(args)} exited {proc.returncode}: "
+                                 f"{(proc.stderr or proc.stdout).strip()[-500:]}")
+        return proc.stdout
+
+    # --- reads ---------------------------------------------------------------------------
+    def node_states(self, nodes: tuple[str, ...]) -> dict[str, NodeState]:
+        """The state of each named node (one sinfo of every node, filtered here by exact name,
+        so no hostlist is ever built)."""
+        out = self._run("sinfo", "--noheader", "--Node", "--format=%N|%T|%H|%E")
+        states: dict[str, NodeState] = {}
+        for line in out.splitlines():
+            name, state, since, reason = line.split("|", 3) if line.count("|") >= 3 else (
+                line, "", "", "")
+            if name in nodes:
+                states[name] = NodeState(name, state.strip().lower(), reason.strip(),
+                                         since.strip())
+        return states
+
+    def jobs_on(self, node: str) -> list[Job]:
+        """The jobs running on `node` (each once, even when several partitions list it)."""
+        node = check_plain_name(node, "scheduler node")
+        out = self._run("squeue", "--noheader", f"--nodelist={node}",
+                        "--states=RUNNING,CONFIGURING", "--format=%i|%T|%N")
+        jobs: dict[str, Job] = {}
+        for line in out.splitlines():
+            job_id, state, nodes = [*line.split("|"), "", ""][:3]
+            if JOB_ID.match(job_id.strip()):
+                jobs[job_id.strip()] = Job(job_id.strip(), state.strip().lower(), nodes.strip())
+        return list(jobs.values())
+
+    # --- changes -------------------------------------------------------------------------
+    def drain(self, node: str, reason: str) -> dict[str, Any]:
+        """Drain `node` with a Trainwatch reason; `already` when it is drained by Trainwatch
+        (a repeated step), an error when something else drained or downed it (not ours)."""
+        node = check_plain_name(node, "scheduler node")
+        current = self.node_states((node,)).get(node)
+        if current is None:
+            raise SchedulerError(f"slurm: node {node!r} is not known to slurmctld")
+        if current.drained_by_trainwatch:
+            return {"node": node, "drained": "already", "reason": current.reason}
+        text = reason_text(reason)
+        self._run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}")
+        return {"node": node, "drained": True, "reason": text, "was": current.state}
+
+    def requeue(self, job: Job) -> dict[str, Any]:
+        """Requeue a running job and lift the hold Slurm puts on a requeued job (EligibleTime
+        120 s later), so it restarts at once on the nodes in service."""
+        if not JOB_ID.match(job.job_id):
+            raise SchedulerError(f"slurm: job id {job.job_id!r} is not a Slurm job id")
+        self._run("scontrol", "requeue", job.job_id)
+        # The requeue completes asynchronously (the job passes through COMPLETING) and only
+        # then gets its new begin time: lifting the hold earlier is overwritten.
+        deadline = time.monotonic() + self.settings.command_timeout_seconds
+        while True:
+            state, reason = self.job_state(job.job_id)
+            settled = state == "pending" and reason not in ("", "none")
+            if settled or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if state != "pending":
+            raise SchedulerError(f"slurm: job {job.job_id} is {state or 'gone'} after its "
+                                 "requeue, not pending")
+        if reason in ("begintime", "", "none"):  # held by the requeue: lift it
+            self._run("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
+        return {"job": job.job_id, "requeued": True, "was_on": job.nodes}
+
+    def job_state(self, job_id: str) -> tuple[str, str]:
+        """(state, reason) of a job, lower case; ("", "") when squeue no longer lists it."""
+        out = self._run("squeue", "--noheader", f"--jobs={job_id}", "--format=%T|%r")
+        state, _, reason = out.strip().partition("|")
+        return state.strip().lower(), reason.strip().lower()
+
+    def resume(self, node: str) -> dict[str, Any]:
+        """Return a node Trainwatch drained to service (never one drained for another
+        reason: that is a human's or Slurm's decision)."""
+        node = check_plain_name(node, "scheduler node")
+        current = self.node_states((node,)).get(node)
+        if current is None:
+            raise SchedulerError(f"slurm: node {node!r} is not known to slurmctld")
+        if "drain" not in current.state:
+            return {"node": node, "resumed": "already", "state": current.state}
+        if not current.drained_by_trainwatch:
+            raise SchedulerError(f"slurm: node {node!r} was drained by someone else "
+                                 f"({current.reason!r}); Trainwatch leaves it to them")
+        self._run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+        return {"node": node, "resumed": True, "was": current.state}
