@@ -117,9 +117,13 @@ def test_resolve_after_a_crash_mid_step_runs_on_resolve_once(
     gate = threading.Event()
     with stub_server(StubState(gate=gate, gate_prefix="/crash/slow")) as (hp, state):
         port = free_port()
+        # The dead process's lease must outlast the restart and the resolve's POST: with a
+        # short one, a loaded machine let the restarted service take the firing intent over
+        # and finish its second step before the resolve arrived (state 'done', not
+        # 'cancelled'), which is not the race this test is about.
         config = service_config(tmp_path, [book("crash", "TrainingLossSpike",
                                                 ["/crash/slow", "/crash/second"], hp)],
-                                port=port, lease_seconds=1.5, **store_section)
+                                port=port, lease_seconds=10, **store_section)
         fired = alert("TrainingLossSpike", {"training_job": "e"}, fingerprint="e1")
         with start_service(config, port, "first.log") as first:
             assert first.post(payload(fired)).json()["accepted"] == 1
