@@ -51,7 +51,7 @@ from exporters.catalog import PORTS
 from exporters.tokens import SecretFileError, read_secret_file
 from remediation import approvers as approver_file
 from remediation.durations import seconds
-from remediation.labels import SAFE_VALUE
+from remediation.labels import LabelError, canonical
 
 PROG = "trainwatch"
 ENV_CONFIG = "TRAINWATCH_CONFIG"
@@ -351,8 +351,10 @@ def cmd_decide(args: argparse.Namespace, settings: Settings, out: Printer) -> No
 def cmd_silence(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
     """One exact-match silence (never a regex: a value cannot widen it to other jobs)."""
     name, value = ("training_job", args.job) if args.job else ("node", args.node)
-    if not SAFE_VALUE.match(value):
-        raise UsageError(f"{name} {value!r} is not a label value Trainwatch uses")
+    try:  # the whole value, in its one spelling (remediation.labels): never a prefix match
+        value = canonical(name, value)
+    except LabelError as exc:
+        raise UsageError(f"{name} {value!r} is not a label value Trainwatch uses") from exc
     try:
         length = seconds(args.duration)
     except ValueError as exc:

@@ -71,7 +71,16 @@ def dashboard_queries() -> dict[str, str]:
                 walk(value, where)
 
     for path in sorted(DASHBOARDS.glob("*.json")):
-        walk(json.loads(path.read_text()), path.stem)
+        dashboard = json.loads(path.read_text())
+        before = set(out)
+        walk(dashboard, path.stem)
+        # a custom variable (how many ranks a top-k panel shows) takes its current value
+        custom = {v["name"]: str(v.get("current", {}).get("value", ""))
+                  for v in dashboard.get("templating", {}).get("list", [])
+                  if v.get("type") == "custom"}
+        for key in set(out) - before:
+            for name, value in custom.items():
+                out[key] = re.sub(rf"\$\{{?{name}\b\}}?", value, out[key])
     # every remaining $var is a label matcher `label=~"$var"`: match anything
     return {k: re.sub(r'=~"\$[a-z_]+"', '=~".*"', v) for k, v in out.items()}
 
