@@ -34,6 +34,7 @@ from tests.slurm.test_quarantine import NODE_HOST, running_on
 from tests.support.alertmanager_config import render_one
 from tests.support.net import free_port, wait_until
 from tests.support.procs import alertmanager
+from tests.training.support import events_in, of
 
 FEATURES = 16  # examples/train_ddp.py's model
 JOB = "heal-e2e"
@@ -60,19 +61,8 @@ def job_script(out: Path, ckpt: Path, port: int) -> str:
 
 
 def events(out: Path) -> list[dict[str, Any]]:
-    found = []
-    for line in out.read_text(errors="replace").splitlines() if out.exists() else ():
-        if line.startswith("{"):
-            try:
-                found.append(json.loads(line))
-            except ValueError:
-                continue
-    return found
-
-
-def of(evs: list[dict[str, Any]], name: str, **match: Any) -> list[dict[str, Any]]:
-    return [e for e in evs if e.get("event") == name
-            and all(e.get(k) == v for k, v in match.items())]
+    """The JSON event lines a job wrote to its Slurm output file so far."""
+    return events_in(out.read_text(errors="replace")) if out.exists() else []
 
 
 def newest_committed_before(ckpt: Path, step: int) -> int:

@@ -105,16 +105,21 @@ def _answers(url: str) -> bool:
         return False
 
 
-def events(proc: ManagedProcess) -> list[dict[str, Any]]:
-    """The JSON event lines the example printed so far (other output is skipped)."""
+def events_in(text: str) -> list[dict[str, Any]]:
+    """The JSON event lines of an example's output (other output is skipped)."""
     found = []
-    for line in proc.log_text().splitlines():
+    for line in text.splitlines():
         if line.startswith("{"):
             try:
                 found.append(json.loads(line))
             except ValueError:
                 continue
     return found
+
+
+def events(proc: ManagedProcess) -> list[dict[str, Any]]:
+    """The JSON event lines the example printed so far."""
+    return events_in(proc.log_text())
 
 
 def of(found: list[dict[str, Any]], event: str, **match: Any) -> list[dict[str, Any]]:
