@@ -28,7 +28,7 @@ from typing import Any
 
 import requests
 
-from exporters import catalog
+from exporters import add_version_argument, catalog
 from remediation.actions import ansible as ansible_action
 from remediation.actions.base import ActionContext, ActionError
 from remediation.config import Config, ConfigError, load_config
@@ -126,6 +126,7 @@ def _audit(config: Config, decision: str, host: str, reason: str, detail: Any) -
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="trainwatch-resume-node", description=(
         "Return a node Trainwatch drained to the scheduler after its health check passes."))
+    add_version_argument(parser)
     parser.add_argument("--config", required=True, type=Path, help="the service's config")
     parser.add_argument("host", help="the inventory host (not a pattern, not a hostlist)")
     args = parser.parse_args(argv)
