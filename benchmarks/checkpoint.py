@@ -353,6 +353,9 @@ def bench_runs(lengths: list[int], rounds: int, width: int, threads: int,
                 for i in range(rounds):
                     order = ("plain", "trainwatch") if i % 2 == 0 else ("trainwatch", "plain")
                     for mode in order:
+                        # progress on stderr: a whole benchmark takes over ten minutes
+                        print(f"[checkpoint runs] {steps} steps, round {i + 1}/{rounds}: {mode}",
+                              file=sys.stderr, flush=True)
                         run_dir = workdir / f"{mode}-{steps}-{i}"
                         run_dir.mkdir()
                         done = subprocess.run(
