@@ -30,6 +30,7 @@ from typing import Any
 from benchmarks.training_client import (
     INFO,
     start_exporter,
+    ten_ms_step,
     thread_cpu_seconds,
     time_calls,
 )
@@ -92,19 +93,7 @@ def bench_report(mons: dict[str, TrainingMonitor], calls: int, rounds: int) -> d
 
 
 def bench_loop(mons: dict[str, TrainingMonitor], chunk: int, rounds: int) -> dict[str, Any]:
-    import torch
-
-    torch.set_num_threads(1)
-    a = torch.randn(192, 192)
-
-    def work(reps: int) -> None:
-        for _ in range(reps):
-            torch.mm(a, a)
-
-    work(200)
-    start = time.perf_counter()
-    work(100)
-    reps = max(1, round(0.010 / ((time.perf_counter() - start) / 100)))
+    step_compute = ten_ms_step()
     steps = dict.fromkeys(VARIANTS, 0)
     cpu_start = {n: thread_cpu_seconds(m._shipper.native_id) for n, m in mons.items()}
 
@@ -112,7 +101,7 @@ def bench_loop(mons: dict[str, TrainingMonitor], chunk: int, rounds: int) -> dic
         monitor = mons[name]
         begin = time.perf_counter()
         for _ in range(chunk):
-            work(reps)
+            step_compute()
             monitor.report(steps[name], loss=0.5, grad_norm=1.0, samples=32, data_wait=0.001)
             monitor.step_end(steps[name])
             steps[name] += 1

@@ -129,17 +129,9 @@ def thread_cpu_seconds(native_id: int | None) -> float | None:
         return None
 
 
-def bench_loop(sock: Path, chunk: int, rounds: int) -> dict[str, float]:
-    """Library off vs on over the same ~10 ms steps, in short interleaved chunks.
-
-    This machine is shared and its speed drifts by tens of percent over seconds, so two long
-    runs compare the machine's mood, not the library. Each round runs three adjacent chunks
-    in rotating order: off, on, and off again as a control; the wall-time figure is the median
-    over rounds of (on - off) / off, and the control's (off2 - off) / off is the noise floor
-    of that figure on this machine. Independent of noise, the library's CPU cost is also
-    accounted directly: time inside report + step_end on the training thread plus the CPU
-    the shipper thread used, divided by the loop's wall time.
-    """
+def ten_ms_step() -> Callable[[], None]:
+    """One single-threaded ~10 ms matmul step, calibrated on this machine (median of 5), the
+    stand-in for a training step's compute in the loop benchmarks."""
     import torch
 
     torch.set_num_threads(1)
@@ -155,7 +147,22 @@ def bench_loop(sock: Path, chunk: int, rounds: int) -> dict[str, float]:
         start = time.perf_counter()
         work(100)
         timings.append((time.perf_counter() - start) / 100)
-    reps = max(1, round(0.010 / statistics.median(timings)))  # ~10 ms per step
+    reps = max(1, round(0.010 / statistics.median(timings)))
+    return lambda: work(reps)
+
+
+def bench_loop(sock: Path, chunk: int, rounds: int) -> dict[str, float]:
+    """Library off vs on over the same ~10 ms steps, in short interleaved chunks.
+
+    This machine is shared and its speed drifts by tens of percent over seconds, so two long
+    runs compare the machine's mood, not the library. Each round runs three adjacent chunks
+    in rotating order: off, on, and off again as a control; the wall-time figure is the median
+    over rounds of (on - off) / off, and the control's (off2 - off) / off is the noise floor
+    of that figure on this machine. Independent of noise, the library's CPU cost is also
+    accounted directly: time inside report + step_end on the training thread plus the CPU
+    the shipper thread used, divided by the loop's wall time.
+    """
+    step_compute = ten_ms_step()
 
     monitor = TrainingMonitor(rank_info=INFO, socket_path=str(sock), control=False)
     step = 0
@@ -166,7 +173,7 @@ def bench_loop(sock: Path, chunk: int, rounds: int) -> dict[str, float]:
         clock = time.perf_counter
         begin = clock()
         for _ in range(chunk):
-            work(reps)
+            step_compute()
             if on:
                 t0 = clock()
                 monitor.report(step, loss=0.5, grad_norm=1.0, samples=32, tokens=4096)
