@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from alert_rules import gpu_source, recording
-from alert_rules import metric_names as m
 from alert_rules.config import Profile
 from alert_rules.model import Alert, Group, alert_groups
 from alert_rules.promql import new_events, sel, with_host, with_node, without_host
-from exporters import catalog
+from exporters.contract import catalog
+
+# uncorrectable errors since the driver loaded (the aggregate counter repeats the same events
+# and is not supported everywhere)
+UNCORRECTED_SINCE_DRIVER_LOAD = 'error_type="uncorrected",counter="volatile"'
 
 GPU_ID = "GPU {{ $labels.gpu }} ({{ $labels.name }}, {{ $labels.uuid }}) on {{ $labels.node }}"
 
@@ -18,7 +21,7 @@ def groups(p: Profile) -> list[Group]:
     alerts: list[Alert] = [
         Alert(
             "GpuTemperatureHigh",
-            with_node(f"{sel(m.GPU_TEMPERATURE, gpu)} > "
+            with_node(f"{sel(catalog.GPU_TEMPERATURE, gpu)} > "
                       f"{a('GpuTemperatureHigh')['threshold_celsius']}"),
             "warning", "gpu",
             f"{GPU_ID} is at {{{{ $value }}}} C",
@@ -45,7 +48,7 @@ def groups(p: Profile) -> list[Group]:
         _xid(p),
         Alert(
             "GpuEccUncorrectableErrors",
-            with_node(new_events(sel(m.GPU_ECC_ERRORS, gpu, m.GPU_ECC_UNCORRECTED),
+            with_node(new_events(sel(catalog.GPU_ECC_ERRORS, gpu, UNCORRECTED_SINCE_DRIVER_LOAD),
                                  a("GpuEccUncorrectableErrors")["window"])),
             "critical", "gpu",
             f"{GPU_ID} has uncorrectable ECC errors",
@@ -57,7 +60,7 @@ def groups(p: Profile) -> list[Group]:
         ),
         Alert(
             "GpuRowRemapFailure",
-            with_node(f"{sel(m.GPU_ROW_REMAP_FAILURE, gpu)} > 0"),
+            with_node(f"{sel(catalog.GPU_ROW_REMAP_FAILURE, gpu)} > 0"),
             "critical", "gpu",
             f"{GPU_ID} failed to remap a memory row",
             f"{GPU_ID} reports a failed row remapping: it has no spare rows left for a failing "
@@ -68,7 +71,7 @@ def groups(p: Profile) -> list[Group]:
             "GpuThrottled",
             # only the active reasons reach the aggregation (none, normally)
             with_node(f"max without (reason) "
-                      f"({sel(m.GPU_CLOCK_EVENT_REASON, gpu, _reasons(p))} > 0)"),
+                      f"({sel(catalog.GPU_CLOCK_EVENT_REASON, gpu, _reasons(p))} > 0)"),
             "warning", "gpu",
             f"{GPU_ID} is throttling its clocks",
             f"{GPU_ID} has been slowing its clocks for thermal or power-brake reasons for "
@@ -141,7 +144,7 @@ def _xid(p: Profile) -> Alert:
             f"{last} > 0\nand\n({new_events(last, window).replace('increase(', 'changes(')})"))
         xid = "{{ $value }}"
     else:
-        expr = with_node(new_events(sel(m.GPU_XID_ERRORS, p.selector("gpu")), window))
+        expr = with_node(new_events(sel(catalog.GPU_XID_ERRORS, p.selector("gpu")), window))
         xid = "{{ $labels.xid }}"
     return Alert(
         "GpuXidErrors", expr, "warning", "gpu",
@@ -170,7 +173,7 @@ def _stale(p: Profile) -> Alert:
                        "always draws energy: the numbers are frozen. DCGM or the driver is "
                        "probably stuck.")
     else:
-        expr = with_node(f"time() - {sel(m.GPU_EXPORTER_LAST_SUCCESS, gpu)} > {max_age}")
+        expr = with_node(f"time() - {sel(catalog.GPU_EXPORTER_LAST_SUCCESS, gpu)} > {max_age}")
         description = ("The GPU exporter at {{ $labels.instance }} still answers scrapes but "
                        "its last successful NVML poll was {{ $value | humanizeDuration }} ago: "
                        "the numbers are frozen. An NVML call is probably hanging (driver "

@@ -22,9 +22,9 @@ from __future__ import annotations
 from alert_rules.config import ConfigError, Profile
 from alert_rules.model import Group, Record
 from alert_rules.promql import sel
-from exporters import catalog as c
-from exporters.gpu.gpm import GPM_METRICS
-from exporters.gpu.reader import CLOCK_EVENT_REASONS
+from exporters.contract import catalog as c
+from exporters.node.gpu.gpm import GPM_METRICS
+from exporters.node.gpu.reader import CLOCK_EVENT_REASONS
 
 TRAINWATCH, DCGM = "trainwatch", "dcgm"
 

@@ -9,7 +9,7 @@ from typing import Any
 SEVERITIES = ("critical", "warning", "info")
 COMPONENTS = ("gpu", "training", "node", "stack")
 # The metric part of every recording rule starts with one of Trainwatch's metric prefixes
-# (exporters/catalog.py names every family trainwatch_* or training_*), so no recorded name
+# (exporters/contract/catalog.py names every family trainwatch_* or training_*), so no recorded name
 # can equal one that node-mixin, kube-prometheus-stack or another rule set records in the
 # same Prometheus (tests/rules/test_kubernetes.py checks the chart's list).
 RECORD_NAMESPACES = ("trainwatch_", "training_")

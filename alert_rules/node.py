@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from alert_rules import metric_names as m
 from alert_rules import recording
 from alert_rules.config import Profile
 from alert_rules.model import Alert, Group, alert_groups
 from alert_rules.promql import sel, with_node
+from exporters.contract import catalog
 
 FS = "{{ $labels.mountpoint }} on {{ $labels.node }}"
 
 
 def groups(p: Profile) -> list[Group]:
     node, fs = p.selector("node"), p.selector("filesystem")
-    avail, size = sel(m.NODE_FS_AVAIL, node, fs), sel(m.NODE_FS_SIZE, node, fs)
-    writable = f"{sel(m.NODE_FS_READONLY, node, fs)} == 0"
+    avail, size = sel(catalog.NODE_FS_AVAIL, node, fs), sel(catalog.NODE_FS_SIZE, node, fs)
+    writable = f"{sel(catalog.NODE_FS_READONLY, node, fs)} == 0"
     filling = p.alert("NodeDiskFilling")
     predicted = p.alert("NodeDiskFillingPredicted")
     memory = p.alert("NodeMemoryHigh")

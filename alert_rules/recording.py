@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from alert_rules import metric_names as m
 from alert_rules.config import Profile, seconds
 from alert_rules.model import Group, Record
 from alert_rules.promql import sel
-from exporters import catalog
+from exporters.contract import catalog
 
 STEP_TIME_PER_RANK = "training_job_rank:training_step_duration_seconds:rate_mean"
 STEP_TIME_MEDIAN_RANK = "training_job:training_step_duration_seconds:median_over_ranks"
 RANKS_REPORTING = "training_job:training_step_duration_seconds:count_ranks"
 SAMPLES_RATE = "training_job:training_samples:rate"
 TOKENS_RATE = "training_job:training_tokens:rate"
-# MFU (exporters/training/flops.py): achieved model FLOP/s and its share of the GPUs' peak
+# MFU (exporters/rank/flops.py): achieved model FLOP/s and its share of the GPUs' peak
 FLOPS_PER_RANK = "training_job_rank:training_model_flops:rate"
 FLOPS_PER_JOB = "training_job:training_model_flops:rate"
 MFU_PER_RANK = "training_job_rank:training_mfu:ratio"
@@ -40,7 +39,7 @@ def stepping(p: Profile) -> str:
 
 def gpu_utilization_avg(p: Profile) -> str:
     window = p.alert("GpuUtilizationLowWhileTraining")["window"]
-    return f"avg_over_time({sel(m.GPU_UTILIZATION, p.selector('gpu'))}[{window}])"
+    return f"avg_over_time({sel(catalog.GPU_UTILIZATION, p.selector('gpu'))}[{window}])"
 
 
 def utilization_recorded(p: Profile) -> bool:
@@ -94,11 +93,11 @@ def groups(p: Profile) -> list[Group]:
         training_rules.append(Record(STEPPING_JOBS, stepping_jobs(p)))
     infra_rules = [
         Record(GPU_MEMORY_USED_RATIO,
-               f"{sel(m.GPU_MEMORY_USED, p.selector('gpu'))}\n"
-               f"/\n{sel(m.GPU_MEMORY_TOTAL, p.selector('gpu'))}"),
+               f"{sel(catalog.GPU_MEMORY_USED, p.selector('gpu'))}\n"
+               f"/\n{sel(catalog.GPU_MEMORY_TOTAL, p.selector('gpu'))}"),
         Record(NODE_MEMORY_UTILISATION,
-               f"1 - {sel(m.NODE_MEM_AVAILABLE, p.selector('node'))}\n"
-               f"/\n{sel(m.NODE_MEM_TOTAL, p.selector('node'))}"),
+               f"1 - {sel(catalog.NODE_MEM_AVAILABLE, p.selector('node'))}\n"
+               f"/\n{sel(catalog.NODE_MEM_TOTAL, p.selector('node'))}"),
     ]
     if utilization_recorded(p):
         infra_rules.append(Record(GPU_UTILIZATION_AVG, gpu_utilization_avg(p)))

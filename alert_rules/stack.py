@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from alert_rules import metric_names as m
 from alert_rules.config import Profile
 from alert_rules.model import Alert, Group, alert_groups
 from alert_rules.promql import new_events, sel, with_node
+from exporters.contract import catalog
+
+ACTION_FAILED = 'result="failed"'
 
 
 def groups(p: Profile) -> list[Group]:
@@ -26,8 +28,8 @@ def groups(p: Profile) -> list[Group]:
         ),
         Alert(
             "RemediationActionFailed",
-            with_node(new_events(sel(m.REMEDIATION_ACTIONS, p.selector("remediation"),
-                                     m.REMEDIATION_ACTION_FAILED), failed["window"])),
+            with_node(new_events(sel(catalog.REMEDIATION_ACTIONS, p.selector("remediation"),
+                                     ACTION_FAILED), failed["window"])),
             "warning", "stack",
             "Remediation {{ $labels.playbook }}/{{ $labels.action }} failed",
             "The remediation service failed to run action {{ $labels.action }} of playbook "
@@ -38,7 +40,8 @@ def groups(p: Profile) -> list[Group]:
         ),
         Alert(
             "RemediationCircuitBreakerOpen",
-            with_node(f"{sel(m.REMEDIATION_CIRCUIT_BREAKER_OPEN, p.selector('remediation'))} > 0"),
+            with_node(f"{sel(catalog.REMEDIATION_CIRCUIT_BREAKER_OPEN, p.selector('remediation'))}"
+                      " > 0"),
             "warning", "stack",
             "Remediation circuit breaker is open",
             "Too many remediation actions ran or failed in a short time, so the remediation "
@@ -48,8 +51,9 @@ def groups(p: Profile) -> list[Group]:
         ),
         Alert(
             "AlertmanagerNotificationsFailing",
-            with_node(f"{by} (rate({sel(m.AM_NOTIFICATIONS_FAILED, am)}[{notify['window']}]))\n"
-                      f"/\n{by} (rate({sel(m.AM_NOTIFICATIONS, am)}[{notify['window']}]))\n"
+            with_node(f"{by} (rate({sel(catalog.AM_NOTIFICATIONS_FAILED, am)}"
+                      f"[{notify['window']}]))\n"
+                      f"/\n{by} (rate({sel(catalog.AM_NOTIFICATIONS, am)}[{notify['window']}]))\n"
                       f"> {notify['threshold_ratio']}"),
             "critical", "stack",
             "Alertmanager fails to send {{ $labels.integration }} notifications",

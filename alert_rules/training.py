@@ -12,7 +12,7 @@ from alert_rules import recording
 from alert_rules.config import Profile, seconds
 from alert_rules.model import Alert, Group, Record, alert_groups
 from alert_rules.promql import new_events, sel
-from exporters import catalog
+from exporters.contract import catalog
 
 JOB_RANK = "job {{ $labels.training_job }} rank {{ $labels.rank }}"
 
@@ -397,7 +397,7 @@ def _job_finished(p: Profile) -> str:
 
 def _straggler(p: Profile) -> Alert:
     """A rank whose own compute time per step (step time minus time waiting in collectives,
-    exporters/training/collectives.py OwnCompute) is more than `factor` x the job's median
+    exporters/rank/collectives.py OwnCompute) is more than `factor` x the job's median
     rank and at least min_delta_seconds more. Step times cannot tell: in synchronous
     training every rank waits for the slowest, so every rank's step takes as long; what a
     rank spends before entering the collective is its own work (NVIDIA's straggler detection

@@ -60,8 +60,8 @@ from typing import Any
 
 import torch
 
-from exporters.training.checkpoint import WRITERS, CheckpointManager
-from exporters.training.checkpoint_writer import shared_writer_pid
+from exporters.rank.checkpoint import WRITERS, CheckpointManager
+from exporters.rank.checkpoint_writer import shared_writer_pid
 
 WIDTH = 2500
 LAYERS = 4  # 4 x 2500 x 2500 = 25 M parameters: 100 MB of weights + 100 MB of momentum
@@ -297,8 +297,8 @@ def run_child(mode: str, steps: int, width: int, threads: int, every: int,
     monitor = manager = None
     started = time.perf_counter()
     if mode == "trainwatch":
-        from exporters.training.client import TrainingMonitor
-        from exporters.training.launcher import RankInfo
+        from exporters.contract.launcher import RankInfo
+        from exporters.rank.client import TrainingMonitor
 
         manager = CheckpointManager(workdir / "ckpt", model, optimizer, keep=1)
         monitor = TrainingMonitor(rank_info=RankInfo("bench-run", 0, 0, 1, 0),

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import requests
 
 from benchmarks import remote_write
-from exporters.catalog import PORTS
-from exporters.training.goodput import DISCARD_CAUSES, KINDS
+from exporters.contract.catalog import PORTS
+from exporters.contract.goodput import DISCARD_CAUSES, KINDS
 
 GPUS_PER_NODE = 8
 BUCKETS = ("0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "+Inf")
@@ -74,7 +74,7 @@ def _node(n: int) -> Iterator[Series]:
     yield Series("training_node_compute_slowest_seconds",
                  {**job_node, "rank": str(n * GPUS_PER_NODE)}, "1.55")
     yield Series("training_node_compute_ranks", job_node, str(GPUS_PER_NODE))
-    # goodput (exporters/training/goodput.py): rank-seconds of its 8 ranks by kind, 7/8
+    # goodput (exporters/contract/goodput.py): rank-seconds of its 8 ranks by kind, 7/8
     # productive and 1/8 data wait, nothing discarded
     yield Series("training_node_wall_seconds_total", job_node, "secs8")
     for kind in KINDS:

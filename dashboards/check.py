@@ -24,7 +24,7 @@ FAILURE_ONLY: dict[tuple[str, str], str] = {
     ("trainwatch-training-job", "CUDA memory"):
         "ranks report CUDA memory only when they run on a GPU; the CPU demo has none",
     ("trainwatch-training-job", "MFU"):
-        "MFU needs the rank's peak FLOP/s, known only for the GPUs in exporters/training/flops.py;"
+        "MFU needs the rank's peak FLOP/s, known only for the GPUs in exporters/rank/flops.py;"
         " the CPU demo has achieved FLOP/s but no peak (tests/dashboards checks MFU with one)",
     ("trainwatch-training-job", "Log events"):
         "the log scanner's series for a job appear with the first anomaly it finds",

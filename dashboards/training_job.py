@@ -21,7 +21,7 @@ from dashboards.panels import (
     timeseries_panel,
     top_ranks,
 )
-from exporters import catalog as c
+from exporters.contract import catalog as c
 
 UID = "trainwatch-training-job"
 # training-exporter series
@@ -77,7 +77,7 @@ def build() -> gd.Dashboard:
                                      lowest=True), RANK)),
         timeseries_panel("MFU", "Model FLOPs utilisation: achieved model FLOP/s over the GPU's "
                          "dense peak for the job's dtype (datasheet table in "
-                         "exporters/training/flops.py, or the job's override). 40-60% is good "
+                         "exporters/rank/flops.py, or the job's override). 40-60% is good "
                          "for large transformers; absent for ranks without a known peak (CPU).",
                          "percentunit",
                          Q(top_ranks(f'{recording.MFU_PER_RANK}{{{J},rank=~"$rank"}}',

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from exporters.training.framework_callbacks import FrameworkCallback
+from exporters.rank import FrameworkCallback
 
 
 class TrainwatchCallback(FrameworkCallback, TrainerCallback):

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from exporters.training.framework_callbacks import FrameworkCallback
+from exporters.rank import FrameworkCallback
 
 
 class TrainwatchCallback(FrameworkCallback, Callback):

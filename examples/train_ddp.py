@@ -35,9 +35,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from exporters.training.checkpoint import CheckpointManager, shard_digest, weights_digest
-from exporters.training.client import TrainingMonitor
-from exporters.training.flops import ModelFlops, count_parameters
+from exporters.rank import (
+    CheckpointManager,
+    ModelFlops,
+    TrainingMonitor,
+    count_parameters,
+    shard_digest,
+    weights_digest,
+)
 
 FEATURES = 16
 
@@ -56,7 +61,7 @@ def structured_logging(directory: str | None) -> None:
     directory is given by --log-dir or TRAINWATCH_LOG_DIR."""
     if not directory:
         return
-    from exporters.logs.handler import AsyncEcsHandler
+    from exporters.rank import AsyncEcsHandler
 
     log.addHandler(AsyncEcsHandler(directory))
     log.setLevel(logging.INFO)

@@ -28,7 +28,7 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from exporters.tokens import bearer, token_matches
+from exporters.contract.tokens import bearer, token_matches
 from remediation.approvers import ApproverFile
 from remediation.committer import CommitFailed, GroupCommitter
 from remediation.config import Config

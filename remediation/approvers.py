@@ -30,7 +30,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporters.atomic_file import atomic_write
+from exporters.contract.atomic_file import atomic_write
 
 log = logging.getLogger(__name__)
 

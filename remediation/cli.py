@@ -13,7 +13,7 @@ from pathlib import Path
 import requests
 
 from exporters import add_version_argument
-from exporters.tokens import SecretFileError, read_secret_file
+from exporters.contract.tokens import SecretFileError, read_secret_file
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from exporters.catalog import PORTS
-from exporters.tokens import MIN_TOKEN_LENGTH, SecretFileError, read_secret_file
+from exporters.contract.catalog import PORTS
+from exporters.contract.tokens import MIN_TOKEN_LENGTH, SecretFileError, read_secret_file
 from remediation.approvers import ApproverError, Approvers, load_approvers
 from remediation.durations import seconds
 from remediation.schemas import first_error

@@ -16,7 +16,7 @@ is brought to one spelling here, before any key, cooldown or command is made fro
 
 - index labels (`gpu`, `rank`): a decimal integer in range; leading zeros are dropped
   ("007" -> "7"), anything else (sign, space, `_`, `.`, exponent) is refused;
-- `training_job`: the job-name shape the training exporter accepts (exporters.identity);
+- `training_job`: the job-name shape the training exporter accepts (exporters.contract.identity);
 - `node` and every other label: the value exactly, which the host action then resolves
   character for character against the inventory (remediation.inventory).
 """
@@ -26,12 +26,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-from exporters.catalog import LABEL_GPU, LABEL_JOB, LABEL_RANK
-from exporters.identity import is_job_name
+from exporters.contract.catalog import LABEL_GPU, LABEL_JOB, LABEL_RANK
+from exporters.contract.identity import is_job_name
 
 SAFE_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:-]{0,127}")  # always used with fullmatch
 INDEX_VALUE = re.compile(r"[0-9]{1,16}")
-# index label -> its largest value (a GPU index as NVML and exporters.gpu.power_limit take it;
+# index label -> its largest value (a GPU index as NVML and exporters.node.tools.power_limit take
+# it;
 # a rank as the training exporter's wire format bounds it)
 INDEX_LABELS = {LABEL_GPU: 999, LABEL_RANK: 1 << 20}
 

@@ -13,13 +13,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from exporters import catalog as c
+from exporters.contract import catalog as c
 from remediation.config import Config
 from remediation.store import PRIORITIES, Store
 
 
 def _family(name: str, value: float | None = None) -> GaugeMetricFamily | CounterMetricFamily:
-    """A family as its row in the metric table (exporters/catalog.py) says: with `value`, the
+    """A family as its row in the metric table (exporters/contract/catalog.py) says: with `value`,
+    the
     single unlabelled sample; without, empty, to be filled by label."""
     row = c.METRICS[name]
     if row.type == c.COUNTER:

@@ -47,8 +47,8 @@ import requests
 import yaml
 
 from exporters import add_version_argument
-from exporters.catalog import PORTS
-from exporters.tokens import SecretFileError, read_secret_file
+from exporters.contract.catalog import PORTS
+from exporters.contract.tokens import SecretFileError, read_secret_file
 from remediation import approvers as approver_file
 from remediation.durations import seconds
 from remediation.labels import LabelError, canonical

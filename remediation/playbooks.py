@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from exporters.training import commands as training_commands
+from exporters.contract import commands as training_commands
 from remediation.durations import seconds
 from remediation.schemas import first_error
 from remediation.templating import referenced_labels

@@ -29,7 +29,7 @@ from typing import Any
 import requests
 from prometheus_client import CollectorRegistry, Histogram
 
-from exporters import catalog as c
+from exporters.contract import catalog as c
 
 log = logging.getLogger(__name__)
 BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200)

@@ -28,7 +28,8 @@ from typing import Any
 
 import requests
 
-from exporters import add_version_argument, catalog
+from exporters import add_version_argument
+from exporters.contract import catalog
 from remediation.actions import ansible as ansible_action
 from remediation.actions.base import ActionContext, ActionError
 from remediation.config import Config, ConfigError, load_config

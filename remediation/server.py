@@ -1,7 +1,8 @@
-"""`remediation-server --config FILE`: the app under exporters.serving (waitress), with the
+"""`remediation-server --config FILE`: the app under exporters.contract.serving (waitress), with the
 worker threads that run actions in the same process (the store is shared with any other
 instance through SQLite on one host or PostgreSQL across hosts, so running two servers on one
-store is also safe). Why waitress, and the request and connection limits: exporters/serving.py.
+store is also safe). Why waitress, and the request and connection limits:
+exporters/contract/serving.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from exporters import add_version_argument, serving
+from exporters import add_version_argument
+from exporters.contract import serving
 from remediation.app import create_app
 from remediation.config import Config, ConfigError, load_config
 from remediation.marker import StoreResetError, check_store, write_marker

@@ -42,8 +42,8 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from exporters import catalog as c  # noqa: E402
-from exporters.gpu.gpm import GPM_NAMES  # noqa: E402
+from exporters.contract import catalog as c  # noqa: E402
+from exporters.node.gpu.gpm import GPM_NAMES  # noqa: E402
 
 Series = list[tuple[str, dict[str, str], float]]
 
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     scenario = work / "fake-nvml.json"
     exporter_env: dict[str, str] = {}
     if args.simulate:
-        from exporters.gpu.fake_nvml import ENV_FAKE_NVML, simulated_scenario
+        from exporters.node.gpu.fake_nvml import ENV_FAKE_NVML, simulated_scenario
 
         fake = simulated_scenario(args.gpus, dynamic=False)
         for gpu in fake["gpus"]:
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         gpu_port, train_port = free_port(), free_port()
         gpu_url = f"http://127.0.0.1:{gpu_port}/metrics"
         gpu_exporter = procs.start("gpu-exporter", [
-            python, "-m", "exporters.gpu.cli", "--bind", "127.0.0.1", "--port", str(gpu_port),
+            python, "-m", "exporters.node.gpu.cli", "--bind", "127.0.0.1", "--port", str(gpu_port),
             "--interval", "1"],
                     env=exporter_env)
         checks["gpu_exporter_up"] = wait_for("gpu-exporter", lambda: any(
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.simulate:
             results["compare_nvidia_smi"] = "skipped (simulated: no nvidia-smi)"
         else:
-            compare = subprocess.run([python, "-m", "exporters.gpu.compare_nvidia_smi",
+            compare = subprocess.run([python, "-m", "exporters.node.gpu.compare_nvidia_smi",
                                       "--url", gpu_url, "--json"], capture_output=True,
                                      text=True, cwd=REPO, timeout=120)
             print(compare.stdout.rstrip())
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         sock = work / "training.sock"
         train_url = f"http://127.0.0.1:{train_port}/metrics"
         training_exporter = procs.start("training-exporter", [
-            python, "-m", "exporters.training.server", "--bind", "127.0.0.1", "--port",
+            python, "-m", "exporters.node.training.server", "--bind", "127.0.0.1", "--port",
             str(train_port), "--socket", str(sock), "--token-file", str(token),
             "--node", "gpu-check"])
         checks["training_exporter_up"] = wait_for("training exporter", sock.exists, 60,

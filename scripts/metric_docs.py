@@ -1,7 +1,8 @@
 """Write the docs' metric and alert tables from their one source; `--check` only compares.
 
 The sections between `<!-- generated: KIND -->` and `<!-- end generated: KIND -->` in the
-pages below are this script's output: the metric table (exporters/catalog.py METRICS) and the
+pages below are this script's output: the metric table (exporters/contract/catalog.py METRICS) and
+the
 alert names (the keys of `alerts` in alert_rules/config.yml). Edit those sources, then run
 
     python -m scripts.metric_docs          # rewrite the sections
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from alert_rules.config import load_raw
-from exporters import catalog as c
+from exporters.contract import catalog as c
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORTERS = {"training": "Training exporter (`training-exporter`)",

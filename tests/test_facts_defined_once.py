@@ -1,5 +1,6 @@
 """Issue 16, acceptance 2: each port number, token file path and the job-name pattern is
-written once outside tests and generated files, in exporters/contract.json (the local demo's
+written once outside tests and generated files, in exporters/contract/contract.json (the local
+demo's
 ports once, in the local inventory); everything else reads it from there."""
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporters import catalog
+from exporters.contract import catalog
 
 REPO = Path(__file__).resolve().parents[1]
-CONTRACT = REPO / "exporters" / "contract.json"
+CONTRACT = REPO / "exporters" / "contract" / "contract.json"
 LOCAL_VARS = REPO / "ansible" / "inventories" / "local" / "group_vars" / "all.yml"
 # Tests and generated files may repeat a fact (they check it, or were made from it); the
 # testinfra tests of molecule scenarios are tests too (they check what a converge set up).
@@ -47,7 +48,7 @@ def _contract() -> dict:
 def test_each_default_port_is_written_once(service: str) -> None:
     port = _contract()["ports"][service]
     assert catalog.PORTS[service] == port
-    assert _where(str(port), word=True) == {"exporters/contract.json"}, service
+    assert _where(str(port), word=True) == {"exporters/contract/contract.json"}, service
 
 
 def test_each_demo_port_is_written_once() -> None:
@@ -62,11 +63,11 @@ def test_each_demo_port_is_written_once() -> None:
 def test_each_token_file_path_is_written_once(token: str) -> None:
     path = _contract()["token_files"][token]
     assert catalog.TOKEN_FILES[token] == path
-    assert _where(Path(path).name, word=False) == {"exporters/contract.json"}, path
+    assert _where(Path(path).name, word=False) == {"exporters/contract/contract.json"}, path
 
 
 def test_the_job_name_pattern_is_written_once() -> None:
     pattern = _contract()["job_name_pattern"]
     assert pattern == catalog.JOB_NAME_PATTERN
     # without its anchors, so that a copy written with \A or fullmatch is found too
-    assert _where(pattern.strip("^$"), word=False) == {"exporters/contract.json"}
+    assert _where(pattern.strip("^$"), word=False) == {"exporters/contract/contract.json"}

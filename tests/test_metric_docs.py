@@ -1,5 +1,5 @@
 """The docs' metric and alert tables are what scripts/metric_docs.py derives from the metric
-table (exporters/catalog.py) and alert_rules/config.yml."""
+table (exporters/contract/catalog.py) and alert_rules/config.yml."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""exporters/serving.py: the background server a process with its own main loop uses."""
+"""exporters/contract/serving.py: the background server a process with its own main loop uses."""
 
 from __future__ import annotations
 
 import requests
 
-from exporters import serving
+from exporters.contract import serving
 
 
 def _hello(environ: dict, start_response) -> list[bytes]:  # type: ignore[no-untyped-def]

@@ -25,7 +25,7 @@ from typing import Any
 
 import ansible_runner
 
-from exporters.catalog import LABEL_JOB, LABEL_NODE
+from exporters.contract.catalog import LABEL_JOB, LABEL_NODE
 from remediation.actions.base import ActionContext, ActionError, timeout_of
 from remediation.actions.training_command import job_instances
 from remediation.config import Config

@@ -27,12 +27,12 @@ from urllib.parse import quote
 
 import requests
 
-from exporters.catalog import (
+from exporters.contract.catalog import (
     LABEL_JOB,
     RANK_DEPARTED_AFTER_SECONDS,
     TRAINING_NODE_HEARTBEAT_TIMESTAMP,
 )
-from exporters.finite import NonFiniteError, require_finite
+from exporters.contract.finite import NonFiniteError, require_finite
 from remediation.actions.base import ActionContext, ActionError, timeout_of
 from remediation.templating import TemplateError, render
 

@@ -4,7 +4,7 @@ A job launched with `torchrun --nnodes=MIN:MAX --rdzv-backend=c10d` on each node
 when one node's agent is gone: the other agents' workers fail their next collective, the
 agents restart their worker group and re-rendezvous with the nodes that are left (at least
 MIN), and the job resumes from its newest committed checkpoint, resharded to the smaller world
-(exporters.training.checkpoint, torch.distributed.checkpoint). So "drain" is: stop the agent
+(exporters.rank.checkpoint, torch.distributed.checkpoint). So "drain" is: stop the agent
 on exactly that inventory host (the `stop_training_agent` Ansible playbook runs this module's
 `stop` there); there is nothing to requeue and nothing to resume (the node rejoins when an
 agent is started on it again, by a person, after its health check).
@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exporters.catalog import ENV_EXPORTER_SOCKET
-from exporters.identity import job_from_env
+from exporters.contract.catalog import ENV_EXPORTER_SOCKET
+from exporters.contract.identity import job_from_env
 from remediation.schedulers.base import Job, NodeState
 
 AGENT_MODULES = ("torch.distributed.run", "torchrun")

@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from dashboards.generate import DATASOURCE_UID
-from exporters.catalog import LOG_EVENT_KINDS
+from exporters.contract.catalog import LOG_EVENT_KINDS
 from tests.ansible.runner import ANSIBLE, REPO, PlaybookRun, run_playbook
 
 EXAMPLE = ANSIBLE / "inventories" / "example-cluster"

@@ -17,7 +17,7 @@ import jsonschema
 import pytest
 import yaml
 
-from exporters import catalog
+from exporters.contract import catalog
 from tests.ansible.runner import REPO
 from tests.support.compose import RENDER, render
 
@@ -164,7 +164,8 @@ def test_every_mounted_folder_and_the_build_context_exist(compose: dict, rendere
 def test_the_compose_file_agrees_with_the_configs_and_the_contract(
         compose: dict, rendered: Path) -> None:
     """The ports it publishes and probes are the contract's, and each entrypoint writes its
-    token to the file that the rendered config reads (names from exporters/contract.json)."""
+    token to the file that the rendered config reads (names from
+    exporters/contract/contract.json)."""
     services = compose["services"]
     for name in ("prometheus", "alertmanager", "grafana", "elasticsearch", "kibana"):
         port = catalog.PORTS[name]

@@ -18,8 +18,8 @@ import pytest
 import requests
 import yaml
 
-from exporters.training.client import TrainingMonitor
-from exporters.training.launcher import RankInfo
+from exporters.contract.launcher import RankInfo
+from exporters.rank.client import TrainingMonitor
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
 

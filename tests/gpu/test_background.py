@@ -11,10 +11,10 @@ from pathlib import Path
 
 import requests
 
-from exporters import catalog as c
-from exporters.gpu.collector_loop import CollectionLoop
-from exporters.gpu.exposition import GpuCollector
-from exporters.gpu.http_server import ExpositionApp, serve
+from exporters.contract import catalog as c
+from exporters.node.gpu.collector_loop import CollectionLoop
+from exporters.node.gpu.exposition import GpuCollector
+from exporters.node.gpu.http_server import ExpositionApp, serve
 from tests.gpu.helpers import (
     Series,
     make_loop,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import requests
 
-from exporters import catalog as c
-from exporters.gpu.fake_nvml import ENV_FAKE_NVML, simulated_scenario
+from exporters.contract import catalog as c
+from exporters.node.gpu.fake_nvml import ENV_FAKE_NVML, simulated_scenario
 from tests.gpu.helpers import Series, parse, value, values
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
@@ -88,7 +88,8 @@ def test_scenario_file_hang_power_limit_and_sigterm_while_hung(tmp_path: Path) -
         assert value(scrape(url), c.GPU_EXPORTER_SIMULATED) == 1
 
         tool = subprocess.run(
-            [sys.executable, "-m", "exporters.gpu.power_limit", "--gpu", "1", "--watts", "450"],
+            [sys.executable, "-m", "exporters.node.tools.power_limit", "--gpu", "1", "--watts",
+            "450"],
             env={**os.environ, ENV_FAKE_NVML: str(path)}, capture_output=True, text=True,
             timeout=60)
         assert tool.returncode == 0, tool.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporters import catalog as c
+from exporters.contract import catalog as c
 from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
 
 

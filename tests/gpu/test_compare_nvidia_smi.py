@@ -6,8 +6,8 @@ GPU, in its units (MiB, %, W, MHz).
 
 from __future__ import annotations
 
-from exporters import catalog as c
-from exporters.gpu.compare_nvidia_smi import FIELDS, compare, per_gpu_values
+from exporters.contract import catalog as c
+from exporters.node.gpu.compare_nvidia_smi import FIELDS, compare, per_gpu_values
 from tests.gpu.helpers import make_loop, render, static_fake
 
 SMI_ROW = {

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from exporters import catalog as c
+from exporters.contract import catalog as c
 from tests.gpu.helpers import (
     make_loop,
     normalise,

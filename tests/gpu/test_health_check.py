@@ -1,10 +1,10 @@
-"""exporters.gpu.health_check against the fake NVML (which raises pynvml's real errors): what
+"""exporters.node.gpu.health_check against the fake NVML (which raises pynvml's real errors): what
 keeps a drained node out of service."""
 
 from __future__ import annotations
 
-from exporters.gpu.fake_nvml import FakeNvml, simulated_scenario
-from exporters.gpu.health_check import check
+from exporters.node.gpu.fake_nvml import FakeNvml, simulated_scenario
+from exporters.node.gpu.health_check import check
 
 
 def _nvml(**gpu0: object) -> FakeNvml:

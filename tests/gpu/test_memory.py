@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pynvml
 
-from exporters import catalog as c
-from exporters.gpu.compare_nvidia_smi import compare, per_gpu_values
+from exporters.contract import catalog as c
+from exporters.node.gpu.compare_nvidia_smi import compare, per_gpu_values
 from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
 
 MIB = 2**20

@@ -1,12 +1,13 @@
-"""The exporter serves exactly the GPU rows of the metric table (exporters/catalog.py): each
+"""The exporter serves exactly the GPU rows of the metric table (exporters/contract/catalog.py):
+each
 name, type, HELP text and label set, and nothing else."""
 
 from __future__ import annotations
 
 import pytest
 
-from exporters import catalog as c
-from exporters.gpu.fake_nvml import FakeNvml, ScenarioError
+from exporters.contract import catalog as c
+from exporters.node.gpu.fake_nvml import FakeNvml, ScenarioError
 from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
 from tests.support import metric_table
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from exporters import identity
-from exporters.gpu.processes import (
+from exporters.contract import identity
+from exporters.node.gpu.processes import (
     MAX_ENVIRON_BYTES,
     ProcessAttributor,
     job_and_rank,

@@ -8,7 +8,7 @@ zeros alone cost about as much as all other GPU alerts together (docs/gpu_export
 "Sparse error series"). The alerts' `x > 0 unless x offset w` clause catches a counter born
 non-zero (alert_rules/tests/production/gpu_test.yml proves it with promtool).
 
-The GPU is the fake NVML (exporters/gpu/fake_nvml.py: no GPU on this machine); the XID
+The GPU is the fake NVML (exporters/node/gpu/fake_nvml.py: no GPU on this machine); the XID
 events go through the real XID watch thread.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pynvml
 
-from exporters import catalog as c
-from exporters.gpu.exposition import SPARSE
+from exporters.contract import catalog as c
+from exporters.node.gpu.exposition import SPARSE
 from tests.gpu.helpers import (
     Series,
     make_loop,

@@ -2,7 +2,7 @@
 real things: prometheus_client's generate_latest and ProcessCollector, promtool, a socket.
 
 The exporter avoids importing prometheus_client and the ssl-pulling HTTP modules for RSS
-(exporters/gpu/text_format.py); these tests pin that its output did not change.
+(exporters/node/gpu/text_format.py); these tests pin that its output did not change.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import requests
 from prometheus_client import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from exporters.gpu.exposition import GpuCollector
-from exporters.gpu.http_server import MAX_LINE, ExpositionApp, serve
-from exporters.gpu.process_metrics import ProcessMetrics
-from exporters.gpu.text_format import counter, gauge, render
+from exporters.node.gpu.exposition import GpuCollector
+from exporters.node.gpu.http_server import MAX_LINE, ExpositionApp, serve
+from exporters.node.gpu.process_metrics import ProcessMetrics
+from exporters.node.gpu.text_format import counter, gauge, render
 from tests.gpu.helpers import make_loop, static_fake
 from tests.support.net import free_port
 
@@ -121,9 +121,9 @@ def test_serving_process_imports_neither_prometheus_client_nor_ssl(simulate: int
     script = f"""
 import json, os, sys
 os.environ.pop("TRAINWATCH_FAKE_NVML", None)
-from exporters.gpu.cli import build
-from exporters.gpu.config import build_parser, resolve
-from exporters.gpu.nvml_source import load_nvml
+from exporters.node.gpu.cli import build
+from exporters.node.gpu.config import build_parser, resolve
+from exporters.node.gpu.nvml_source import load_nvml
 settings = resolve(build_parser().parse_args(["--simulate", "{simulate}"] if {simulate} else []))
 nvml, simulated = load_nvml(settings.simulate)
 loop, app = build(settings, nvml, simulated)
@@ -137,4 +137,4 @@ print(json.dumps(sorted(sys.modules)))
     heavy = {"prometheus_client", "ssl", "_ssl", "http.client", "email", "hashlib", "_hashlib",
              "wsgiref", "yaml", "jsonschema"}
     assert not heavy & loaded
-    assert ("exporters.gpu.fake_nvml" in loaded) == bool(simulate)
+    assert ("exporters.node.gpu.fake_nvml" in loaded) == bool(simulate)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters.logs.scanner import Scanner, Source
+from exporters.node.logs.scanner import Scanner, Source
 from tests.logs.failure_forms import FORMS, FailureForm
 from tests.support.net import free_port
 

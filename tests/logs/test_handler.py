@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters.logs.handler import AsyncEcsHandler
+from exporters.rank.logs.handler import AsyncEcsHandler
 from tests.support.net import wait_until
 
 REPO = Path(__file__).resolve().parents[2]

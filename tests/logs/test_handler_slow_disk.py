@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters.logs.handler import AsyncEcsHandler
+from exporters.rank.logs.handler import AsyncEcsHandler
 from tests.logs.child_slow_disk import SlowDisk
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The Logstash pipeline's failure patterns are generated from exporters/logs/patterns.py and
+"""The Logstash pipeline's failure patterns are generated from exporters/node/logs/patterns.py and
 classify a corpus of real failure lines exactly as the log scanner does.
 
 Logstash itself cannot run here. Its `=~ /.../` conditionals use Ruby regular expressions
@@ -17,8 +17,8 @@ import subprocess
 import pytest
 import yaml
 
-from exporters.logs import logstash
-from exporters.logs.patterns import XID, classify_text
+from exporters.node.logs import logstash
+from exporters.node.logs.patterns import XID, classify_text
 from tests.logs.failure_forms import FORMS
 from tests.logs.test_scanner import NEGATIVE, POSITIVE
 
@@ -43,7 +43,7 @@ def generated_patterns() -> dict[str, str]:
 
 
 def test_committed_pattern_file_is_generated_from_the_scanner_patterns() -> None:
-    assert logstash.main(["--check"]) == 0, "run: python -m exporters.logs.logstash"
+    assert logstash.main(["--check"]) == 0, "run: python -m exporters.node.logs.logstash"
     assert generated_patterns() == logstash.failure_patterns()
 
 

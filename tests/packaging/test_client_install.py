@@ -42,7 +42,7 @@ STEPS = 30
 JOB = """
 import os, sys, torch, torch.distributed as dist
 import exporters
-from exporters.training.client import TrainingMonitor
+from exporters.rank import TrainingMonitor
 dist.init_process_group("gloo")
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -56,6 +56,8 @@ while step <= int(sys.argv[1]):
     step = tw.step_end(step).next_step
 tw.close()
 print("CLIENT_FROM", exporters.__file__, flush=True)
+print("NODE_SIDE_LOADED", [m for m in sys.modules if m.startswith(("exporters.node", "remediation"))],
+      flush=True)
 dist.destroy_process_group()
 """
 
@@ -140,3 +142,6 @@ def test_the_client_installs_alone_and_a_two_rank_job_reports_through_it(tmp_pat
                    if line.startswith("CLIENT_FROM")]
     assert len(loaded_from) == 2, log[-3000:]
     assert all(path.startswith(str(env_dir)) for path in loaded_from), loaded_from
+    # issue 27: a rank loads the rank-side library and the contract, nothing node-side
+    assert [line for line in log.splitlines() if line.startswith("NODE_SIDE_LOADED")] == [
+        "NODE_SIDE_LOADED []"] * 2, log[-3000:]

@@ -9,7 +9,7 @@ from pathlib import Path
 import requests
 from prometheus_client import CollectorRegistry
 
-from exporters import catalog as c
+from exporters.contract import catalog as c
 from remediation.recovery import RecoveryTimes, first_evidence
 from tests.support.net import wait_until
 from tests.support.procs import prometheus

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from jinja2.filters import do_int
 
-from exporters.gpu import power_limit
-from exporters.gpu.fake_nvml import ENV_FAKE_NVML
+from exporters.node.gpu.fake_nvml import ENV_FAKE_NVML
+from exporters.node.tools import power_limit
 from remediation.ingest import target_key
 from remediation.labels import LabelError, canonical, safe_labels
 from remediation.playbooks import load_playbooks
@@ -63,7 +63,7 @@ def lenient_index(value: str) -> int | None:
 
 
 def tool_index(value: str) -> int | None:
-    """The GPU index `python -m exporters.gpu.power_limit --gpu VALUE` takes, or None."""
+    """The GPU index `python -m exporters.node.tools.power_limit --gpu VALUE` takes, or None."""
     try:
         return power_limit.build_parser().parse_args(["--gpu", value, "--restore"]).gpu
     except SystemExit:

@@ -23,7 +23,7 @@ import yaml
 
 from alert_rules import generate
 from alert_rules.config import CONFIG_PATH, load_raw, resolve, seconds
-from exporters.training.collector import (
+from exporters.node.training.collector import (
     STALL_EVIDENCE_MIN_IDLE_SECONDS,
     STALL_EVIDENCE_STEP_FACTOR,
 )

@@ -15,7 +15,7 @@ import yaml
 from alert_rules import gpu_source
 from alert_rules.config import ConfigError, load_raw, resolve
 from dashboards import promql_text
-from exporters import catalog
+from exporters.contract import catalog
 from tests.rules import promtool_cases
 from tests.rules.rulefiles import (
     DCGM_COUNTERS_CSV,

@@ -24,8 +24,8 @@ import requests
 import torch
 from torch import nn
 
-from exporters import catalog
-from exporters.training.checkpoint import MANIFEST, CheckpointManager, weights_digest
+from exporters.contract import catalog
+from exporters.rank.checkpoint import MANIFEST, CheckpointManager, weights_digest
 from tests.remediation.helpers import REPO, TOKEN, auth, stub_server
 from tests.remediation.processes import service_config, start_service
 from tests.slurm.cluster import SlurmCluster

@@ -1,7 +1,7 @@
 """A node comes back only through `trainwatch-resume-node` after its health check passes
 (issue 23): never one drained by someone else, never with a GPU lost or XIDs since the drain,
 never from a pattern. Real Slurm, real Ansible (node_health_check.yml runs
-exporters.gpu.health_check against the fake NVML), real Prometheus for the XID count."""
+exporters.node.gpu.health_check against the fake NVML), real Prometheus for the XID count."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import requests
 
-from exporters import catalog
-from exporters.gpu.fake_nvml import simulated_scenario
+from exporters.contract import catalog
+from exporters.node.gpu.fake_nvml import simulated_scenario
 from remediation.config import SchedulerSettings, load_config
 from remediation.resume import main as resume_main
 from remediation.schedulers.slurm import SlurmScheduler

@@ -1,4 +1,4 @@
-"""Compare a /metrics page with the metric table (exporters/catalog.py METRICS).
+"""Compare a /metrics page with the metric table (exporters/contract/catalog.py METRICS).
 
 An exporter's exposition is derived from the table, so these checks catch code that bypasses
 it: a family served under a name, type, HELP text or label the table does not say.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters import catalog
+from exporters.contract import catalog
 
 # Families prometheus_client's default collectors add (process, platform, GC): not ours.
 FOREIGN_PREFIXES = ("process_", "python_")

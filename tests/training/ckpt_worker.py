@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from exporters.training.checkpoint import (
+from exporters.rank.checkpoint import (
     COMMITTED,
     JOB_FILE,
     MANIFEST,

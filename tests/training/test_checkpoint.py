@@ -12,18 +12,17 @@ import numpy
 import pytest
 import torch
 
-from exporters import catalog
-from exporters.training import wire
-from exporters.training.checkpoint import (
+from exporters.contract import catalog, wire
+from exporters.contract.launcher import RankInfo
+from exporters.node.training.collector import TrainingCollector
+from exporters.node.training.store import Store
+from exporters.rank.checkpoint import (
     COMMITTED,
     CheckpointManager,
     NoHealthyCheckpoint,
     weights_digest,
 )
-from exporters.training.client import TrainingMonitor
-from exporters.training.collector import TrainingCollector
-from exporters.training.launcher import RankInfo
-from exporters.training.store import Store
+from exporters.rank.client import TrainingMonitor
 
 INFO = RankInfo("ckpt-unit", rank=0, local_rank=0, world_size=1, restarts=0)
 

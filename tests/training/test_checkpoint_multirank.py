@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from exporters.training.checkpoint import CheckpointManager, weights_digest
+from exporters.rank.checkpoint import CheckpointManager, weights_digest
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
 from tests.training.ckpt_worker import complete

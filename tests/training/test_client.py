@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from exporters.training import wire
-from exporters.training.client import TrainingMonitor
-from exporters.training.launcher import RankInfo, detect
+from exporters.contract import wire
+from exporters.contract.launcher import RankInfo, detect
+from exporters.rank.client import TrainingMonitor
 from tests.support.net import wait_until
 
 INFO = RankInfo("unit-job", rank=0, local_rank=0, world_size=1, restarts=0)

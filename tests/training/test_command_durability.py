@@ -14,9 +14,9 @@ import pytest
 import requests
 import torch
 
-from exporters.training.checkpoint import CheckpointManager
-from exporters.training.client import TrainingMonitor
-from exporters.training.launcher import RankInfo
+from exporters.contract.launcher import RankInfo
+from exporters.rank.checkpoint import CheckpointManager
+from exporters.rank.client import TrainingMonitor
 from remediation.actions import training_command
 from remediation.actions.base import ActionContext, ActionError
 from remediation.config import Config

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from exporters.training.checkpoint import CheckpointManager
-from exporters.training.client import TrainingMonitor
-from exporters.training.launcher import RankInfo
+from exporters.contract.launcher import RankInfo
+from exporters.rank.checkpoint import CheckpointManager
+from exporters.rank.client import TrainingMonitor
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from exporters import catalog
+from exporters.contract import catalog
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
 from tests.training.support import JOB_BASE_ENV, Exporter, events, exporter, of, torchrun

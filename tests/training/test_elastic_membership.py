@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters import catalog
+from exporters.contract import catalog
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess, running
 from tests.training.support import JOB_BASE_ENV, Exporter, elastic_torchrun, events, exporter, of

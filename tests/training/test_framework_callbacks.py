@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from exporters.training.checkpoint import weights_digest
-from exporters.training.launcher import RankInfo
+from exporters.contract.launcher import RankInfo
+from exporters.rank.checkpoint import weights_digest
 
 pytestmark = pytest.mark.slow
 

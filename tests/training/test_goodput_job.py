@@ -27,8 +27,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters import catalog
-from exporters.training import goodput as gp
+from exporters.contract import catalog
+from exporters.contract import goodput as gp
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess
 from tests.training.support import JOB_BASE_ENV, events, exporter, of

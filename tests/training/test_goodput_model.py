@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from exporters.training import goodput as gp
-from exporters.training.wire import WireError, decode, encode
+from exporters.contract import goodput as gp
+from exporters.contract.wire import WireError, decode, encode
 
 
 class Manager(SimpleNamespace):

@@ -12,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from exporters import catalog, identity
+from exporters.contract import catalog, identity
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess, running
 from tests.training.support import JOB_BASE_ENV, Exporter, events, exporter, of

@@ -13,10 +13,10 @@ import requests
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters import catalog
-from exporters.training.client import TrainingMonitor
-from exporters.training.flops import ModelFlops, count_parameters, dtype_name, peak_flops
-from exporters.training.launcher import RankInfo
+from exporters.contract import catalog
+from exporters.contract.launcher import RankInfo
+from exporters.rank.client import TrainingMonitor
+from exporters.rank.flops import ModelFlops, count_parameters, dtype_name, peak_flops
 from tests.support.net import wait_until
 from tests.training.support import exporter
 

@@ -34,10 +34,10 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from exporters.training import sync
-    from exporters.training.checkpoint import CheckpointManager
-    from exporters.training.client import TrainingMonitor
-    from exporters.training.launcher import RankInfo
+    from exporters.contract.launcher import RankInfo
+    from exporters.rank import sync
+    from exporters.rank.checkpoint import CheckpointManager
+    from exporters.rank.client import TrainingMonitor
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)

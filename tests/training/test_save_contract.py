@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from exporters.training.checkpoint import CheckpointManager, weights_digest
-from exporters.training.client import TrainingMonitor
-from exporters.training.launcher import RankInfo
+from exporters.contract.launcher import RankInfo
+from exporters.rank.checkpoint import CheckpointManager, weights_digest
+from exporters.rank.client import TrainingMonitor
 
 pytestmark = pytest.mark.slow
 HOLD_S = 0.5

@@ -19,9 +19,9 @@ import pytest
 import requests
 import torch
 
-from exporters import catalog
-from exporters.training.client import TrainingMonitor
-from exporters.training.launcher import RankInfo
+from exporters.contract import catalog
+from exporters.contract.launcher import RankInfo
+from exporters.rank.client import TrainingMonitor
 from remediation.actions import training_command
 from remediation.actions.base import ActionContext
 from remediation.config import Config
@@ -32,8 +32,8 @@ from tests.training.support import exporter, write_token
 JOB = "scaled-down"
 GHOST_RANK = """
 import sys, time
-from exporters.training.client import TrainingMonitor
-from exporters.training.launcher import RankInfo
+from exporters.rank.client import TrainingMonitor
+from exporters.contract.launcher import RankInfo
 monitor = TrainingMonitor(rank_info=RankInfo(sys.argv[1], rank=1, local_rank=0, world_size=2,
                                              restarts=0),
                           socket_path=sys.argv[2], control=False, flush_interval=0.05)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters import catalog
+from exporters.contract import catalog
 from tests.support.net import wait_until
 from tests.support.procs import running
 from tests.training.support import (

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporters import catalog
+from exporters.contract import catalog
 from tests.support.net import free_port, wait_until
 from tests.support.procs import prometheus, running
 from tests.training.support import JOB_BASE_ENV, exporter

@@ -1,4 +1,5 @@
-"""`lookup('trainwatch_contract', KEY)`: a fact of exporters/contract.json (ports, token files,
+"""`lookup('trainwatch_contract', KEY)`: a fact of exporters/contract/contract.json (ports, token
+files,
 the job-name pattern), the one file where the Python package and Ansible both read them.
 
 Found relative to this plugin (the repository's layout), not through `role_path`, so a task
@@ -15,7 +16,7 @@ from typing import Any
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
-CONTRACT = Path(__file__).resolve().parents[4] / "exporters" / "contract.json"
+CONTRACT = Path(__file__).resolve().parents[4] / "exporters" / "contract" / "contract.json"
 
 
 @functools.cache

@@ -1,0 +1,120 @@
+"""Settings for `gpu-exporter`: defaults, an optional YAML file, then command-line flags.
+
+The YAML file is validated by a JSON schema (unknown keys and wrong types are rejected with
+the offending key named), so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from exporters import add_version_argument
+from exporters.contract.catalog import PORTS
+
+CONFIG_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "bind": {"type": "string", "minLength": 1},
+        "port": {"type": "integer", "minimum": 1, "maximum": 65535},
+        "interval": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+        "deadline": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+        "simulate": {"type": "integer", "minimum": 0, "maximum": 64},
+        "process_attribution": {"type": "boolean"},
+        "xid_events": {"type": "boolean"},
+        "nvlink": {"type": "boolean"},
+        "gpm": {"type": "boolean"},
+        "log_level": {"enum": ["DEBUG", "INFO", "WARNING", "ERROR"]},
+    },
+}
+
+
+class ConfigError(ValueError):
+    """A bad flag or config file; the CLI prints it and exits 2."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    bind: str = "0.0.0.0"  # noqa: S104 - an exporter serves the network by design
+    port: int = PORTS["gpu_exporter"]
+    interval: float = 5.0
+    deadline: float | None = None  # None: one interval
+    simulate: int = 0
+    process_attribution: bool = True
+    xid_events: bool = True
+    nvlink: bool = True
+    gpm: bool = True  # profiling metrics through NVML GPM where the GPU supports it
+    log_level: str = "INFO"
+
+    @property
+    def cycle_deadline(self) -> float:
+        return self.deadline if self.deadline is not None else self.interval
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    import jsonschema  # lazy: most deployments pass flags only, and RSS matters here
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {path} is not UTF-8 text") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
+    data = {} if data is None else data
+    try:
+        jsonschema.validate(data, CONFIG_SCHEMA)
+    except jsonschema.ValidationError as exc:
+        where = ".".join(str(p) for p in exc.absolute_path) or "(top level)"
+        raise ConfigError(f"config {path}: {where}: {exc.message}") from exc
+    return data
+
+
+def _positive(kind: type, upper: float) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not 0 < value <= upper:
+            raise argparse.ArgumentTypeError(f"must be in (0, {upper}]: {text}")
+        return value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpu-exporter",
+        description="Prometheus exporter for NVIDIA GPUs (NVML), served from a background "
+                    "snapshot so scrapes never wait on the driver.")
+    add_version_argument(parser)
+    parser.add_argument("--bind", help="listen address (default 0.0.0.0)")
+    parser.add_argument("--port", type=_positive(int, 65535),
+                        help=f"listen port (default {PORTS['gpu_exporter']})")
+    parser.add_argument("--interval", type=_positive(float, 3600),
+                        help="seconds between collection cycles (default 5)")
+    parser.add_argument("--deadline", type=_positive(float, 3600),
+                        help="seconds a cycle may take before data is reported stale "
+                             "(default: one interval)")
+    parser.add_argument("--simulate", type=_positive(int, 64), metavar="N",
+                        help="serve N simulated GPUs from the fake NVML (demo, laptops)")
+    parser.add_argument("--no-gpm", dest="gpm", action="store_const", const=False,
+                        help="do not read the GPM profiling metrics (SM/tensor/DRAM activity)")
+    parser.add_argument("--config", type=Path, metavar="FILE", help="optional YAML settings")
+    parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def resolve(args: argparse.Namespace) -> Settings:
+    """Defaults < config file < flags."""
+    settings = Settings()
+    if args.config is not None:
+        settings = replace(settings, **load_config_file(args.config))
+    overrides = {f.name: getattr(args, f.name) for f in fields(Settings)
+                 if getattr(args, f.name, None) is not None}
+    return replace(settings, **overrides)

@@ -1,0 +1,139 @@
+"""`training-exporter`: the node training exporter (datagram receiver + /metrics + control API).
+
+Served by exporters.contract.serving (waitress) in one process: the datagram receiver thread and the
+HTTP handlers share the in-memory store, and a client that sends its request slowly holds a
+socket, never one of the handler threads that answer scrapes and control calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sqlite3
+import sys
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from exporters import add_version_argument
+from exporters.contract import serving
+from exporters.contract.catalog import DEFAULT_EXPORTER_SOCKET, PORTS
+from exporters.contract.goodput import Ledger, LedgerFile
+from exporters.contract.launcher import node_name
+from exporters.contract.tokens import SecretFileError, read_token_file
+from exporters.node.training.collector import TrainingCollector
+from exporters.node.training.command_log import CommandLog
+from exporters.node.training.control_api import MAX_BODY_BYTES, ControlApp
+from exporters.node.training.receiver import Receiver, bind_socket
+from exporters.node.training.store import DEPARTED_AFTER_SECONDS, Store
+
+log = logging.getLogger("trainwatch.training_exporter")
+
+
+def read_token(path: Path | None) -> str | None:
+    """The control token, or None (API disabled) when no file is configured."""
+    if path is None:
+        return None
+    try:
+        return read_token_file(path)
+    except SecretFileError as exc:
+        raise SystemExit(f"--token-file: {exc}") from None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="training-exporter", description=__doc__.splitlines()[0])
+    add_version_argument(parser)
+    parser.add_argument("--bind", default="0.0.0.0",  # noqa: S104 - by contract
+                        help="listen address (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=PORTS["training_exporter"])
+    parser.add_argument("--socket", type=Path, default=Path(DEFAULT_EXPORTER_SOCKET),
+                        help="Unix datagram socket the ranks send to")
+    parser.add_argument("--token-file", type=Path, default=None,
+                        help="file holding the control API bearer token (API off without it)")
+    parser.add_argument("--node", default=node_name(), help="value of the node label")
+    parser.add_argument("--job-expiry-seconds", type=float, default=600.0,
+                        help="drop a job's series this long after its last report")
+    parser.add_argument("--rank-departed-seconds", type=float, default=DEPARTED_AFTER_SECONDS,
+                        help="a rank silent this long no longer counts as a member a command "
+                        "waits for (its series stay until the job expires)")
+    parser.add_argument("--threads", type=int, default=4, help="HTTP handler threads")
+    parser.add_argument("--command-log", type=Path, default=None,
+                        help="SQLite file that keeps accepted commands and their outcomes "
+                        "across exporter restarts (memory only without it)")
+    parser.add_argument("--goodput-state", type=Path, default=None,
+                        help="SQLite file that keeps the goodput counters across exporter "
+                        "restarts (memory only without it; docs/goodput.md)")
+    args = parser.parse_args(argv)
+    try:
+        ipaddress.ip_address(args.bind)
+    except ValueError:
+        parser.error(f"--bind {args.bind!r} is not an IP address")
+    if not 0 < args.port < 65536:
+        parser.error("--port must be in 1..65535")
+    if not args.socket.parent.is_dir():
+        parser.error(f"--socket directory {args.socket.parent} does not exist")
+    if not args.node or len(args.node) > 253:
+        parser.error("--node must be a non-empty host name")
+    if not 1 <= args.job_expiry_seconds <= 7 * 86400:
+        parser.error("--job-expiry-seconds must be between 1 and 604800")
+    if not 2 <= args.rank_departed_seconds <= 3600:
+        parser.error("--rank-departed-seconds must be between 2 and 3600 (ranks heartbeat "
+                     "every second)")
+    if args.command_log is not None and not args.command_log.parent.is_dir():
+        parser.error(f"--command-log directory {args.command_log.parent} does not exist")
+    if args.goodput_state is not None and not args.goodput_state.parent.is_dir():
+        parser.error(f"--goodput-state directory {args.goodput_state.parent} does not exist")
+    if not 1 <= args.threads <= 64:
+        parser.error("--threads must be between 1 and 64")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    token = read_token(args.token_file)
+    if token is None:
+        log.warning("no --token-file: control API answers 503 (fail closed)")
+    store = Store(args.job_expiry_seconds, departed_after=args.rank_departed_seconds)
+    if args.goodput_state is not None:
+        try:
+            store.goodput = Ledger(LedgerFile(args.goodput_state))
+        except sqlite3.Error as exc:
+            raise SystemExit(f"--goodput-state {args.goodput_state}: {exc}") from None
+    registry = CollectorRegistry()
+    registry.register(TrainingCollector(store, args.node))
+    try:
+        server = serving.make_server(
+            ControlApp(store, registry, token), args.bind, args.port, ident="training-exporter",
+            limits=serving.Limits(threads=args.threads, max_body_bytes=MAX_BODY_BYTES))
+    except OSError as exc:
+        raise SystemExit(f"training-exporter: cannot listen on {args.bind}:{args.port}: "
+                         f"{exc.strerror or exc}") from None
+    if args.command_log is not None:
+        store.attach_log(CommandLog(args.command_log))
+    sock = bind_socket(args.socket)
+    inode = args.socket.stat().st_ino
+    receiver = Receiver(sock, store)
+    receiver.start()
+
+    def on_stop() -> None:
+        receiver.stop()
+        store.goodput.close()  # the counters as last served stay on disk
+        sock.close()
+        # A new exporter may already have bound its own socket file at this path (a restart
+        # that overlapped this one's exit): remove the file only if it is still ours.
+        try:
+            if args.socket.stat().st_ino == inode:
+                args.socket.unlink()
+        except FileNotFoundError:
+            pass
+
+    log.info("receiving on %s, serving on %s:%d", args.socket, args.bind, args.port)
+    serving.serve_until_signal(server, on_stop=on_stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

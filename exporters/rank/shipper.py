@@ -1,0 +1,218 @@
+"""Background thread of a rank: ship step reports as datagrams, poll the control API.
+
+Everything slow or failure-prone happens here: number conversion, JSON encoding, socket
+sends, HTTP. Sends are non-blocking; a datagram that cannot be sent (exporter down, socket
+full) is dropped and its steps counted, and the cumulative count rides in the next datagram
+that gets through.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import math
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from exporters.contract import commands as cmd
+from exporters.contract.launcher import RankInfo
+from exporters.contract.wire import MAX_STEPS_PER_DATAGRAM, VERSION, encode
+from exporters.rank.forwarders import ForwarderThread, StepRow
+
+log = logging.getLogger(__name__)
+APPLIED_RESEND_SECONDS = 10.0  # applied reports ride along this long (datagrams may drop)
+HEARTBEAT_SECONDS = 1.0
+
+
+def _float(value: Any) -> float | None:
+    """Numbers and 0-d tensors to float; anything unconvertible to None (never raise)."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+
+
+class ControlPoller:
+    """GETs the commands this rank has not applied yet from its node exporter."""
+
+    def __init__(self, url: str, token: str, job: str, rank: int, timeout: float = 2.0) -> None:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"exporter URL {url!r} must be http://host:port (loopback)")
+        self._host, self._port = parts.hostname, parts.port or 80
+        self._path = f"/v1/jobs/{quote(job, safe='')}/commands?pending_for_rank={rank}"
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._timeout = timeout
+
+    def fetch(self) -> list[dict[str, Any]]:
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+        try:
+            conn.request("GET", self._path, headers=self._headers)
+            response = conn.getresponse()
+            body = response.read(1 << 20)
+        finally:
+            conn.close()
+        if response.status == 404:  # our first datagram has not arrived yet
+            return []
+        if response.status != 200:
+            raise OSError(f"control API answered {response.status}")
+        # NaN/Infinity literals parse here on purpose: cmd.validate refuses that one entry
+        # (non-finite argument) and the commands beside it still arrive.
+        document = json.loads(body)
+        commands = document.get("commands", []) if isinstance(document, dict) else []
+        return commands if isinstance(commands, list) else []
+
+
+class Shipper(threading.Thread):
+    """Drains the monitor's buffer every `flush_interval` (or at once when woken)."""
+
+    def __init__(self, monitor: Any, info: RankInfo, socket_path: str | None,
+                 poller: ControlPoller | None, forwarders: ForwarderThread | None,
+                 flush_interval: float, poll_interval: float,
+                 accept_command: Callable[[dict[str, Any]], None]) -> None:
+        super().__init__(name="trainwatch-shipper", daemon=True)
+        self._m = monitor
+        self._info = info
+        self._path = socket_path
+        self._poller = poller
+        self._forwarders = forwarders
+        self._flush_interval = flush_interval
+        self._poll_interval = poll_interval
+        self._accept = accept_command
+        self.wake = threading.Event()
+        self._stopping = False
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+        self._expected_seq = 1
+        self._last_send = 0.0
+        self._last_poll = 0.0
+        self.dropped = 0  # steps never delivered (buffer overflow or failed send)
+        self.nonfinite_late = 0  # non-finite losses only recognisable here (tensors)
+        self.seen_seq = 0  # newest report looked at (the monitor waits on it for health)
+        self.datagrams_sent = 0
+        self.poll_errors = 0
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        self.wake.set()
+        self.join(timeout)
+        self._sock.close()
+
+    def run(self) -> None:
+        while True:
+            self.wake.wait(self._flush_interval)
+            self.wake.clear()
+            stopping = self._stopping
+            try:
+                self._flush(force=stopping)
+                if self._poller is not None and not stopping:
+                    self._poll()
+            except Exception:  # the thread must survive anything
+                log.exception("trainwatch shipper iteration failed")
+            if stopping:
+                return
+
+    # --- step reports -----------------------------------------------------------------------
+    def _drain(self) -> list[StepRow]:
+        buffer: deque[tuple[Any, ...]] = self._m._buffer
+        offset = self._m._wall_offset
+        rows: list[StepRow] = []
+        while True:
+            try:
+                seq, step, t, duration, loss, lr, grad_norm, data_wait = buffer.popleft()
+            except IndexError:
+                break
+            if seq > self._expected_seq:  # the deque overflowed and discarded the oldest
+                self.dropped += seq - self._expected_seq
+            self._expected_seq = seq + 1
+            loss_f = _float(loss)
+            if loss_f is not None and not math.isfinite(loss_f):
+                # Floats were counted on the training thread already; tensors and numpy
+                # scalars only here. Both feed the checkpoint health flag and rollback's skip.
+                if type(loss) is not float:
+                    self.nonfinite_late += 1
+                self._m._nonfinite_seqs.append(seq)
+                self._m._nonfinite_seen += 1
+            self.seen_seq = seq
+            self._m._collectives.compute.note_report(t + offset)
+            self._m._goodput.step(t, data_wait if type(data_wait) is float else
+                                  _float(data_wait))
+            rows.append((int(step), t + offset, _float(duration), loss_f, _float(lr),
+                         _float(grad_norm), _float(data_wait)))
+        return rows
+
+    def _header(self) -> dict[str, Any]:
+        m, info = self._m, self._info
+        now = time.monotonic()
+        applied = [e for t, e in list(m._applied_events) if now - t < APPLIED_RESEND_SECONDS]
+        return {
+            "v": VERSION, "job": info.job, "rank": info.rank, "local_rank": info.local_rank,
+            "world_size": info.world_size, "restarts": info.restarts,
+            "dropped": self.dropped, "nonfinite": m._nonfinite + self.nonfinite_late,
+            "samples_total": float(m._samples), "tokens_total": float(m._tokens),
+            "flops_total": float(m._flops), "peak_flops": float(m._peak_flops),
+            "rollbacks": m._rollbacks, "applied_counts": dict(m._applied_counts),
+            "command_types": {name: schema for name, (_, schema) in m._custom.items()},
+            "cuda": m._cuda_memory(), "applied": applied[-50:],
+            "incarnation": m.incarnation, "finished": m.finished, "exiting": m.exiting,
+            "collective": m._collectives.current(m._last_report),
+            "collective_key": m._collectives.key,  # of the collective just described
+            "compute": [m._collectives.compute.seconds, m._collectives.compute.steps],
+            "checkpoint_failures": int(getattr(m._checkpoints, "failed_saves", 0)),
+            "goodput": m._goodput.wire(),
+        }
+
+    def _flush(self, force: bool = False) -> None:
+        rows = self._drain()
+        self._m._collectives.compute.measure()
+        if force and self._m.finished:  # the monitor closed: a clean end of this process
+            self._m._goodput.finish(time.perf_counter())
+        if rows and self._forwarders is not None:
+            self._forwarders.submit(rows)
+        now = time.monotonic()
+        if not rows and not force and now - self._last_send < HEARTBEAT_SECONDS:
+            return
+        self._last_send = now
+        if self._path is None:
+            self.dropped += len(rows)
+            return
+        chunks = [rows[i:i + MAX_STEPS_PER_DATAGRAM]
+                  for i in range(0, len(rows), MAX_STEPS_PER_DATAGRAM)] or [[]]
+        for chunk in chunks:
+            message = self._header()
+            message["steps"] = [list(r) for r in chunk]
+            try:
+                self._sock.sendto(encode(message), self._path)
+                self.datagrams_sent += 1
+            except OSError:  # absent, refused, full (BlockingIOError): drop and count
+                self.dropped += len(chunk)
+
+    # --- commands ---------------------------------------------------------------------------
+    def _poll(self) -> None:
+        now = time.monotonic()
+        if now - self._last_poll < self._poll_interval:
+            return
+        self._last_poll = now
+        try:
+            fetched = self._poller.fetch()  # type: ignore[union-attr]
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            self.poll_errors += 1
+            log.debug("control poll failed: %s", exc)
+            return
+        for entry in fetched:
+            if isinstance(entry, dict):
+                try:
+                    command = cmd.validate({k: entry.get(k) for k in ("id", "type", "args")},
+                                           self._m._schemas())
+                except cmd.CommandError as exc:
+                    log.warning("ignoring command from exporter: %s", exc)
+                    continue
+                self._accept(command.to_wire())

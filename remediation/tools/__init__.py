@@ -1,1 +1,0 @@
-"""Small programs the remediation Ansible playbooks run on a node (no shell, argv only)."""
