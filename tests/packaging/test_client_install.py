@@ -56,7 +56,8 @@ while step <= int(sys.argv[1]):
     step = tw.step_end(step).next_step
 tw.close()
 print("CLIENT_FROM", exporters.__file__, flush=True)
-print("NODE_SIDE_LOADED", [m for m in sys.modules if m.startswith(("exporters.node", "remediation"))],
+NODE_SIDE = ("exporters.node", "remediation")
+print("NODE_SIDE_LOADED", [m for m in sys.modules if m.startswith(NODE_SIDE)],
       flush=True)
 dist.destroy_process_group()
 """
