@@ -307,6 +307,8 @@ def run_child(mode: str, steps: int, width: int, threads: int, every: int,
     startup = time.perf_counter() - started
     marks = []
     begin = time.perf_counter()
+    begin_unqueued = _wall_not_queued()
+    begin_cpu = time.process_time() + _writer_cpu()
     for step in range(steps):
         index = monitor.next_batch() if monitor is not None else step
         loss = model(batches[index % len(batches)]).pow(2).mean()
@@ -324,8 +326,15 @@ def run_child(mode: str, steps: int, width: int, threads: int, every: int,
     if manager is not None:
         manager.wait()  # the last save is part of the run
     loop = time.perf_counter() - begin
+    # the same loop on two clocks that other sessions on a shared machine move much less:
+    # the training thread's wall time minus its waits for a core, and the CPU the run used
+    # (this process's threads and the checkpoint writer process)
+    loop_unqueued = _wall_not_queued() - begin_unqueued
+    loop_cpu = time.process_time() + _writer_cpu() - begin_cpu
     result = {"mode": mode, "steps": steps, "startup_s": round(startup, 4),
-              "loop_s": round(loop, 4), "first_100_s": round(marks[0], 4) if marks else None,
+              "loop_s": round(loop, 4), "loop_unqueued_s": round(loop_unqueued, 4),
+              "loop_cpu_s": round(loop_cpu, 4),
+              "first_100_s": round(marks[0], 4) if marks else None,
               "per_100_s": [round(b - a, 4) for a, b in zip([0.0, *marks[:-1]], marks,
                                                              strict=True)]}
     if monitor is not None and manager is not None:
@@ -386,11 +395,26 @@ def _summarise_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                   / (p["loop_s"] + p["startup_s"]) for p, t in zip(plain, tw, strict=True)]
     first_ratio = [t["first_100_s"] / p["first_100_s"] for p, t in zip(plain, tw, strict=True)
                    if p["first_100_s"] and t["first_100_s"]]
+
+    def paired_pct(key: str) -> list[float]:
+        return [100 * (t[key] - p[key]) / p[key] for p, t in zip(plain, tw, strict=True)]
+
+    walls = [r["loop_s"] for r in plain]
+    plain_spread = 100 * (max(walls) - min(walls)) / min(walls) if len(walls) > 1 else None
     return {"plain_loop_s": round(med(plain, "loop_s"), 3),
             "trainwatch_loop_s": round(med(tw, "loop_s"), 3),
             "trainwatch_startup_s": round(med(tw, "startup_s"), 3),
             "loop_overhead_pct": round(statistics.median(loop_over), 2),
             "loop_overhead_pct_by_round": [round(x, 2) for x in loop_over],
+            # the same run on the clocks a shared machine moves less (see run_child)
+            "loop_overhead_unqueued_pct": round(statistics.median(
+                paired_pct("loop_unqueued_s")), 2),
+            "loop_overhead_unqueued_pct_by_round": [round(x, 2)
+                                                    for x in paired_pct("loop_unqueued_s")],
+            "loop_cpu_overhead_pct": round(statistics.median(paired_pct("loop_cpu_s")), 2),
+            "loop_cpu_overhead_pct_by_round": [round(x, 2) for x in paired_pct("loop_cpu_s")],
+            # how much the same plain run moved between rounds: the wall clock's noise here
+            "plain_loop_spread_pct": None if plain_spread is None else round(plain_spread, 2),
             "startup_plus_loop_overhead_pct": round(statistics.median(total_over), 2),
             "first_100_steps_ratio": (round(statistics.median(first_ratio), 3)
                                       if first_ratio else None),
@@ -409,7 +433,12 @@ def print_runs(runs: dict[str, Any]) -> None:
         if key.startswith("steps_"):
             print(f"  {key[6:]} steps: loop plain {fig['plain_loop_s']} s, Trainwatch "
                   f"{fig['trainwatch_loop_s']} s: overhead {fig['loop_overhead_pct']:+.2f} % "
-                  f"(by round {fig['loop_overhead_pct_by_round']}); start-up "
+                  f"(by round {fig['loop_overhead_pct_by_round']}; plain runs moved "
+                  f"{fig['plain_loop_spread_pct']} % between rounds); without waits for a "
+                  f"core {fig['loop_overhead_unqueued_pct']:+.2f} % "
+                  f"(by round {fig['loop_overhead_unqueued_pct_by_round']}); CPU used "
+                  f"{fig['loop_cpu_overhead_pct']:+.2f} % "
+                  f"(by round {fig['loop_cpu_overhead_pct_by_round']}); start-up "
                   f"{fig['trainwatch_startup_s']} s (with it "
                   f"{fig['startup_plus_loop_overhead_pct']:+.2f} %); "
                   f"first 100 steps {fig['plain_first_100_s']} s vs "
@@ -447,7 +476,7 @@ def main() -> int:
         runs = bench_runs(lengths, args.run_rounds, args.run_width, args.threads, args.every)
         print_runs(runs)
         print(json.dumps({"benchmark": "checkpoint.runs", "machine": _machine(),
-                          "runs": runs, "goals_met": _run_goals(runs, lengths)}))
+                          "runs": runs, "goals_met": run_goals(runs, lengths)}))
         return 0
     writers = [w for w in args.writers.split(",") if w]
     if not writers or any(w not in WRITERS for w in writers):
@@ -485,7 +514,7 @@ def main() -> int:
         "blocking_le_2pct": judged["blocking_pct"] <= 2,
         # issue 28, point 10: the rule that chooses the save contract (informational)
         "on_save_within_10pct_of_sync": blocking["on_save_over_sync_pct"] <= 10,
-        **(_run_goals(runs, lengths) if runs else {})}
+        **(run_goals(runs, lengths) if runs else {})}
     print(f"state {result['state_mb']} MB: synchronous save blocks "
           f"{blocking['sync_blocking_s']:.3f} s, asynchronous {blocking['async_blocking_s']:.3f} s "
           f"({blocking['async_over_sync_pct']} % of synchronous; committed after "
@@ -527,10 +556,16 @@ def _machine() -> str:
     return f"{platform.machine()} {os.cpu_count()} cpus {model}".strip()
 
 
-def _run_goals(runs: dict[str, Any], lengths: list[int]) -> dict[str, bool]:
-    """Issue 28, acceptance 4: the longest run's overhead (loop) <= 2 %."""
+def run_goals(runs: dict[str, Any], lengths: list[int]) -> dict[str, bool]:
+    """Issue 28, acceptance 4: the longest run's overhead (loop) <= 2 %, on the wall clock and
+    without the waits for a core; and whether the wall clock could resolve 2 % at all here (the
+    plain runs moved less than that between rounds)."""
     longest = runs[f"steps_{max(lengths)}"]
-    return {"long_run_overhead_le_2pct": longest["loop_overhead_pct"] <= 2}
+    return {"long_run_overhead_le_2pct": longest["loop_overhead_pct"] <= 2,
+            "long_run_overhead_le_2pct_without_core_waits":
+                longest["loop_overhead_unqueued_pct"] <= 2,
+            "wall_clock_resolves_2pct": longest["plain_loop_spread_pct"] is not None
+            and longest["plain_loop_spread_pct"] < 2}
 
 
 if __name__ == "__main__":

@@ -299,12 +299,11 @@ def print_sync(result: dict[str, Any]) -> None:
 
 def whole_runs(lengths: list[int], args: argparse.Namespace) -> dict[str, Any]:
     """benchmarks/checkpoint.py's whole-run comparison (one implementation), printed."""
-    from benchmarks.checkpoint import bench_runs, print_runs
+    from benchmarks.checkpoint import bench_runs, print_runs, run_goals
 
     runs = bench_runs(lengths, args.run_rounds, args.run_width, args.run_threads, every=50)
     print_runs(runs)
-    longest = runs[f"steps_{max(lengths)}"]
-    runs["long_run_overhead_le_2pct"] = longest["loop_overhead_pct"] <= 2
+    runs.update(run_goals(runs, lengths))
     return runs
 
 

@@ -1,0 +1,181 @@
+"""The same benchmarks on two trees of this repository, interleaved in one run, as ratios.
+
+    .venv/bin/python benchmarks/compare_trees.py --base <git ref> [--rounds 3]
+
+Why: a change that should not change behaviour (issue 27 moved most of the code) is checked by
+measuring the hot paths before and after on the same machine at the same time, so the machine's
+own drift (another process, the CPU's clock) falls on both sides alike. Each round runs every
+benchmark once on the base tree and once on the working tree, alternating which goes first.
+
+The base tree is `git archive <ref>` in a temporary folder; each tree runs its OWN benchmark
+scripts and its OWN code: PYTHONPATH points at the tree, and the console scripts the benchmarks
+start (`training-exporter`, `remediation-server`, `gpu-exporter`) are shims generated from that
+tree's pyproject.toml next to a `python` that uses this virtualenv's packages, so a module that
+moved between the trees is found where each tree has it. A check before the first round fails
+the run when a tree imports the other's code.
+
+Figures compared (median over rounds; `new/base` below 1 is faster for times):
+  report: the training client's `report()` call, median and p99 (benchmarks/training_client.py);
+  webhook: remediation-server's 2xx latency at 200 req/s and its closed-loop alerts/s
+      (benchmarks/webhook.py, SQLite store);
+  scrape: gpu-exporter's scrape latency with 8 simulated GPUs and its CPU share
+      (benchmarks/gpu_exporter.py).
+Goal (issue 27): every median-based figure within 5 %; p99 figures are printed, not judged (on
+a 2-core machine one preempted request moves them more than that). Last line: JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+REPO = Path(__file__).resolve().parents[1]
+VENV = Path(sys.prefix)
+GOAL_PCT = 5.0
+
+# benchmark -> (script, arguments both trees' scripts accept, figures: name -> (path, higher
+# is better, judged))
+BENCHMARKS: dict[str, tuple[str, list[str], dict[str, tuple[str, bool, bool]]]] = {
+    "report": ("benchmarks/training_client.py",
+               ["--calls", "20000", "--loop-rounds", "4", "--sync-iters", "20",
+                "--sync-rounds", "2", "--runs", ""],
+               {"report_median_us": ("report.median_us", False, True),
+                "report_p99_us": ("report.p99_us", False, False)}),
+    "webhook": ("benchmarks/webhook.py", ["--seconds", "5", "--slow", "0"],
+                {"webhook_p50_ms": ("trainwatch.latency.p50_ms", False, True),
+                 "webhook_p99_ms": ("trainwatch.latency.p99_ms", False, False),
+                 "webhook_alerts_per_s": ("trainwatch.throughput.alerts_per_s", True, True)}),
+    "scrape": ("benchmarks/gpu_exporter.py",
+               ["--scrapes", "300", "--window", "5", "--cycles", "10"],
+               {"scrape_p50_ms": ("trainwatch.scrape_p50_ms", False, True),
+                "scrape_p99_ms": ("trainwatch.scrape_p99_ms", False, False),
+                "scrape_cpu_share": ("trainwatch.cpu_share_of_core_1hz_scrapes", False, True)}),
+}
+
+
+def log(message: str) -> None:
+    print(f"[compare_trees] {message}", file=sys.stderr, flush=True)
+
+
+def export(ref: str, into: Path) -> Path:
+    """`git archive ref` unpacked into `into`: the base tree, without the working tree's files."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref],
+                             capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def interpreter_for(tree: Path, home: Path) -> Path:
+    """A `bin/` beside a python that uses this virtualenv's packages, with the tree's console
+    scripts as shims (the benchmarks start them from the interpreter's folder)."""
+    (home / "bin").mkdir(parents=True)
+    shutil.copy(VENV / "pyvenv.cfg", home / "pyvenv.cfg")
+    (home / "lib").symlink_to(VENV / "lib")
+    python = home / "bin" / "python"
+    python.symlink_to(Path(sys.executable))
+    scripts = tomllib.loads((tree / "pyproject.toml").read_text())["project"]["scripts"]
+    for name, target in scripts.items():
+        module, _, func = target.partition(":")
+        shim = home / "bin" / name
+        shim.write_text(f"#!{python}\nimport sys\nfrom {module} import {func}\n"
+                        f"sys.exit({func}())\n")
+        shim.chmod(0o755)
+    return python
+
+
+def run_json(python: Path, tree: Path, argv: list[str]) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env.pop("VIRTUAL_ENV", None)
+    done = subprocess.run([str(python), *argv], cwd=tree, env=env, capture_output=True,
+                          text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[0]} in {tree} exited {done.returncode}:\n"
+                           f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def dig(data: dict[str, Any], path: str) -> float:
+    value: Any = data
+    for key in path.split("."):
+        value = value[key]
+    return float(value)
+
+
+def check_isolation(trees: dict[str, tuple[Path, Path]]) -> None:
+    """Each tree's python imports that tree's packages, never the other's."""
+    probe = ("import exporters, remediation, json; "
+             "print(json.dumps([exporters.__file__, remediation.__file__]))")
+    for name, (tree, python) in trees.items():
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        paths = json.loads(subprocess.run([str(python), "-c", probe], cwd=tree, env=env,
+                                          capture_output=True, text=True,
+                                          check=True).stdout)
+        wrong = [p for p in paths if not Path(p).resolve().is_relative_to(tree.resolve())]
+        if wrong:
+            raise SystemExit(f"{name} tree imports code from elsewhere: {wrong}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="git ref of the base tree")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--only", choices=sorted(BENCHMARKS), action="append")
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    chosen = args.only or list(BENCHMARKS)
+    figures: dict[str, dict[str, list[float]]] = {"base": {}, "new": {}}
+    with tempfile.TemporaryDirectory(prefix="compare-trees-") as tmp:
+        work = Path(tmp)
+        base_tree = export(args.base, work / "base")
+        trees = {"base": (base_tree, interpreter_for(base_tree, work / "python-base")),
+                 "new": (REPO, interpreter_for(REPO, work / "python-new"))}
+        check_isolation(trees)
+        for round_no in range(args.rounds):
+            order = ["base", "new"] if round_no % 2 == 0 else ["new", "base"]
+            for bench in chosen:
+                script, argv, wanted = BENCHMARKS[bench]
+                for side in order:
+                    tree, python = trees[side]
+                    log(f"round {round_no + 1}/{args.rounds}: {bench} on {side}")
+                    data = run_json(python, tree, [script, *argv])
+                    for name, (path, _, _) in wanted.items():
+                        figures[side].setdefault(name, []).append(dig(data, path))
+    result: dict[str, Any] = {}
+    for bench in chosen:
+        for name, (_, higher_better, judged) in BENCHMARKS[bench][2].items():
+            base = statistics.median(figures["base"][name])
+            new = statistics.median(figures["new"][name])
+            ratio = new / base if base else float("nan")
+            # positive: the new tree is worse
+            worse_pct = (1 - ratio) * 100 if higher_better else (ratio - 1) * 100
+            result[name] = {"base": round(base, 4), "new": round(new, 4),
+                            "new_over_base": round(ratio, 4),
+                            "worse_pct": round(worse_pct, 2), "judged": judged}
+            mark = ("ok" if worse_pct <= GOAL_PCT else "OVER") if judged else "-"
+            print(f"{name:22s} base {base:10.4g}  new {new:10.4g}  new/base {ratio:6.3f}  "
+                  f"{'worse' if worse_pct > 0 else 'better'} {abs(worse_pct):5.1f} %  {mark}")
+    goal = all(v["worse_pct"] <= GOAL_PCT for v in result.values() if v["judged"])
+    print(json.dumps({"benchmark": "compare_trees", "base": args.base, "rounds": args.rounds,
+                      "machine": f"{platform.processor() or platform.machine()} "
+                                 f"{os.cpu_count()} cpu, Python {platform.python_version()}",
+                      "figures": result, f"judged_within_{GOAL_PCT:g}_pct": goal}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
