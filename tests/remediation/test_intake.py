@@ -191,7 +191,7 @@ def test_truncated_alerts_are_recorded_and_escalated(service_factory) -> None:
 def test_audit_table_is_append_only(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
     with store.transaction() as conn:
-        Store.audit(conn, "acted", reason="x")
+        conn.audit("acted", reason="x")
     import sqlite3
 
     with pytest.raises(sqlite3.IntegrityError, match="append-only"), store.transaction() as conn:

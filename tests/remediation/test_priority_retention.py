@@ -12,7 +12,7 @@ import pytest
 
 from remediation.metrics import StoreCollector
 from remediation.playbooks import load_playbooks
-from remediation.store import NewIntent, Store
+from remediation.store import NewIntent, Store, Transaction
 from tests.remediation.helpers import REPO, alert, auth, payload, stub_server
 
 
@@ -66,12 +66,12 @@ def test_metrics_read_running_counters_not_the_audit_table(service_factory) -> N
         assert decisions == {"refused": 3, "unmatched": 3}
 
 
-def _intent(conn: sqlite3.Connection, fp: str, phase: str, state: str) -> int:
-    new_id = Store.insert_intent(conn, NewIntent(
+def _intent(conn: Transaction, fp: str, phase: str, state: str) -> int:
+    new_id = conn.insert_intent(NewIntent(
         fingerprint=fp, starts_at="t", playbook="page", phase=phase, alertname="A", labels={},
         annotations={}, target_key="k", state=state))
     assert new_id is not None
-    Store.audit(conn, "acted" if state == "done" else "awaiting_approval", intent_id=new_id,
+    conn.audit("acted" if state == "done" else "awaiting_approval", intent_id=new_id,
                 playbook="page", action="http")
     return new_id
 

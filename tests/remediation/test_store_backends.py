@@ -18,7 +18,7 @@ import requests
 
 from remediation.config import Config, load_config
 from remediation.marker import StoreResetError, check_store, write_marker
-from remediation.store import NewIntent, Store
+from remediation.store import NewIntent
 from remediation.stores import open_store
 from tests.remediation.helpers import alert, auth, payload, write_config
 from tests.remediation.processes import service_config, start_service
@@ -45,11 +45,11 @@ def test_claims_are_exclusive_across_store_instances(tmp_path: Path,
     config = configured(tmp_path, store_section)
     stores = [open_store(config), open_store(config)]
     with stores[0].transaction() as conn:
-        ids = [Store.insert_intent(conn, new(f"f{i}")) for i in range(60)]
+        ids = [conn.insert_intent(new(f"f{i}")) for i in range(60)]
         assert all(ids)
-        assert Store.insert_intent(conn, new("f0")) is None  # idempotency key exists
+        assert conn.insert_intent(new("f0")) is None  # idempotency key exists
     with stores[1].transaction() as conn:
-        assert Store.insert_intent(conn, new("f1")) is None
+        assert conn.insert_intent(new("f1")) is None
     claimed: list[int] = []
     lock = threading.Lock()
 
@@ -75,7 +75,7 @@ def test_a_lease_holds_while_renewed_and_passes_on_when_it_expires(
     config = configured(tmp_path, store_section)
     a, b = open_store(config), open_store(config)
     with a.transaction() as conn:
-        intent_id = Store.insert_intent(conn, new("lease1"))
+        intent_id = conn.insert_intent(new("lease1"))
     claimed = a.claim("replica-a", 3.0)
     assert claimed is not None and claimed.id == intent_id
     deadline = time.monotonic() + 2.5
@@ -101,7 +101,7 @@ def test_a_wall_clock_jump_does_not_hand_a_running_step_to_another_worker(
     config = configured(tmp_path, store_section)
     a, b = open_store(config), open_store(config)
     with a.transaction() as conn:
-        intent_id = Store.insert_intent(conn, new("jump1"))
+        intent_id = conn.insert_intent(new("jump1"))
     owner = "host:1234:abcd"  # one replica: its worker threads share the owner name
     held = a.claim(owner, 2.0)
     assert held is not None and held.id == intent_id
@@ -115,8 +115,8 @@ def test_a_wall_clock_jump_does_not_hand_a_running_step_to_another_worker(
                        what="the unrenewed lease to be taken over")
     assert taken.id == intent_id and taken.lease_gen > held.lease_gen
     with a.transaction() as conn:
-        assert not Store.owns(conn, held, owner)  # A is fenced off
-        assert Store.owns(conn, taken, owner)
+        assert not conn.look(held.id).held_by(owner, held.lease_gen)  # A is fenced off
+        assert conn.look(taken.id).held_by(owner, taken.lease_gen)
 
 
 def test_a_wall_clock_jump_does_not_wipe_the_audit_or_the_cooldowns(
@@ -131,9 +131,9 @@ def test_a_wall_clock_jump_does_not_wipe_the_audit_or_the_cooldowns(
     retention = 30 * 86400.0
     store = open_store(configured(tmp_path, store_section))
     with store.transaction() as conn:
-        done = Store.insert_intent(conn, new("f1", state="done"))
-        Store.insert_intent(conn, new("f1", "resolve", state="done"))
-        Store.audit(conn, "acted", intent_id=done, playbook="page", action="http")
+        done = conn.insert_intent(new("f1", state="done"))
+        conn.insert_intent(new("f1", "resolve", state="done"))
+        conn.audit("acted", intent_id=done, playbook="page", action="http")
         conn.execute("INSERT INTO grants (at, playbook, target_key, intent_id, priority)"
                      " VALUES (?,?,?,?,?)", (time.time(), "page", "k", done, 1))
 
@@ -141,7 +141,7 @@ def test_a_wall_clock_jump_does_not_wipe_the_audit_or_the_cooldowns(
         assert [a["intent_id"] for a in store.list_audit(100)] == [done]
         assert len(store.list_intents(100)) == 2
         with store.transaction() as conn:  # the 1 h cooldown still sees the grant
-            assert Store.grants_since(conn, time.time() - 3600, "page", "k")[0] == 1
+            assert conn.grants_since(time.time() - 3600, "page", "k")[0] == 1
 
     assert store.prune(time.time() - retention) == (0, 0)  # the hourly pass, nothing old
     real_time = time.time
@@ -174,11 +174,11 @@ def test_audit_is_append_only_and_counters_survive_retention(
         tmp_path: Path, store_section: dict[str, Any]) -> None:
     store = open_store(configured(tmp_path, store_section))
     with store.transaction() as conn:
-        done = Store.insert_intent(conn, new("f1", state="done"))
-        Store.insert_intent(conn, new("f1", "resolve", state="done"))
-        waiting = Store.insert_intent(conn, new("f2", state="awaiting_approval"))
+        done = conn.insert_intent(new("f1", state="done"))
+        conn.insert_intent(new("f1", "resolve", state="done"))
+        waiting = conn.insert_intent(new("f2", state="awaiting_approval"))
         for intent_id, decision in ((done, "acted"), (waiting, "awaiting_approval")):
-            Store.audit(conn, decision, intent_id=intent_id, playbook="page", action="http")
+            conn.audit(decision, intent_id=intent_id, playbook="page", action="http")
     before = (store.decision_counts(), store.action_counts())
     assert before[1] == [("page", "http", "acted", 1)]
     with pytest.raises(REFUSED, match="append-only"), store.transaction() as conn:
