@@ -28,8 +28,8 @@ import requests
 
 from exporters.contract.catalog import LABEL_JOB
 from exporters.contract.finite import NonFiniteError, require_finite
-from remediation.actions import prometheus
 from remediation.actions.base import ActionContext, ActionError, timeout_of
+from remediation.actions.prometheus import job_instances
 from remediation.templating import TemplateError, render
 
 APPLY_TIMEOUT = 120.0  # seconds for every rank to apply, unless the step names a timeout
@@ -46,7 +46,7 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     except (TemplateError, NonFiniteError) as exc:
         raise ActionError(f"training_command: {exc}") from exc
     command = {"id": ctx.command_id(), "type": step["command"], "args": args}
-    instances = prometheus.job_instances(ctx, job, action="training_command")
+    instances = job_instances(ctx, job, action="training_command")
     if not instances:
         raise ActionError(f"training_command: no training exporter has a live rank of job "
                           f"{job!r}")

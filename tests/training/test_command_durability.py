@@ -17,7 +17,7 @@ import torch
 from exporters.contract.launcher import RankInfo
 from exporters.rank.checkpoint import CheckpointManager
 from exporters.rank.client import TrainingMonitor
-from remediation.actions import prometheus, training_command
+from remediation.actions import training_command
 from remediation.actions.base import ActionContext, ActionError
 from remediation.config import Config
 from tests.support.net import free_port, wait_until
@@ -102,7 +102,7 @@ def test_remediation_action_fails_when_ranks_never_apply(tmp_path: Path, monkeyp
             wait_until(lambda: exp.api("GET", f"/v1/jobs/{JOB}/commands").status_code == 200,
                        timeout=30, what="job known to the exporter")
             # Prometheus is not what is tested here: the one real exporter is the job's node.
-            monkeypatch.setattr(prometheus, "job_instances",
+            monkeypatch.setattr(training_command, "job_instances",
                                 lambda ctx, job, action: [exp.url.removeprefix("http://")])
             config = Config(webhook_token="w" * 32, training_exporter_token=exp.token,
                             store_path=tmp_path / "r.db", prometheus_url="http://127.0.0.1:9",
