@@ -512,7 +512,10 @@ class Transaction:
 
 
 class Store:
-    """Thread-safe access: one connection per thread, explicit transactions."""
+    """Thread-safe access: one connection per thread, explicit transactions. What runs outside
+    a transaction (claims, lease renewals, retention, the reads of the API and /metrics) is a
+    method here; everything inside one is a method of the Transaction that transaction()
+    yields, so callers never hold a connection."""
 
     GREATEST = "max"  # the scalar max() of two values in this dialect
     _file: tuple[int, int] | None = None  # see check_file(); PostgreSQL has no file
