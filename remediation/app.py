@@ -29,15 +29,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from exporters.contract.tokens import bearer, token_matches
+from remediation import lifecycle
 from remediation.approvers import ApproverFile
 from remediation.committer import CommitFailed, GroupCommitter
 from remediation.config import Config
-from remediation.engine import cancel_if_resolved
 from remediation.ingest import printable
 from remediation.metrics import StoreCollector, WebhookMetrics
 from remediation.playbooks import Playbook, load_playbooks
 from remediation.schemas import first_error
-from remediation.store import Intent, Store
+from remediation.store import Store
 from remediation.stores import open_store
 
 log = logging.getLogger(__name__)
@@ -220,25 +220,14 @@ def _set_approval(intent_id: int, approve: bool) -> Response:
         return _error(401, "missing or invalid approver token"
                       + ("" if svc.config.approvers_file else
                          " (no approvers configured: set approvers_file)"))
-    with svc.store.transaction() as conn:
-        row = conn.execute("SELECT * FROM intents WHERE id=?", (intent_id,)).fetchone()
-        if row is None:
-            return _error(404, f"no intent {intent_id}")
-        if row["state"] != "awaiting_approval":
-            return _error(409, f"intent {intent_id} is {row['state']}, not awaiting_approval")
-        ids = {"intent_id": intent_id, "fingerprint": row["fingerprint"],
-               "playbook": row["playbook"], "alertname": row["alertname"],
-               "target_key": row["target_key"]}
-        if approve and cancel_if_resolved(conn, Intent.from_row(row), row["next_step"]):
-            return _error(409, f"intent {intent_id}: the alert has resolved; cancelled")
-        if approve:
-            Store.update_intent(conn, intent_id, state="pending", decision=None, approved=1)
-            Store.audit(conn, "approved", reason=f"approved by {who}",
-                        detail={"approver": who}, **ids)
-        else:
-            Store.update_intent(conn, intent_id, state="rejected", decision="rejected")
-            Store.audit(conn, "rejected", reason=f"rejected by {who}",
-                        detail={"approver": who}, **ids)
+    with svc.store.transaction() as tx:
+        outcome, state = lifecycle.approve(tx, intent_id, who, approved=approve)
+    if outcome == "missing":
+        return _error(404, f"no intent {intent_id}")
+    if outcome == "not_awaiting":
+        return _error(409, f"intent {intent_id} is {state}, not awaiting_approval")
+    if outcome == "cancelled":
+        return _error(409, f"intent {intent_id}: the alert has resolved; cancelled")
     if approve and svc.worker is not None:
         svc.worker.wake()
     return jsonify({"id": intent_id, "state": "pending" if approve else "rejected",

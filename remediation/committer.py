@@ -187,19 +187,16 @@ class GroupCommitter:
             return
         failed: dict[int, BaseException] = {}
         try:
-            with self.store.transaction() as conn:
+            with self.store.transaction() as tx:
                 for job, start, stop in batch:
-                    conn.execute("SAVEPOINT delivery")
                     try:
-                        ingest_in(self.store, conn, self.books, job.payload,
-                                  escalate=self.escalate, problems=job.problems,
-                                  part=(start, stop) if job.size else None,
-                                  result=job._partial)
-                        conn.execute("RELEASE delivery")
+                        with tx.savepoint("delivery"):
+                            ingest_in(self.store, tx, self.books, job.payload,
+                                      escalate=self.escalate, problems=job.problems,
+                                      part=(start, stop) if job.size else None,
+                                      result=job._partial)
                     except Exception as exc:  # one bad payload must not sink the batch
                         log.exception("recording a delivery failed")
-                        conn.execute("ROLLBACK TO delivery")
-                        conn.execute("RELEASE delivery")
                         failed[id(job)] = exc
         except Exception as exc:  # the commit itself failed: nothing in the batch is stored
             log.exception("intake commit failed")

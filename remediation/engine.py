@@ -23,45 +23,20 @@ from typing import Any
 
 import requests
 
+from remediation import lifecycle
 from remediation.actions import ACTIONS, ActionContext, ActionError, check_targets
 from remediation.actions import quarantine as quarantine_action
 from remediation.actions import silence as silence_action
 from remediation.config import Config
 from remediation.ingest import ESCALATION_PLAYBOOK
 from remediation.labels import LabelError, safe_labels
+from remediation.lifecycle import Grant, LostLease, cancel_if_resolved, hold
 from remediation.playbooks import Playbook
 from remediation.recovery import RecoveryTimes
 from remediation.schedulers import SchedulerError
-from remediation.store import PRIORITIES, Intent, Store
+from remediation.store import PRIORITIES, Intent, Store, Transaction
 
 log = logging.getLogger(__name__)
-
-
-class LostLease(RuntimeError):
-    """Another process took this intent over (our lease expired): stop touching it."""
-
-
-def _ids(intent: Intent) -> dict[str, Any]:
-    return {"intent_id": intent.id, "fingerprint": intent.fingerprint,
-            "playbook": intent.playbook, "alertname": intent.alertname,
-            "target_key": intent.target_key}
-
-
-def cancel_if_resolved(conn: Any, intent: Intent, next_step: int,
-                       results: list[dict[str, Any]] | None = None) -> bool:
-    """Inside the caller's transaction: if the alert of this firing intent has resolved, mark
-    the intent cancelled (steps from `next_step` on never run) and audit it."""
-    if intent.phase != "fire" or Store.partner(conn, intent.fingerprint, intent.starts_at,
-                                               intent.playbook, "resolve") is None:
-        return False
-    acted = bool(conn.execute("SELECT acted FROM intents WHERE id=?", (intent.id,)).fetchone()[0])
-    Store.update_intent(conn, intent.id, state="cancelled", decision="cancelled",
-                        lease_owner=None, lease_until=None, next_step=next_step,
-                        results=results if results is not None else intent.results)
-    Store.audit(conn, "cancelled", reason=f"alert resolved: steps from {next_step + 1} on "
-                f"were not run", detail={"acted": acted, "next_step": next_step,
-                                         "results": results or intent.results}, **_ids(intent))
-    return True
 
 
 def escalation_playbook() -> Playbook:
@@ -92,23 +67,18 @@ class Engine:
                 plan: quarantine_action.Plan | None = None) -> str:
         """Returns 'act', 'resolve_act', 'deferred', or a terminal decision already written to
         the audit. With a quarantine `plan`, its rails run here, in the same transaction."""
-        ids = _ids(intent)
         now = time.time()
-        with self.store.transaction() as conn:
-            if not Store.owns(conn, intent, self.owner):
-                raise LostLease(intent.id)
+        with self.store.transaction() as tx:
+            seen = hold(tx, intent, self.owner)
 
             def finish(decision: str, state: str, why: str, detail: Any = None) -> str:
-                Store.update_intent(conn, intent.id, state=state, decision=decision,
-                                    lease_owner=None, lease_until=None)
-                Store.audit(conn, decision, reason=why, detail=detail, **ids)
-                return decision
+                return lifecycle.finish(tx, intent, decision, state, why, detail)
 
             if not labels_ok:
                 return finish("refused", "refused", reason)
             if intent.phase == "resolve":
-                return self._decide_resolve(conn, intent, finish)
-            if cancel_if_resolved(conn, intent, intent.next_step):
+                return self._decide_resolve(tx, intent, finish)
+            if cancel_if_resolved(tx, seen, intent.next_step):
                 return "cancelled"
             if self.config.dry_run or book.dry_run:
                 return finish("dry_run", "done", "dry-run: steps planned, not executed",
@@ -119,60 +89,53 @@ class Engine:
             if plan is not None:
                 assert self.config.scheduler is not None  # plan_for refuses without one
                 verdict = quarantine_action.decide(
-                    conn, plan, approved=intent.approved, observe_only=book.observe_only,
+                    tx, plan, approved=intent.approved, observe_only=book.observe_only,
                     settings=self.config.scheduler, now=now)
                 if verdict is not None:
                     return finish(*verdict)
             key = intent.target_key or ""
-            if book.cooldown_seconds > 0:
-                _, last = Store.grants_since(conn, now - book.cooldown_seconds, book.name, key)
-                if last is not None:
-                    return finish("cooled_down", "done",
-                                  f"acted on {key} {now - last:.0f}s ago; cooldown "
-                                  f"{book.cooldown_seconds:.0f}s")
-            if book.rate_limit_count is not None:
-                count, _ = Store.grants_since(conn, now - book.rate_limit_window_seconds,
-                                              book.name, key)
-                if count >= book.rate_limit_count:
-                    return finish("rate_limited", "done",
-                                  f"{count} actions on {key} in the last "
-                                  f"{book.rate_limit_window_seconds:.0f}s (limit "
-                                  f"{book.rate_limit_count})")
             priority = PRIORITIES[book.priority]
-            if intent.playbook != ESCALATION_PLAYBOOK:
-                total, _ = Store.grants_since(conn, now - self.config.breaker_window_seconds,
-                                              min_priority=priority)
-                limit = self.config.breaker_limit(book.priority)
-                if total >= limit:
-                    return finish("refused", "refused",
-                                  f"circuit breaker open ({book.priority} priority): {total} "
-                                  f"actions at this priority or above in the last "
-                                  f"{self.config.breaker_window_seconds:.0f}s (limit {limit})")
-            conn.execute("INSERT INTO grants (at, playbook, target_key, intent_id, priority)"
-                         " VALUES (?,?,?,?,?)", (now, book.name, key, intent.id, priority))
+            breaker = intent.playbook != ESCALATION_PLAYBOOK
+            grants = tx.grant_counts(
+                book.name, key,
+                cooldown_since=now - book.cooldown_seconds if book.cooldown_seconds > 0 else None,
+                rate_since=(now - book.rate_limit_window_seconds
+                            if book.rate_limit_count is not None else None),
+                breaker_since=now - self.config.breaker_window_seconds if breaker else None,
+                min_priority=priority)
+            if grants.last is not None:
+                return finish("cooled_down", "done",
+                              f"acted on {key} {now - grants.last:.0f}s ago; cooldown "
+                              f"{book.cooldown_seconds:.0f}s")
+            if book.rate_limit_count is not None and \
+                    grants.in_rate_window >= book.rate_limit_count:
+                return finish("rate_limited", "done",
+                              f"{grants.in_rate_window} actions on {key} in the last "
+                              f"{book.rate_limit_window_seconds:.0f}s (limit "
+                              f"{book.rate_limit_count})")
+            limit = self.config.breaker_limit(book.priority)
+            if breaker and grants.in_breaker_window >= limit:
+                return finish("refused", "refused",
+                              f"circuit breaker open ({book.priority} priority): "
+                              f"{grants.in_breaker_window} actions at this priority or above "
+                              f"in the last {self.config.breaker_window_seconds:.0f}s "
+                              f"(limit {limit})")
             if plan is not None:
-                quarantine_action.record_grant(conn, plan, now)
-            Store.update_intent(conn, intent.id, decision="act", acted=1)
-        return "act"
+                quarantine_action.record_grant(tx, plan, now)
+            return lifecycle.grant(tx, intent, [Grant(book.name, key, priority)], now)
 
-    def _decide_resolve(self, conn: Any, intent: Intent, finish: Any) -> str:
+    def _decide_resolve(self, tx: Transaction, intent: Intent, finish: Any) -> str:
         """on_resolve runs once, after the firing steps that ran have stopped, and only if
         one was started."""
-        fire = Store.partner(conn, intent.fingerprint, intent.starts_at, intent.playbook, "fire")
-        if fire is not None and fire["state"] == "running":
+        fire = tx.partner(intent, "fire")
+        if fire is not None and fire.state == "running":
             # Its worker cancels the remaining steps at the next boundary; look again soon.
-            Store.update_intent(conn, intent.id, state="pending", lease_owner=None,
-                                lease_until=None, not_before=time.time() + self._recheck)
-            return "deferred"
-        if fire is not None and fire["state"] in ("pending", "awaiting_approval"):
-            from remediation.ingest import cancel_unstarted_fire
-
-            cancel_unstarted_fire(conn, intent.fingerprint, intent.starts_at, intent.playbook)
-        if fire is None or not fire["acted"]:
+            return lifecycle.defer(tx, intent, time.time() + self._recheck)
+        lifecycle.cancel_unstarted(tx, fire)
+        if fire is None or not fire.acted:
             return finish("resolved_recorded", "done",
                           "resolved; the firing alert was never acted on, nothing to undo")
-        Store.update_intent(conn, intent.id, decision="resolve_act")
-        return "resolve_act"
+        return lifecycle.resolve_act(tx, intent)
 
     # --- execution ------------------------------------------------------------------------
     def process(self, intent: Intent) -> None:
@@ -200,10 +163,8 @@ class Engine:
                 return
         decision = intent.decision
         if decision in ("act", "resolve_act"):  # resumed: a retry or a dead process's work
-            with self.store.transaction() as conn:
-                if not Store.owns(conn, intent, self.owner):
-                    raise LostLease(intent.id)
-                if cancel_if_resolved(conn, intent, intent.next_step):
+            with self.store.transaction() as tx:
+                if cancel_if_resolved(tx, hold(tx, intent, self.owner), intent.next_step):
                     return
         else:
             decision = self._decide(intent, book, labels_ok, reason, plan)
@@ -234,24 +195,14 @@ class Engine:
             results.append({"step": index, "action": step["action"], "result": outcome})
             if index == len(steps) - 1:
                 break  # the last step's progress is committed with the completion below
-            with self.store.transaction() as conn:
-                if not Store.owns(conn, intent, self.owner):
-                    raise LostLease(intent.id)
-                if cancel_if_resolved(conn, intent, index + 1, results):
+            with self.store.transaction() as tx:
+                if not lifecycle.advance(tx, intent, self.owner, index + 1, results):
                     return
-                Store.update_intent(conn, intent.id, next_step=index + 1, results=results)
         self._expire_silences(results, ctx)
-        with self.store.transaction() as conn:
-            if not Store.owns(conn, intent, self.owner):
-                raise LostLease(intent.id)
-            Store.update_intent(conn, intent.id, state="done", lease_owner=None, lease_until=None,
-                                next_step=len(steps), results=results)
-            Store.audit(conn, "acted", intent_id=intent.id, fingerprint=intent.fingerprint,
-                        playbook=intent.playbook, alertname=intent.alertname,
-                        target_key=intent.target_key,
-                        action=",".join(s["action"] for s in steps),
-                        reason="on_resolve steps completed" if decision == "resolve_act"
-                        else "all steps completed", detail={"results": results})
+        with self.store.transaction() as tx:
+            lifecycle.complete(tx, intent, self.owner, list(steps), results,
+                               "on_resolve steps completed" if decision == "resolve_act"
+                               else "all steps completed")
         if decision == "act" and self.recovery is not None:
             self.recovery.observe_intent(self.session, self.config.prometheus_url, book.name,
                                          intent.alertname, intent.labels, intent.starts_at,
@@ -273,24 +224,12 @@ class Engine:
               results: list[dict[str, Any]] | None = None) -> None:
         attempts = intent.attempts + 1
         give_up = terminal or attempts >= self.config.max_attempts
-        with self.store.transaction() as conn:
-            if not Store.owns(conn, intent, self.owner):
-                raise LostLease(intent.id)
-            failed_step = len(results) if results is not None else intent.next_step
-            if not give_up and cancel_if_resolved(conn, intent, failed_step, results):
+        with self.store.transaction() as tx:
+            if not lifecycle.fail(
+                    tx, intent, self.owner, action=action, message=message, attempts=attempts,
+                    give_up=give_up, results=results,
+                    not_before=time.time() + self.config.retry_backoff_seconds * attempts):
                 return  # no retry of a firing step once the alert resolved
-            if give_up:
-                Store.update_intent(conn, intent.id, state="failed", attempts=attempts,
-                                    lease_owner=None, lease_until=None)
-                Store.audit(conn, "failed", intent_id=intent.id, fingerprint=intent.fingerprint,
-                            playbook=intent.playbook, alertname=intent.alertname,
-                            target_key=intent.target_key, action=action, reason=message[:4000],
-                            detail={"attempts": attempts, "results": results or []})
-            else:
-                Store.update_intent(
-                    conn, intent.id, state="pending", attempts=attempts, lease_owner=None,
-                    lease_until=None,
-                    not_before=time.time() + self.config.retry_backoff_seconds * attempts)
         if give_up:
             log.error("intent %d (%s) failed after %d attempts: %s", intent.id, intent.playbook,
                       attempts, message[:500])

@@ -24,10 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from remediation import lifecycle
 from remediation.labels import LabelError, safe_labels
 from remediation.playbooks import Playbook, matching
 from remediation.schemas import first_error
-from remediation.store import NewIntent, Store
+from remediation.store import NewIntent, Store, Transaction
 
 log = logging.getLogger(__name__)
 ESCALATION_PLAYBOOK = "_truncated_alerts_escalation"
@@ -65,11 +66,11 @@ def ingest(store: Store, books: Mapping[str, Playbook], payload: dict[str, Any],
            *, escalate: bool) -> IngestResult:
     """Record one payload in its own transaction."""
     problems = alert_problems(payload["alerts"])
-    with store.transaction() as conn:
-        return ingest_in(store, conn, books, payload, escalate=escalate, problems=problems)
+    with store.transaction() as tx:
+        return ingest_in(store, tx, books, payload, escalate=escalate, problems=problems)
 
 
-def ingest_in(store: Store, conn: Any, books: Mapping[str, Playbook], payload: dict[str, Any],
+def ingest_in(store: Store, tx: Transaction, books: Mapping[str, Playbook], payload: dict[str, Any],
               *, escalate: bool, problems: list[str | None] | None = None,
               part: tuple[int, int] | None = None,
               result: IngestResult | None = None) -> IngestResult:
@@ -84,50 +85,44 @@ def ingest_in(store: Store, conn: Any, books: Mapping[str, Playbook], payload: d
     start, stop = part if part is not None else (0, len(alerts))
     truncated = int(payload.get("truncatedAlerts", 0) or 0)
     if truncated > 0 and start == 0:
-        _record_truncation(store, conn, payload, truncated, escalate, result)
+        _record_truncation(tx, payload, truncated, escalate, result)
     if stop - start > 1:
         # Fast path: the whole part under one savepoint. A savepoint per alert costs a round
         # trip each way on PostgreSQL, and thousands of subtransactions in one transaction
         # slow every statement after them; one alert that fails to record sends the part
         # down the slow path below, which records it alert by alert.
         before = replace(result, intents=list(result.intents))
-        conn.execute("SAVEPOINT part")
         try:
-            for index in range(start, stop):
-                _ingest_checked(store, conn, books, alerts[index], problems, index, result)
+            with tx.savepoint("part"):
+                for index in range(start, stop):
+                    _ingest_checked(tx, books, alerts[index], problems, index, result)
         except Exception as exc:
-            conn.execute("ROLLBACK TO part")
-            conn.execute("RELEASE part")
             if store.is_storage_failure(exc):
                 raise
             result.__dict__.update(before.__dict__)
         else:
-            conn.execute("RELEASE part")
             return result
     for index in range(start, stop):
         alert = alerts[index]
-        conn.execute("SAVEPOINT alert")
         try:
-            _ingest_checked(store, conn, books, alert, problems, index, result)
+            with tx.savepoint("alert"):
+                _ingest_checked(tx, books, alert, problems, index, result)
         except Exception as exc:  # this alert only: record why, keep its neighbours
-            conn.execute("ROLLBACK TO alert")
             if store.is_storage_failure(exc):
                 raise  # nothing can be recorded: the delivery fails (5xx) and is retried
             log.exception("recording an alert failed")
-            _record_invalid(store, conn, alert, f"could not be recorded: {type(exc).__name__}",
-                            result)
-        conn.execute("RELEASE alert")
+            _record_invalid(tx, alert, f"could not be recorded: {type(exc).__name__}", result)
     return result
 
 
-def _ingest_checked(store: Store, conn: Any, books: Mapping[str, Playbook], alert: Any,
+def _ingest_checked(tx: Transaction, books: Mapping[str, Playbook], alert: Any,
                     problems: list[str | None] | None, index: int,
                     result: IngestResult) -> None:
     problem = problems[index] if problems is not None else alert_problem(alert)
     if problem:
-        _record_invalid(store, conn, alert, problem, result)
+        _record_invalid(tx, alert, problem, result)
     else:
-        _ingest_alert(store, conn, books, alert, result)
+        _ingest_alert(tx, books, alert, result)
 
 
 def printable(value: object, limit: int = 256) -> str:
@@ -169,7 +164,7 @@ def alert_problem(alert: Any) -> str | None:
     return _unicode_problem(alert, "alert")
 
 
-def _record_invalid(store: Store, conn: Any, alert: Any, problem: str,
+def _record_invalid(tx: Transaction, alert: Any, problem: str,
                     result: IngestResult) -> None:
     """An invalid alert is kept as a finished intent (so a redelivery is a duplicate, not a new
     audit row each time) with its reason; only printable, size-capped text is stored."""
@@ -182,19 +177,17 @@ def _record_invalid(store: Store, conn: Any, alert: Any, problem: str,
     starts_at = printable(fields.get("startsAt", ""), 64)
     alertname = printable(labels.get("alertname", ""), 256)
     reason = printable(problem, MAX_REASON)
-    new_id = store.insert_intent(conn, NewIntent(
+    new_id = lifecycle.receive(tx, NewIntent(
         fingerprint=fingerprint, starts_at=starts_at, playbook=INVALID_PLAYBOOK, phase="fire",
         alertname=alertname, labels={}, annotations={}, target_key=None, state="done",
-        decision="invalid"))
+        decision="invalid"), "invalid", fingerprint=fingerprint, playbook=INVALID_PLAYBOOK,
+        alertname=alertname, reason=reason)
     result.invalid += 1
-    if new_id is None:
-        return
-    result.intents.append(new_id)
-    store.audit(conn, "invalid", intent_id=new_id, fingerprint=fingerprint,
-                playbook=INVALID_PLAYBOOK, alertname=alertname, reason=reason)
+    if new_id is not None:
+        result.intents.append(new_id)
 
 
-def _ingest_alert(store: Store, conn: Any, books: Mapping[str, Playbook], alert: dict[str, Any],
+def _ingest_alert(tx: Transaction, books: Mapping[str, Playbook], alert: dict[str, Any],
                   result: IngestResult) -> None:
     labels: dict[str, str] = alert["labels"]
     annotations: dict[str, str] = alert.get("annotations", {})
@@ -204,19 +197,19 @@ def _ingest_alert(store: Store, conn: Any, books: Mapping[str, Playbook], alert:
             "phase": phase, "alertname": labels["alertname"], "labels": labels,
             "annotations": annotations}
     if not books_for_alert:
-        new_id = store.insert_intent(conn, NewIntent(
-            playbook="", target_key=None, state="done", decision="unmatched", **base))
+        new_id = lifecycle.receive(
+            tx, NewIntent(playbook="", target_key=None, state="done", decision="unmatched",
+                          **base),
+            "unmatched", fingerprint=alert["fingerprint"], alertname=labels["alertname"],
+            reason="no playbook matches this alert")
         if new_id:
             result.unmatched += 1
-            store.audit(conn, "unmatched", intent_id=new_id,
-                        fingerprint=alert["fingerprint"], alertname=labels["alertname"],
-                        reason="no playbook matches this alert")
         return
     for book in books_for_alert:
-        _ingest_one(store, conn, book, base, result)
+        _ingest_one(tx, book, base, result)
 
 
-def _ingest_one(store: Store, conn: Any, book: Playbook, base: dict[str, Any],
+def _ingest_one(tx: Transaction, book: Playbook, base: dict[str, Any],
                 result: IngestResult) -> None:
     audit_ids = {"fingerprint": base["fingerprint"], "playbook": book.name,
                  "alertname": base["alertname"]}
@@ -232,54 +225,34 @@ def _ingest_one(store: Store, conn: Any, book: Playbook, base: dict[str, Any],
         state, decision = "refused", "refused"
     else:
         state, decision = "pending", None
-    new_id = store.insert_intent(conn, NewIntent(playbook=book.name, target_key=key,
-                                                 state=state, decision=decision, **base))
+    new = NewIntent(playbook=book.name, target_key=key, state=state, decision=decision, **base)
+    new_id = lifecycle.receive(tx, new)
     if new_id is None:
         result.deduplicated += 1
-        existing = conn.execute(
-            "SELECT id FROM intents WHERE fingerprint=? AND starts_at=? AND playbook=? AND phase=?",
-            (base["fingerprint"], base["starts_at"], book.name, base["phase"])).fetchone()
-        store.audit(conn, "deduplicated", intent_id=existing[0] if existing else None,
-                    target_key=key,
-                    reason="same fingerprint, startsAt and playbook already recorded", **audit_ids)
+        lifecycle.duplicate(tx, new, "same fingerprint, startsAt and playbook already recorded")
         return
     result.intents.append(new_id)
     if base["phase"] == "resolve":
-        cancel_unstarted_fire(conn, base["fingerprint"], base["starts_at"], book.name)
+        lifecycle.cancel_unstarted(tx, tx.partner(new, "fire"))
         result.resolved += 1
         reason = "resolved; on_resolve steps queued" if state == "pending" else (
             refusal or "resolved; playbook has no on_resolve steps")
-        store.audit(conn, "resolved_recorded", intent_id=new_id, target_key=key, reason=reason,
-                    **audit_ids)
+        tx.audit("resolved_recorded", intent_id=new_id, target_key=key, reason=reason,
+                 **audit_ids)
     elif refusal:
         result.refused += 1
-        store.audit(conn, "refused", intent_id=new_id, reason=refusal, **audit_ids)
+        tx.audit("refused", intent_id=new_id, reason=refusal, **audit_ids)
     else:
         result.accepted += 1
 
 
-def cancel_unstarted_fire(conn: Any, fingerprint: str, starts_at: str, playbook: str) -> None:
-    """The alert resolved: its firing intent's steps that are not running now never will.
-    A running intent is left to stop itself at its next step boundary."""
-    fire = Store.partner(conn, fingerprint, starts_at, playbook, "fire")
-    if fire is None or fire["state"] not in ("pending", "awaiting_approval"):
-        return
-    Store.update_intent(conn, fire["id"], state="cancelled", decision="cancelled",
-                        lease_owner=None, lease_until=None)
-    Store.audit(conn, "cancelled", intent_id=fire["id"], fingerprint=fingerprint,
-                playbook=playbook, alertname=fire["alertname"], target_key=fire["target_key"],
-                reason=f"alert resolved while {fire['state']}: steps from "
-                       f"{fire['next_step'] + 1} on were not run",
-                detail={"acted": bool(fire["acted"]), "next_step": fire["next_step"]})
-
-
-def _record_truncation(store: Store, conn: Any, payload: dict[str, Any], truncated: int,
+def _record_truncation(tx: Transaction, payload: dict[str, Any], truncated: int,
                        escalate: bool, result: IngestResult) -> None:
     """Alertmanager dropped alerts from this notification (max_alerts): they can never be acted
     on, so a human must look. Recorded once per group and count, then escalated."""
     group = printable(payload.get("groupKey", ""), 4096)
     fingerprint = hashlib.sha256(group.encode()).hexdigest()[:16]
-    new_id = store.insert_intent(conn, NewIntent(
+    new_id = tx.insert_intent(NewIntent(
         fingerprint=fingerprint, starts_at=f"truncated:{truncated}",
         playbook=ESCALATION_PLAYBOOK, phase="fire", alertname="TruncatedAlerts",
         labels={"receiver": printable(payload.get("receiver", ""), 128)},
@@ -290,7 +263,7 @@ def _record_truncation(store: Store, conn: Any, payload: dict[str, Any], truncat
         return
     log.error("Alertmanager truncated %d alerts of group %r: they cannot be remediated",
               truncated, group[:200])
-    store.audit(conn, "truncated_escalated", intent_id=new_id, fingerprint=fingerprint,
+    tx.audit("truncated_escalated", intent_id=new_id, fingerprint=fingerprint,
                 playbook=ESCALATION_PLAYBOOK, alertname="TruncatedAlerts",
                 reason=f"{truncated} alerts truncated by Alertmanager; "
                        + ("paging" if escalate else "no pager_url configured, logged + metric"),

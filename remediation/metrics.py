@@ -55,18 +55,23 @@ class StoreCollector(Collector):
             states.add_metric([state], count)
         yield states
         yield _family(c.REMEDIATION_OLDEST_PENDING_AGE, self.store.oldest_pending_age())
-        conn = self.store._conn()
-        since = time.time() - self.config.breaker_window_seconds
+        # one read of the breaker window: grants by priority, each breaker counting its own
+        # priority and above (a quarantine's own grant, priority -1, counts in none)
+        by_level = self.store.grants_by_priority(
+            time.time() - self.config.breaker_window_seconds)
+
+        def at_or_above(level: int) -> int:
+            return sum(count for priority, count in by_level.items() if priority >= level)
+
         by_priority = _family(c.REMEDIATION_CIRCUIT_BREAKER_PRIORITY_OPEN)
         for name, level in PRIORITIES.items():
-            count, _ = Store.grants_since(conn, since, min_priority=level)
-            by_priority.add_metric([name], 1.0 if count >= self.config.breaker_limit(name)
-                                   else 0.0)
-        granted, _ = Store.grants_since(conn, since, min_priority=PRIORITIES["normal"])
+            by_priority.add_metric([name], 1.0 if at_or_above(level) >= self.config.breaker_limit(
+                name) else 0.0)
+        granted = at_or_above(PRIORITIES["normal"])
         yield _family(c.REMEDIATION_CIRCUIT_BREAKER_OPEN,
                       1.0 if granted >= self.config.breaker_limit("normal") else 0.0)
         yield by_priority
-        total, _ = Store.grants_since(conn, since)
+        total = at_or_above(0)
         yield _family(c.REMEDIATION_ACTIONS_IN_BREAKER_WINDOW, total)
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from remediation.schema import POSTGRES_TYPES, added_columns, tables, terminal_list
-from remediation.store import TERMINAL_STATES, LeaseWatch, Store, StoreGone
+from remediation.store import TERMINAL_STATES, LeaseWatch, Store, StoreGone, Transaction
 
 if TYPE_CHECKING:
     from remediation.config import PgSettings
@@ -173,8 +173,8 @@ class PgStore(Store):
         self._local = threading.local()
         self._leases = LeaseWatch()
         self._store_id: str | None = None
-        with self.transaction() as conn:  # replicas starting together create it once
-            conn.execute(SCHEMA)
+        with self.transaction() as tx:  # replicas starting together create it once
+            tx.execute(SCHEMA)
         self._store_id = self.store_id()
 
     def _conn(self) -> Connection:  # type: ignore[override]
@@ -213,7 +213,7 @@ class PgStore(Store):
                 "service ran; nothing is recorded until the service is restarted")
 
     @contextmanager
-    def transaction(self) -> Iterator[Connection]:  # type: ignore[override]
+    def transaction(self) -> Iterator[Transaction]:
         """BEGIN, then the store-wide write lock (see the module docstring)."""
         conn = self._conn()
         try:
@@ -225,7 +225,7 @@ class PgStore(Store):
             conn.execute("BEGIN")
         try:
             conn.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
-            yield conn
+            yield Transaction(conn, self.GREATEST)
         except BaseException:
             if conn.usable:
                 conn.execute("ROLLBACK")

@@ -30,6 +30,7 @@ import requests
 from prometheus_client import CollectorRegistry, Histogram
 
 from exporters.contract import catalog as c
+from remediation.actions.prometheus import PrometheusError, instant_query
 
 log = logging.getLogger(__name__)
 BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200)
@@ -58,11 +59,9 @@ def first_evidence(session: requests.Session, prometheus_url: str, alertname: st
     if not ALERTNAME.match(alertname):
         return None
     try:
-        resp = session.get(f"{prometheus_url}/api/v1/query", timeout=5, params={
-            "query": f'ALERTS_FOR_STATE{{alertname="{alertname}"}}', "time": f"{at:.3f}"})
-        resp.raise_for_status()
-        series = resp.json()["data"]["result"]
-    except (requests.RequestException, KeyError, ValueError) as exc:
+        series = instant_query(session, prometheus_url,
+                               f'ALERTS_FOR_STATE{{alertname="{alertname}"}}', at=at, timeout=5)
+    except PrometheusError as exc:
         log.info("first evidence of %s unknown: %s", alertname, exc)
         return None
     for item in series:

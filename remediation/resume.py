@@ -32,11 +32,11 @@ from exporters import add_version_argument
 from exporters.contract import catalog
 from remediation.actions import ansible as ansible_action
 from remediation.actions.base import ActionContext, ActionError
+from remediation.actions.prometheus import PrometheusError, instant_query
 from remediation.config import Config, ConfigError, load_config
 from remediation.faults import NodeMap
 from remediation.labels import LabelError
 from remediation.schedulers import SchedulerError, for_config
-from remediation.store import Store
 from remediation.stores import open_store
 
 HEALTH_PLAYBOOK = "node_health_check.yml"
@@ -64,11 +64,9 @@ def xids_since(config: Config, host: str, seconds: float) -> list[dict[str, Any]
     # the same expression as the GpuXidErrors alert, alert_rules.promql.new_events)
     expr = f"(increase({series}[{window}]) > 0) or ({series} > 0 unless {series} offset {window})"
     try:
-        resp = requests.get(f"{config.prometheus_url}/api/v1/query", params={"query": expr},
-                            timeout=config.request_timeout_seconds)
-        resp.raise_for_status()
-        result = resp.json()["data"]["result"]
-    except (requests.RequestException, ValueError, KeyError) as exc:
+        result = instant_query(requests, config.prometheus_url, expr,
+                               timeout=config.request_timeout_seconds)
+    except PrometheusError as exc:
         raise ResumeRefused(f"Prometheus cannot say whether {host} had XIDs since the drain: "
                             f"{exc}") from exc
     return [{"gpu": r["metric"].get("gpu"), "xid": r["metric"].get("xid")}
@@ -117,8 +115,8 @@ def resume_node(config: Config, host: str) -> dict[str, Any]:
 def _audit(config: Config, decision: str, host: str, reason: str, detail: Any) -> None:
     store = open_store(config)
     try:
-        with store.transaction() as conn:
-            Store.audit(conn, decision, playbook="node_health_check", target_key=host,
+        with store.transaction() as tx:
+            tx.audit(decision, playbook="node_health_check", target_key=host,
                         action="resume_node", reason=reason[:4000], detail=detail)
     finally:
         store.close()

@@ -77,9 +77,9 @@ BEGIN
 END;
 """.replace("TERMINAL", terminal_list(TERMINAL_STATES))
 PRIORITIES = {"low": 0, "normal": 1, "high": 2}
-# What the static helpers below take: a sqlite3.Connection, or pgstore's connection (both
-# answer execute(sql with ? placeholders, params) with a cursor of rows indexable by position
-# and by column name).
+# What a Transaction runs its statements on: a sqlite3.Connection, or pgstore's connection
+# (both answer execute(sql with ? placeholders, params) with a cursor of rows indexable by
+# position and by column name).
 Conn = Any
 
 
@@ -253,6 +253,22 @@ def _identity(path: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def existing_id(path: Path) -> str | None:
+    """The store id in the SQLite file at `path` without creating or changing anything; None
+    when there is no file, an empty one, or one that is not a readable store."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    try:
+        conn = sqlite3.connect(path, timeout=30.0)
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    return str(row[0]) if row else None
+
+
 def _migrate(conn: sqlite3.Connection) -> None:
     """Add the columns a store made by an older release lacks (before SCHEMA's indexes and
     triggers refer to them)."""
@@ -271,8 +287,235 @@ def _migrate(conn: sqlite3.Connection) -> None:
     conn.execute("COMMIT")
 
 
+@dataclass(frozen=True)
+class Seen:
+    """An intent as a transaction sees it (Transaction.look): its row, and whether the same
+    alert's resolve has been recorded (its firing steps not yet run never will be)."""
+
+    intent: Intent
+    resolved: bool
+
+    def held_by(self, owner: str, lease_gen: int) -> bool:
+        """Whether `owner` still holds the lease of the claim that gave it `lease_gen`."""
+        return (self.intent.state == "running" and self.intent.lease_owner == owner
+                and self.intent.lease_gen == lease_gen)
+
+
+@dataclass(frozen=True)
+class GrantCounts:
+    """What the engine's rails read of the grants, in one statement (Transaction.grant_counts):
+    the newest grant of the target since the cooldown began, the target's grants in the rate
+    window, and the grants at the breaker's priority or above in its window."""
+
+    last: float | None
+    in_rate_window: int
+    in_breaker_window: int
+
+
+
+
+def _resolved(row: str) -> str:
+    """SQL: the resolve of the same alert and playbook as the intents row `row` is recorded."""
+    return (f"EXISTS (SELECT 1 FROM intents r WHERE r.fingerprint = {row}.fingerprint"  # noqa: S608
+            f" AND r.starts_at = {row}.starts_at AND r.playbook = {row}.playbook"
+            " AND r.phase = 'resolve')")
+
+
+SAVEPOINT_NAMES = frozenset({"part", "alert", "delivery"})
+UPDATABLE = frozenset({"state", "decision", "next_step", "attempts", "not_before", "lease_owner",
+                       "lease_until", "approved", "results", "acted"})
+
+
+class Transaction:
+    """One write transaction of the store (Store.transaction): every statement made inside
+    one, each a method, so no caller outside the store modules holds a connection or writes
+    SQL (tests/remediation/test_store_owns_sql.py). The same code runs on SQLite and on
+    PostgreSQL (pgstore's connection takes `?` placeholders and answers rows like
+    sqlite3.Row); `greatest` is the one function the two spell differently."""
+
+    def __init__(self, conn: Conn, greatest: str = "max") -> None:
+        self._conn = conn
+        self._greatest = greatest
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        """Raw SQL in this transaction: for the store modules, and for tests that check what
+        the schema refuses (an edited audit row, a horizon moved back)."""
+        return self._conn.execute(sql, params)
+
+    @contextmanager
+    def savepoint(self, name: str) -> Iterator[None]:
+        """Undo what the block did if it raises (the exception goes on), keep it otherwise:
+        one payload, part or alert recorded or not, the transaction going on either way."""
+        if name not in SAVEPOINT_NAMES:
+            raise ValueError(f"savepoint name {name!r} not in {sorted(SAVEPOINT_NAMES)}")
+        self._conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute(f"ROLLBACK TO {name}")
+            self._conn.execute(f"RELEASE {name}")
+            raise
+        self._conn.execute(f"RELEASE {name}")
+
+    # --- intents --------------------------------------------------------------------------
+    def insert_intent(self, new: NewIntent) -> int | None:
+        """Insert unless the idempotency key exists; returns the new id or None (duplicate)."""
+        now = time.time()
+        row = self._conn.execute(
+            "INSERT INTO intents (fingerprint, starts_at, playbook, phase, alertname,"
+            " labels, annotations, target_key, state, decision, created_at, updated_at)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+            " ON CONFLICT (fingerprint, starts_at, playbook, phase) DO NOTHING RETURNING id",
+            (new.fingerprint, new.starts_at, new.playbook, new.phase, new.alertname,
+             json.dumps(new.labels), json.dumps(new.annotations), new.target_key, new.state,
+             new.decision, now, now)).fetchone()
+        return int(row[0]) if row else None
+
+    def intent(self, intent_id: int) -> Intent | None:
+        row = self._conn.execute("SELECT * FROM intents WHERE id=?", (intent_id,)).fetchone()
+        return Intent.from_row(row) if row else None
+
+    def partner(self, intent: NewIntent, phase: str) -> Intent | None:
+        """The intent of the other `phase` of the same alert and playbook (fire <-> resolve)."""
+        row = self._conn.execute(
+            "SELECT * FROM intents WHERE fingerprint=? AND starts_at=? AND playbook=? AND phase=?",
+            (intent.fingerprint, intent.starts_at, intent.playbook, phase)).fetchone()
+        return Intent.from_row(row) if row else None
+
+    def look(self, intent_id: int) -> Seen | None:
+        """The intent and whether its alert's resolve is recorded, in one statement."""
+        row = self._conn.execute(
+            f"SELECT i.*, {_resolved('i')} AS resolved FROM intents i WHERE i.id=?",  # noqa: S608
+            (intent_id,)).fetchone()
+        return Seen(Intent.from_row(row), bool(row["resolved"])) if row else None
+
+    def update_intent(self, intent_id: int, **fields: Any) -> None:
+        self._update("WHERE id=?", (intent_id,), fields)
+
+    def update_held(self, intent: Intent, owner: str, *, unless_resolved: bool = False,
+                    **fields: Any) -> bool:
+        """Update `intent` only while `owner` holds the lease of the claim that returned it
+        (and, with `unless_resolved`, while its alert's resolve is not recorded), in one
+        statement: False when it changed nothing (Transaction.look says why)."""
+        where = ("WHERE id=? AND state='running' AND lease_owner=? AND lease_gen=?"
+                 + (f" AND NOT {_resolved('intents')}" if unless_resolved else ""))
+        return self._update(where, (intent.id, owner, intent.lease_gen), fields) == 1
+
+    def _update(self, where: str, args: tuple[Any, ...], fields: dict[str, Any]) -> int:
+        if not set(fields) <= UPDATABLE:
+            raise ValueError(f"not updatable: {sorted(set(fields) - UPDATABLE)}")
+        fields["updated_at"] = time.time()
+        if "results" in fields:
+            fields["results"] = json.dumps(fields["results"])
+        cols = ", ".join(f"{k}=?" for k in fields)
+        return int(self._conn.execute(f"UPDATE intents SET {cols} {where}",  # noqa: S608 - fixed names
+                                      (*fields.values(), *args)).rowcount)
+
+    # --- audit ----------------------------------------------------------------------------
+    def audit(self, decision: str, *, intent_id: int | None = None,
+              fingerprint: str | None = None, playbook: str | None = None,
+              alertname: str | None = None, target_key: str | None = None,
+              action: str | None = None, reason: str | None = None, detail: Any = None) -> None:
+        self._conn.execute(
+            "INSERT INTO audit (at, intent_id, fingerprint, playbook, alertname, target_key,"
+            " decision, action, reason, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (time.time(), intent_id, fingerprint, playbook, alertname, target_key, decision,
+             action, reason, json.dumps(detail) if detail is not None else None))
+
+    def audit_duplicate(self, new: NewIntent, reason: str) -> None:
+        """Audit a delivery of an intent already recorded, on that intent's row (found in the
+        same statement)."""
+        self._conn.execute(
+            "INSERT INTO audit (at, intent_id, fingerprint, playbook, alertname, target_key,"
+            " decision, reason) VALUES (?, (SELECT id FROM intents WHERE fingerprint=?"
+            " AND starts_at=? AND playbook=? AND phase=?), ?,?,?,?,'deduplicated',?)",
+            (time.time(), new.fingerprint, new.starts_at, new.playbook, new.phase,
+             new.fingerprint, new.playbook, new.alertname, new.target_key, reason))
+
+    # --- grants ---------------------------------------------------------------------------
+    def grant_counts(self, playbook: str, target_key: str, *, cooldown_since: float | None,
+                     rate_since: float | None, breaker_since: float | None,
+                     min_priority: int) -> GrantCounts:
+        """The rails' reads in one statement; a window that is None is not read (0, None)."""
+        row = self._conn.execute(
+            "SELECT (SELECT max(at) FROM grants WHERE playbook=? AND target_key=? AND at>=?),"
+            " (SELECT count(*) FROM grants WHERE playbook=? AND target_key=? AND at>=?),"
+            " (SELECT count(*) FROM grants WHERE at>=? AND priority>=?)",
+            (playbook, target_key, cooldown_since, playbook, target_key, rate_since,
+             breaker_since, min_priority)).fetchone()
+        return GrantCounts(row[0], int(row[1]), int(row[2]))
+
+    def grants_since(self, since: float, playbook: str | None = None,
+                     target_key: str | None = None, *, min_priority: int = 0
+                     ) -> tuple[int, float | None]:
+        """(count, newest time) of grants since `since`: for one target, or (breakers) of
+        every playbook at `min_priority` or above."""
+        if playbook is None:
+            row = self._conn.execute(
+                "SELECT count(*), max(at) FROM grants WHERE at>=? AND priority>=?",
+                (since, min_priority)).fetchone()
+        else:
+            row = self._conn.execute(
+                "SELECT count(*), max(at) FROM grants WHERE playbook=? AND target_key=? AND at>=?",
+                (playbook, target_key, since)).fetchone()
+        return int(row[0]), row[1]
+
+    def add_grant(self, at: float, playbook: str, target_key: str, intent_id: int,
+                  priority: int) -> None:
+        self._conn.execute("INSERT INTO grants (at, playbook, target_key, intent_id, priority)"
+                           " VALUES (?,?,?,?,?)", (at, playbook, target_key, intent_id, priority))
+
+    def grant_targets(self, playbook: str, since: float) -> list[str]:
+        """The distinct targets `playbook` was granted on since `since`, sorted."""
+        rows = self._conn.execute(
+            "SELECT DISTINCT target_key FROM grants WHERE playbook=? AND at>=?",
+            (playbook, since)).fetchall()
+        return sorted(str(row[0]) for row in rows)
+
+    # --- retention ------------------------------------------------------------------------
+    def prune(self, older_than: float, max_step: float | None) -> tuple[int, int] | str:
+        """Store.prune's work: the clock checked (a reason why not, as a string, with only
+        the clock's record written), else the horizon moved and the deletes made."""
+        now, mono, boot = time.time(), time.monotonic(), _boot_id()
+        conn = self._conn
+        horizon = float(conn.execute("SELECT horizon FROM retention WHERE id=1").fetchone()[0])
+        row = conn.execute("SELECT value FROM meta WHERE key='retention_clock'").fetchone()
+        previous = json.loads(row[0]) if row else None
+        # the clock is recorded even when it is refused: a clock that was stepped and stays
+        # stepped is consistent with itself at the next pass
+        conn.execute("INSERT INTO meta (key, value) VALUES ('retention_clock', ?)"
+                     " ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                     (json.dumps({"wall": now, "mono": mono, "boot": boot}),))
+        newest = max((r[0] for r in (
+            conn.execute("SELECT max(at) FROM audit").fetchone(),
+            conn.execute("SELECT max(at) FROM grants").fetchone()) if r[0] is not None),
+            default=None)
+        problem = check_prune_clock(now, mono, boot, previous, newest)
+        if problem:
+            return problem
+        if max_step is not None and horizon > 0:
+            older_than = min(older_than, horizon + max_step)
+        terminal = terminal_list(TERMINAL_STATES)
+        conn.execute(f"UPDATE retention SET horizon={self._greatest}(horizon, ?) WHERE id=1",  # noqa: S608
+                     (older_than,))
+        intents = conn.execute(
+            f"DELETE FROM intents AS i WHERE i.state IN ({terminal}) AND i.updated_at < ?"  # noqa: S608
+            " AND (i.phase = 'resolve' OR EXISTS (SELECT 1 FROM intents r"
+            "      WHERE r.fingerprint = i.fingerprint AND r.starts_at = i.starts_at"
+            "      AND r.phase = 'resolve'))", (older_than,)).rowcount
+        audit = conn.execute(
+            f"DELETE FROM audit WHERE at < ? AND (intent_id IS NULL OR intent_id NOT IN"  # noqa: S608
+            f" (SELECT id FROM intents WHERE state NOT IN ({terminal})))",
+            (older_than,)).rowcount
+        conn.execute("DELETE FROM grants WHERE at < ?", (older_than,))
+        return intents, audit
+
+
 class Store:
-    """Thread-safe access: one connection per thread, explicit transactions."""
+    """Thread-safe access: one connection per thread, explicit transactions. What runs outside
+    a transaction (claims, lease renewals, retention, the reads of the API and /metrics) is a
+    method here; everything inside one is a method of the Transaction that transaction()
+    yields, so callers never hold a connection."""
 
     GREATEST = "max"  # the scalar max() of two values in this dialect
     _file: tuple[int, int] | None = None  # see check_file(); PostgreSQL has no file
@@ -345,13 +588,13 @@ class Store:
         self._local.worker = True
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
+    def transaction(self) -> Iterator[Transaction]:
         """BEGIN IMMEDIATE: take the write lock up front so check-then-act is atomic across
         processes (cooldown, rate limit, breaker and claims cannot race)."""
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            yield conn
+            yield Transaction(conn, self.GREATEST)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -366,8 +609,8 @@ class Store:
     def probe_commit(self) -> None:
         """Commit one small write with intake's durability; raises what intake would meet
         (read-only or full disk, a store over max_bytes, a lock held too long)."""
-        with self.transaction() as conn:
-            conn.execute("INSERT INTO readiness (id, at) VALUES (1, ?)"
+        with self.transaction() as tx:
+            tx.execute("INSERT INTO readiness (id, at) VALUES (1, ?)"
                          " ON CONFLICT (id) DO UPDATE SET at=excluded.at", (time.time(),))
 
     def checkpoint(self) -> None:
@@ -404,73 +647,13 @@ class Store:
         that far past the previous prune's, so a jump the checks cannot see (the first prune
         on another host) moves it one step only, and retention after a long stop catches up
         over several passes."""
-        now, mono, boot = time.time(), time.monotonic(), _boot_id()
-        with self.transaction() as conn:
-            horizon = float(conn.execute("SELECT horizon FROM retention WHERE id=1"
-                                         ).fetchone()[0])
-            row = conn.execute("SELECT value FROM meta WHERE key='retention_clock'").fetchone()
-            previous = json.loads(row[0]) if row else None
-            # the clock is recorded even when it is refused: a clock that was stepped and
-            # stays stepped is consistent with itself at the next pass
-            conn.execute("INSERT INTO meta (key, value) VALUES ('retention_clock', ?)"
-                         " ON CONFLICT (key) DO UPDATE SET value=excluded.value",
-                         (json.dumps({"wall": now, "mono": mono, "boot": boot}),))
-            newest = max((r[0] for r in (
-                conn.execute("SELECT max(at) FROM audit").fetchone(),
-                conn.execute("SELECT max(at) FROM grants").fetchone()) if r[0] is not None),
-                default=None)
-            problem = check_prune_clock(now, mono, boot, previous, newest)
-            if max_step is not None and horizon > 0:
-                older_than = min(older_than, horizon + max_step)
-            intents, audit = (0, 0) if problem else self._prune_in(conn, older_than)
-        if problem:  # committed: the clock record above; nothing deleted
-            raise ClockSuspect(f"retention refused: {problem}; nothing was deleted")
-        return intents, audit
+        with self.transaction() as tx:
+            done = tx.prune(older_than, max_step)
+        if isinstance(done, str):  # committed: the clock record; nothing deleted
+            raise ClockSuspect(f"retention refused: {done}; nothing was deleted")
+        return done
 
-    def _prune_in(self, conn: Conn, older_than: float) -> tuple[int, int]:
-        """prune()'s deletes, in the caller's transaction, once the clock passed its checks."""
-        terminal = terminal_list(TERMINAL_STATES)
-        conn.execute(f"UPDATE retention SET horizon={self.GREATEST}(horizon, ?) WHERE id=1",  # noqa: S608
-                     (older_than,))
-        intents = conn.execute(
-            f"DELETE FROM intents AS i WHERE i.state IN ({terminal}) AND i.updated_at < ?"  # noqa: S608
-            " AND (i.phase = 'resolve' OR EXISTS (SELECT 1 FROM intents r"
-            "      WHERE r.fingerprint = i.fingerprint AND r.starts_at = i.starts_at"
-            "      AND r.phase = 'resolve'))", (older_than,)).rowcount
-        audit = conn.execute(
-            f"DELETE FROM audit WHERE at < ? AND (intent_id IS NULL OR intent_id NOT IN"  # noqa: S608
-            f" (SELECT id FROM intents WHERE state NOT IN ({terminal})))",
-            (older_than,)).rowcount
-        conn.execute("DELETE FROM grants WHERE at < ?", (older_than,))
-        return intents, audit
-
-    # --- writes ---------------------------------------------------------------------------
-    @staticmethod
-    def audit(conn: Conn, decision: str, *, intent_id: int | None = None,
-              fingerprint: str | None = None, playbook: str | None = None,
-              alertname: str | None = None, target_key: str | None = None,
-              action: str | None = None, reason: str | None = None,
-              detail: Any = None) -> None:
-        conn.execute(
-            "INSERT INTO audit (at, intent_id, fingerprint, playbook, alertname, target_key,"
-            " decision, action, reason, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (time.time(), intent_id, fingerprint, playbook, alertname, target_key, decision,
-             action, reason, json.dumps(detail) if detail is not None else None))
-
-    @staticmethod
-    def insert_intent(conn: Conn, new: NewIntent) -> int | None:
-        """Insert unless the idempotency key exists; returns the new id or None (duplicate)."""
-        now = time.time()
-        row = conn.execute(
-            "INSERT INTO intents (fingerprint, starts_at, playbook, phase, alertname,"
-            " labels, annotations, target_key, state, decision, created_at, updated_at)"
-            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
-            " ON CONFLICT (fingerprint, starts_at, playbook, phase) DO NOTHING RETURNING id",
-            (new.fingerprint, new.starts_at, new.playbook, new.phase, new.alertname,
-             json.dumps(new.labels), json.dumps(new.annotations), new.target_key, new.state,
-             new.decision, now, now)).fetchone()
-        return int(row[0]) if row else None
-
+    # --- the worker's claims and leases -------------------------------------------------
     def claim(self, owner: str, lease_seconds: float) -> Intent | None:
         """Atomically take one runnable intent: pending and due, or running with a lease that
         this store's LeaseWatch has seen unrenewed for its lease_seconds (its holder died or
@@ -497,56 +680,16 @@ class Store:
             conn.execute("UPDATE intents SET lease_beat=lease_beat+1, lease_seconds=?"
                          " WHERE state='running' AND lease_owner=?", (lease_seconds, owner))
 
-    @staticmethod
-    def owns(conn: Conn, intent: Intent, owner: str) -> bool:
-        """Whether `owner` still holds the lease of `intent` from the claim that returned it:
-        the same owner and the same lease generation (a fencing token). Another worker's
-        claim of an expired lease bumps the generation, so the former holder cannot record a
-        step or finish the intent, even when it is another thread of the same process."""
-        row = conn.execute("SELECT state, lease_owner, lease_gen FROM intents WHERE id=?",
-                           (intent.id,)).fetchone()
-        return (bool(row) and row["state"] == "running" and row["lease_owner"] == owner
-                and int(row["lease_gen"]) == intent.lease_gen)
-
-    @staticmethod
-    def update_intent(conn: Conn, intent_id: int, **fields: Any) -> None:
-        allowed = {"state", "decision", "next_step", "attempts", "not_before", "lease_owner",
-                   "lease_until", "approved", "results", "acted"}
-        assert set(fields) <= allowed, fields
-        fields["updated_at"] = time.time()
-        if "results" in fields:
-            fields["results"] = json.dumps(fields["results"])
-        cols = ", ".join(f"{k}=?" for k in fields)
-        conn.execute(f"UPDATE intents SET {cols} WHERE id=?",  # noqa: S608 - fixed names
-                     (*fields.values(), intent_id))
-
-    # --- reads ----------------------------------------------------------------------------
-    @staticmethod
-    def grants_since(conn: Conn, since: float, playbook: str | None = None,
-                     target_key: str | None = None, *, min_priority: int = 0
-                     ) -> tuple[int, float | None]:
-        """(count, newest time) of grants since `since`: for one target, or (breakers) of
-        every playbook at `min_priority` or above."""
-        if playbook is None:
-            row = conn.execute("SELECT count(*), max(at) FROM grants WHERE at>=? AND priority>=?",
-                               (since, min_priority)).fetchone()
-        else:
-            row = conn.execute(
-                "SELECT count(*), max(at) FROM grants WHERE playbook=? AND target_key=? AND at>=?",
-                (playbook, target_key, since)).fetchone()
-        return int(row[0]), row[1]
+    # --- reads outside a transaction ------------------------------------------------------
+    def grants_by_priority(self, since: float) -> dict[int, int]:
+        """Grants since `since` by priority (the breakers' gauges: /metrics)."""
+        rows = self._conn().execute(
+            "SELECT priority, count(*) FROM grants WHERE at>=? GROUP BY priority", (since,))
+        return {int(r[0]): int(r[1]) for r in rows}
 
     def get_intent(self, intent_id: int) -> Intent | None:
         row = self._conn().execute("SELECT * FROM intents WHERE id=?", (intent_id,)).fetchone()
         return Intent.from_row(row) if row else None
-
-    @staticmethod
-    def partner(conn: Conn, fingerprint: str, starts_at: str, playbook: str,
-                phase: str) -> Any:
-        """The intent of one phase of an alert and playbook (fire <-> resolve pairs)."""
-        return conn.execute(
-            "SELECT * FROM intents WHERE fingerprint=? AND starts_at=? AND playbook=? AND phase=?",
-            (fingerprint, starts_at, playbook, phase)).fetchone()
 
     def list_intents(self, limit: int = 100, state: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM intents"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 
 from remediation.config import Config, ConfigError
-from remediation.store import Store
+from remediation.store import Store, existing_id
 
 
 def _pgstore():  # type: ignore[no-untyped-def]
@@ -32,18 +32,7 @@ def existing_store_id(config: Config) -> str | None:
     """The id of the configured store without creating anything; None if it has none."""
     if config.postgresql is not None:
         return _pgstore().existing_id(config.postgresql)  # type: ignore[no-any-return]
-    path = config.store_path
-    if not path.exists() or path.stat().st_size == 0:
-        return None
-    try:
-        conn = sqlite3.connect(path, timeout=30.0)
-        try:
-            row = conn.execute("SELECT value FROM meta WHERE key='store_id'").fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return None
-    return str(row[0]) if row else None
+    return existing_id(config.store_path)
 
 
 def store_errors(config: Config) -> tuple[type[BaseException], ...]:

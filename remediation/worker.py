@@ -16,7 +16,8 @@ import uuid
 from collections.abc import Mapping
 
 from remediation.config import Config
-from remediation.engine import Engine, LostLease
+from remediation.engine import Engine
+from remediation.lifecycle import LostLease
 from remediation.playbooks import Playbook
 from remediation.recovery import RecoveryTimes
 from remediation.store import ClockSuspect, Store

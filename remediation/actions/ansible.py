@@ -27,7 +27,7 @@ import ansible_runner
 
 from exporters.contract.catalog import LABEL_JOB, LABEL_NODE
 from remediation.actions.base import ActionContext, ActionError, timeout_of
-from remediation.actions.training_command import job_instances
+from remediation.actions.prometheus import job_instances
 from remediation.config import Config
 from remediation.inventory import TargetError, resolve_hosts
 from remediation.templating import TemplateError, render
@@ -76,7 +76,7 @@ def _targets(step: dict[str, Any], ctx: ActionContext) -> list[str]:
         if not job:
             raise ActionError(f"ansible: alert has no {LABEL_JOB} label to find the job's nodes")
         names = sorted({instance.rsplit(":", 1)[0].strip("[]")
-                        for instance in job_instances(ctx, job)})
+                        for instance in job_instances(ctx, job, action="ansible")})
         if not names:
             raise ActionError(f"ansible: no node reports job {job!r}")
     else:

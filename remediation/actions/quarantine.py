@@ -47,6 +47,7 @@ from remediation.faults import (
 )
 from remediation.labels import LabelError, safe_labels
 from remediation.schedulers import SchedulerError, for_config
+from remediation.store import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +107,11 @@ def plan_for(intent_id: int, labels: Mapping[str, str], config: Config) -> Plan:
     return Plan(intent_id, fault, nodes.pool, unavailable)
 
 
-def recent_quarantines(conn: Any, since: float) -> list[str]:
-    rows = conn.execute("SELECT DISTINCT target_key FROM grants WHERE playbook=? AND at>=?",
-                        (GRANT_PLAYBOOK, since)).fetchall()
-    return sorted(str(row[0]) for row in rows)
+def recent_quarantines(tx: Transaction, since: float) -> list[str]:
+    return tx.grant_targets(GRANT_PLAYBOOK, since)
 
 
-def decide(conn: Any, plan: Plan, *, approved: bool, observe_only: bool,
+def decide(tx: Transaction, plan: Plan, *, approved: bool, observe_only: bool,
            settings: SchedulerSettings, now: float) -> tuple[str, str, str, dict[str, Any]] | None:
     """Inside the engine's decision transaction: None to go on (grant), else (decision, state,
     reason, detail) to finish the intent with. The caller pages for observe_only and
@@ -122,7 +121,7 @@ def decide(conn: Any, plan: Plan, *, approved: bool, observe_only: bool,
     if fault.action == "none":
         return ("not_actionable", "done", f"{fault.alertname}: {fault.reason}; nothing "
                 "automatic (the alert pages)", detail)
-    recent = recent_quarantines(conn, now - settings.quarantine_window_seconds)
+    recent = recent_quarantines(tx, now - settings.quarantine_window_seconds)
     detail["quarantined_in_window"] = recent
     if fault.action == "quarantine":
         node = fault.nodes[0]
@@ -150,12 +149,10 @@ def decide(conn: Any, plan: Plan, *, approved: bool, observe_only: bool,
     return None
 
 
-def record_grant(conn: Any, plan: Plan, now: float) -> None:
+def record_grant(tx: Transaction, plan: Plan, now: float) -> None:
     """Next to the engine's own grant: this node counts as quarantined from now on."""
     if plan.fault.action == "quarantine":
-        conn.execute("INSERT INTO grants (at, playbook, target_key, intent_id, priority)"
-                     " VALUES (?,?,?,?,?)", (now, GRANT_PLAYBOOK, plan.fault.nodes[0],
-                                             plan.intent_id, GRANT_PRIORITY))
+        tx.add_grant(now, GRANT_PLAYBOOK, plan.fault.nodes[0], plan.intent_id, GRANT_PRIORITY)
 
 
 def describe(plan: Plan) -> str:

@@ -20,45 +20,20 @@ apply it at their next agreement), unless every node says so.
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any
 from urllib.parse import quote
 
 import requests
 
-from exporters.contract.catalog import (
-    LABEL_JOB,
-    RANK_DEPARTED_AFTER_SECONDS,
-    TRAINING_NODE_HEARTBEAT_TIMESTAMP,
-)
+from exporters.contract.catalog import LABEL_JOB
 from exporters.contract.finite import NonFiniteError, require_finite
 from remediation.actions.base import ActionContext, ActionError, timeout_of
+from remediation.actions.prometheus import job_instances
 from remediation.templating import TemplateError, render
 
 APPLY_TIMEOUT = 120.0  # seconds for every rank to apply, unless the step names a timeout
 POLL_INTERVAL = 1.0
-INSTANCE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$")
-
-
-def job_instances(ctx: ActionContext, job: str) -> list[str]:
-    """host:port of every training exporter where a rank of the job still heartbeats
-    (validated before use)."""
-    # job is allowlisted: no quotes inside
-    query = (f'{TRAINING_NODE_HEARTBEAT_TIMESTAMP}{{{LABEL_JOB}="{job}"}} '
-             f'> time() - {RANK_DEPARTED_AFTER_SECONDS:g}')
-    try:
-        resp = ctx.session.get(f"{ctx.config.prometheus_url}/api/v1/query",
-                               params={"query": query}, timeout=10)
-        resp.raise_for_status()
-        series = resp.json()["data"]["result"]
-    except (requests.RequestException, KeyError, ValueError) as exc:
-        raise ActionError(f"training_command: Prometheus query failed: {exc}") from exc
-    instances = sorted({s["metric"].get("instance", "") for s in series})
-    bad = [i for i in instances if not INSTANCE.match(i)]
-    if bad:
-        raise ActionError(f"training_command: refusing malformed instance labels {bad[:3]!r}")
-    return instances
 
 
 def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
@@ -71,7 +46,7 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     except (TemplateError, NonFiniteError) as exc:
         raise ActionError(f"training_command: {exc}") from exc
     command = {"id": ctx.command_id(), "type": step["command"], "args": args}
-    instances = job_instances(ctx, job)
+    instances = job_instances(ctx, job, action="training_command")
     if not instances:
         raise ActionError(f"training_command: no training exporter has a live rank of job "
                           f"{job!r}")

@@ -190,14 +190,14 @@ def test_truncated_alerts_are_recorded_and_escalated(service_factory) -> None:
 
 def test_audit_table_is_append_only(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
-    with store.transaction() as conn:
-        Store.audit(conn, "acted", reason="x")
+    with store.transaction() as tx:
+        tx.audit("acted", reason="x")
     import sqlite3
 
-    with pytest.raises(sqlite3.IntegrityError, match="append-only"), store.transaction() as conn:
-        conn.execute("UPDATE audit SET reason='forged'")
-    with pytest.raises(sqlite3.IntegrityError, match="append-only"), store.transaction() as conn:
-        conn.execute("DELETE FROM audit")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"), store.transaction() as tx:
+        tx.execute("UPDATE audit SET reason='forged'")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"), store.transaction() as tx:
+        tx.execute("DELETE FROM audit")
 
 
 def test_health_ready_metrics(service_factory) -> None:

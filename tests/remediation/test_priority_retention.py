@@ -12,7 +12,7 @@ import pytest
 
 from remediation.metrics import StoreCollector
 from remediation.playbooks import load_playbooks
-from remediation.store import NewIntent, Store
+from remediation.store import NewIntent, Store, Transaction
 from tests.remediation.helpers import REPO, alert, auth, payload, stub_server
 
 
@@ -66,23 +66,23 @@ def test_metrics_read_running_counters_not_the_audit_table(service_factory) -> N
         assert decisions == {"refused": 3, "unmatched": 3}
 
 
-def _intent(conn: sqlite3.Connection, fp: str, phase: str, state: str) -> int:
-    new_id = Store.insert_intent(conn, NewIntent(
+def _intent(tx: Transaction, fp: str, phase: str, state: str) -> int:
+    new_id = tx.insert_intent(NewIntent(
         fingerprint=fp, starts_at="t", playbook="page", phase=phase, alertname="A", labels={},
         annotations={}, target_key="k", state=state))
     assert new_id is not None
-    Store.audit(conn, "acted" if state == "done" else "awaiting_approval", intent_id=new_id,
-                playbook="page", action="http")
+    tx.audit("acted" if state == "done" else "awaiting_approval", intent_id=new_id,
+             playbook="page", action="http")
     return new_id
 
 
 def test_retention_keeps_unfinished_intents_and_the_totals(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.sqlite")
-    with store.transaction() as conn:
-        finished = _intent(conn, "f1", "fire", "done")
-        _intent(conn, "f1", "resolve", "done")
-        still_firing = _intent(conn, "f2", "fire", "done")  # never resolved: key must stay
-        waiting = _intent(conn, "f3", "fire", "awaiting_approval")
+    with store.transaction() as tx:
+        finished = _intent(tx, "f1", "fire", "done")
+        _intent(tx, "f1", "resolve", "done")
+        still_firing = _intent(tx, "f2", "fire", "done")  # never resolved: key must stay
+        waiting = _intent(tx, "f3", "fire", "awaiting_approval")
     before = store.decision_counts()
     removed = store.prune(time.time() + 1)
     assert removed == (2, 3)
@@ -92,8 +92,8 @@ def test_retention_keeps_unfinished_intents_and_the_totals(tmp_path: Path) -> No
     assert {a["intent_id"] for a in store.list_audit(100)} == {waiting}
     assert store.decision_counts() == before  # counters survive retention
     with pytest.raises(sqlite3.IntegrityError, match="append-only"), \
-            store.transaction() as conn:
-        conn.execute("DELETE FROM audit WHERE intent_id=?", (waiting,))
+            store.transaction() as tx:
+        tx.execute("DELETE FROM audit WHERE intent_id=?", (waiting,))
     with pytest.raises(sqlite3.IntegrityError, match="only moves forward"), \
-            store.transaction() as conn:
-        conn.execute("UPDATE retention SET horizon=0")
+            store.transaction() as tx:
+        tx.execute("UPDATE retention SET horizon=0")

@@ -18,7 +18,7 @@ import requests
 
 from remediation.config import Config, load_config
 from remediation.marker import StoreResetError, check_store, write_marker
-from remediation.store import NewIntent, Store
+from remediation.store import NewIntent
 from remediation.stores import open_store
 from tests.remediation.helpers import alert, auth, payload, write_config
 from tests.remediation.processes import service_config, start_service
@@ -44,12 +44,12 @@ def test_claims_are_exclusive_across_store_instances(tmp_path: Path,
     exactly one claimant, and a redelivered key never makes a second intent."""
     config = configured(tmp_path, store_section)
     stores = [open_store(config), open_store(config)]
-    with stores[0].transaction() as conn:
-        ids = [Store.insert_intent(conn, new(f"f{i}")) for i in range(60)]
+    with stores[0].transaction() as tx:
+        ids = [tx.insert_intent(new(f"f{i}")) for i in range(60)]
         assert all(ids)
-        assert Store.insert_intent(conn, new("f0")) is None  # idempotency key exists
-    with stores[1].transaction() as conn:
-        assert Store.insert_intent(conn, new("f1")) is None
+        assert tx.insert_intent(new("f0")) is None  # idempotency key exists
+    with stores[1].transaction() as tx:
+        assert tx.insert_intent(new("f1")) is None
     claimed: list[int] = []
     lock = threading.Lock()
 
@@ -74,8 +74,8 @@ def test_a_lease_holds_while_renewed_and_passes_on_when_it_expires(
     and takes it (same id, lease owner B) once A stops renewing (A died)."""
     config = configured(tmp_path, store_section)
     a, b = open_store(config), open_store(config)
-    with a.transaction() as conn:
-        intent_id = Store.insert_intent(conn, new("lease1"))
+    with a.transaction() as tx:
+        intent_id = tx.insert_intent(new("lease1"))
     claimed = a.claim("replica-a", 3.0)
     assert claimed is not None and claimed.id == intent_id
     deadline = time.monotonic() + 2.5
@@ -100,8 +100,8 @@ def test_a_wall_clock_jump_does_not_hand_a_running_step_to_another_worker(
     record a step: its claim's lease generation (the fencing token) is stale."""
     config = configured(tmp_path, store_section)
     a, b = open_store(config), open_store(config)
-    with a.transaction() as conn:
-        intent_id = Store.insert_intent(conn, new("jump1"))
+    with a.transaction() as tx:
+        intent_id = tx.insert_intent(new("jump1"))
     owner = "host:1234:abcd"  # one replica: its worker threads share the owner name
     held = a.claim(owner, 2.0)
     assert held is not None and held.id == intent_id
@@ -114,9 +114,9 @@ def test_a_wall_clock_jump_does_not_hand_a_running_step_to_another_worker(
     taken = wait_until(lambda: b.claim(owner, 30.0), timeout=30,
                        what="the unrenewed lease to be taken over")
     assert taken.id == intent_id and taken.lease_gen > held.lease_gen
-    with a.transaction() as conn:
-        assert not Store.owns(conn, held, owner)  # A is fenced off
-        assert Store.owns(conn, taken, owner)
+    with a.transaction() as tx:
+        assert not tx.look(held.id).held_by(owner, held.lease_gen)  # A is fenced off
+        assert tx.look(taken.id).held_by(owner, taken.lease_gen)
 
 
 def test_a_wall_clock_jump_does_not_wipe_the_audit_or_the_cooldowns(
@@ -130,18 +130,18 @@ def test_a_wall_clock_jump_does_not_wipe_the_audit_or_the_cooldowns(
     import remediation.store
     retention = 30 * 86400.0
     store = open_store(configured(tmp_path, store_section))
-    with store.transaction() as conn:
-        done = Store.insert_intent(conn, new("f1", state="done"))
-        Store.insert_intent(conn, new("f1", "resolve", state="done"))
-        Store.audit(conn, "acted", intent_id=done, playbook="page", action="http")
-        conn.execute("INSERT INTO grants (at, playbook, target_key, intent_id, priority)"
-                     " VALUES (?,?,?,?,?)", (time.time(), "page", "k", done, 1))
+    with store.transaction() as tx:
+        done = tx.insert_intent(new("f1", state="done"))
+        tx.insert_intent(new("f1", "resolve", state="done"))
+        tx.audit("acted", intent_id=done, playbook="page", action="http")
+        tx.execute("INSERT INTO grants (at, playbook, target_key, intent_id, priority)"
+                   " VALUES (?,?,?,?,?)", (time.time(), "page", "k", done, 1))
 
     def intact() -> None:
         assert [a["intent_id"] for a in store.list_audit(100)] == [done]
         assert len(store.list_intents(100)) == 2
-        with store.transaction() as conn:  # the 1 h cooldown still sees the grant
-            assert Store.grants_since(conn, time.time() - 3600, "page", "k")[0] == 1
+        with store.transaction() as tx:  # the 1 h cooldown still sees the grant
+            assert tx.grants_since(time.time() - 3600, "page", "k")[0] == 1
 
     assert store.prune(time.time() - retention) == (0, 0)  # the hourly pass, nothing old
     real_time = time.time
@@ -173,25 +173,25 @@ def test_a_wall_clock_jump_does_not_wipe_the_audit_or_the_cooldowns(
 def test_audit_is_append_only_and_counters_survive_retention(
         tmp_path: Path, store_section: dict[str, Any]) -> None:
     store = open_store(configured(tmp_path, store_section))
-    with store.transaction() as conn:
-        done = Store.insert_intent(conn, new("f1", state="done"))
-        Store.insert_intent(conn, new("f1", "resolve", state="done"))
-        waiting = Store.insert_intent(conn, new("f2", state="awaiting_approval"))
+    with store.transaction() as tx:
+        done = tx.insert_intent(new("f1", state="done"))
+        tx.insert_intent(new("f1", "resolve", state="done"))
+        waiting = tx.insert_intent(new("f2", state="awaiting_approval"))
         for intent_id, decision in ((done, "acted"), (waiting, "awaiting_approval")):
-            Store.audit(conn, decision, intent_id=intent_id, playbook="page", action="http")
+            tx.audit(decision, intent_id=intent_id, playbook="page", action="http")
     before = (store.decision_counts(), store.action_counts())
     assert before[1] == [("page", "http", "acted", 1)]
-    with pytest.raises(REFUSED, match="append-only"), store.transaction() as conn:
-        conn.execute("UPDATE audit SET reason='edited'")
-    with pytest.raises(REFUSED, match="append-only"), store.transaction() as conn:
-        conn.execute("DELETE FROM audit WHERE intent_id=?", (done,))  # newer than retention
+    with pytest.raises(REFUSED, match="append-only"), store.transaction() as tx:
+        tx.execute("UPDATE audit SET reason='edited'")
+    with pytest.raises(REFUSED, match="append-only"), store.transaction() as tx:
+        tx.execute("DELETE FROM audit WHERE intent_id=?", (done,))  # newer than retention
     assert store.prune(time.time() + 1) == (2, 1)
     assert {a["intent_id"] for a in store.list_audit(100)} == {waiting}
     assert (store.decision_counts(), store.action_counts()) == before
-    with pytest.raises(REFUSED, match="append-only"), store.transaction() as conn:
-        conn.execute("DELETE FROM audit WHERE intent_id=?", (waiting,))  # unfinished intent
-    with pytest.raises(REFUSED, match="only moves forward"), store.transaction() as conn:
-        conn.execute("UPDATE retention SET horizon=0")
+    with pytest.raises(REFUSED, match="append-only"), store.transaction() as tx:
+        tx.execute("DELETE FROM audit WHERE intent_id=?", (waiting,))  # unfinished intent
+    with pytest.raises(REFUSED, match="only moves forward"), store.transaction() as tx:
+        tx.execute("UPDATE retention SET horizon=0")
     store.probe_commit()
     assert store.quick_check() == "ok" and store.ping()
 
@@ -202,8 +202,8 @@ def test_a_reset_store_is_noticed_through_the_marker(tmp_path: Path,
     store = open_store(config)
     write_marker(config, store)
     check_store(config, accept_new=False)  # the same store: fine
-    with store.transaction() as conn:  # the store is wiped (a reset, a restore of nothing)
-        conn.execute("DROP TABLE meta")
+    with store.transaction() as tx:  # the store is wiped (a reset, a restore of nothing)
+        tx.execute("DROP TABLE meta")
     store.close()
     with pytest.raises(StoreResetError, match="--accept-new-store") as err:
         check_store(config, accept_new=False)

@@ -103,7 +103,7 @@ def test_remediation_action_fails_when_ranks_never_apply(tmp_path: Path, monkeyp
                        timeout=30, what="job known to the exporter")
             # Prometheus is not what is tested here: the one real exporter is the job's node.
             monkeypatch.setattr(training_command, "job_instances",
-                                lambda ctx, job: [exp.url.removeprefix("http://")])
+                                lambda ctx, job, action: [exp.url.removeprefix("http://")])
             config = Config(webhook_token="w" * 32, training_exporter_token=exp.token,
                             store_path=tmp_path / "r.db", prometheus_url="http://127.0.0.1:9",
                             alertmanager_url="http://127.0.0.1:9")

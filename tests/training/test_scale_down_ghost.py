@@ -24,6 +24,7 @@ from exporters.contract.launcher import RankInfo
 from exporters.rank.client import TrainingMonitor
 from remediation.actions import training_command
 from remediation.actions.base import ActionContext
+from remediation.actions.prometheus import job_instances
 from remediation.config import Config
 from tests.support.net import wait_until
 from tests.support.procs import prometheus, running
@@ -87,8 +88,10 @@ def test_remediation_skips_the_departed_node_and_does_not_wait_on_it(tmp_path: P
                             store_path=tmp_path / "r.db", prometheus_url=prom,
                             alertmanager_url="http://127.0.0.1:9")
             ctx = ActionContext(config, {"training_job": JOB}, "key-1", requests.Session())
-            wait_until(lambda: len(training_command.job_instances(ctx, JOB)) == 2, timeout=60,
-                       what="both nodes seen by Prometheus")
+            def nodes() -> list[str]:
+                return job_instances(ctx, JOB, action="training_command")
+
+            wait_until(lambda: len(nodes()) == 2, timeout=60, what="both nodes seen by Prometheus")
             # Sent to both (the ghost still heartbeated seconds ago): node b's answer turns
             # "departed" and the action returns once node a's rank applied it.
             done = training_command.run({"action": "training_command", "command": "scale_lr",
@@ -100,7 +103,7 @@ def test_remediation_skips_the_departed_node_and_does_not_wait_on_it(tmp_path: P
             assert optimizer.param_groups[0]["lr"] == 0.5
             # Once its last heartbeat is older than RANK_DEPARTED_AFTER_SECONDS, the ghost is
             # no longer a target at all.
-            wait_until(lambda: training_command.job_instances(ctx, JOB) == [a],
+            wait_until(lambda: nodes() == [a],
                        timeout=catalog.RANK_DEPARTED_AFTER_SECONDS + 30,
                        what="only the live node targeted")
         finally:
