@@ -4,7 +4,8 @@
 read the exporter's series directly and this module adds nothing. With `dcgm`, one recording
 group (`gpu_source.yml`) records the `trainwatch_gpu_*` names the alerts, recording rules and
 dashboards read from dcgm-exporter's counters, converted to base units (MiB -> bytes,
-% -> ratio, MHz -> Hz, mJ -> J), with dcgm-exporter's labels renamed to ours (UUID -> uuid,
+% -> ratio, MHz -> Hz, mJ -> J: each row's `dcgm_scale` in the metric table), with
+dcgm-exporter's labels renamed to ours (UUID -> uuid,
 modelName -> name, Hostname -> node where Prometheus attached none). Nothing else changes.
 
 Counter names are exactly those of dcgm-exporter's `etc/default-counters.csv`
@@ -23,8 +24,6 @@ from alert_rules.config import ConfigError, Profile
 from alert_rules.model import Group, Record
 from alert_rules.promql import sel
 from exporters.contract import catalog as c
-from exporters.node.gpu.gpm import GPM_METRICS
-from exporters.node.gpu.reader import CLOCK_EVENT_REASONS
 
 TRAINWATCH, DCGM = "trainwatch", "dcgm"
 
@@ -40,7 +39,6 @@ DCGM_GPU_LABELS = ("gpu", DCGM_UUID, "pci_bus_id", "device", DCGM_MODEL, DCGM_HO
 # no driver version on a GPU's series (a driver upgrade would otherwise start new series)
 DCGM_DEFAULT_LABEL_FIELDS = ("DCGM_FI_DRIVER_VERSION",)
 SOURCES = (TRAINWATCH, DCGM)
-MIB = 1048576
 
 
 def _twin(name: str, which: int = 0) -> str:
@@ -79,6 +77,28 @@ DEFAULT_COUNTERS = (GPU_TEMP, FB_USED, FB_FREE, FB_RESERVED, GPU_UTIL, MEM_COPY_
                                                c.GPU_PCIE_RX_RATE)))
 
 
+def _number(value: float) -> str:
+    """A conversion factor as PromQL: whole numbers as digits, a million or more that is a
+    power of ten as 1eN (1048576, 100, 1000, 1e6)."""
+    if value != int(value):
+        return repr(value)
+    digits = str(int(value))
+    if value >= 1e6 and digits.rstrip("0") == "1":
+        return f"1e{len(digits) - 1}"
+    return digits
+
+
+def scaled(expr: str, name: str) -> str:
+    """`expr`, in the unit of `name`'s dcgm fields, converted to the row's base unit by its
+    `dcgm_scale` (a multiplication, or a division by the inverse of a scale below 1)."""
+    scale = c.METRICS[name].dcgm_scale
+    if scale == 1:
+        return expr
+    if scale > 1:
+        return f"{expr} * {_number(scale)}"
+    return f"{expr} / {_number(1 / scale)}"
+
+
 def source(p: Profile) -> str:
     value = str(p.values.get("gpu_source", TRAINWATCH))
     if value not in SOURCES:
@@ -115,18 +135,19 @@ def groups(p: Profile) -> list[Group]:
 
     rules = [
         rec(c.GPU_TEMPERATURE, d(GPU_TEMP)),
-        rec(c.GPU_MEMORY_USED, f"{d(FB_USED)} * {MIB}"),
-        rec(c.GPU_MEMORY_FREE, f"{d(FB_FREE)} * {MIB}"),
-        rec(c.GPU_MEMORY_RESERVED, f"{d(FB_RESERVED)} * {MIB}"),
+        rec(c.GPU_MEMORY_USED, scaled(d(FB_USED), c.GPU_MEMORY_USED)),
+        rec(c.GPU_MEMORY_FREE, scaled(d(FB_FREE), c.GPU_MEMORY_FREE)),
+        rec(c.GPU_MEMORY_RESERVED, scaled(d(FB_RESERVED), c.GPU_MEMORY_RESERVED)),
         # older dcgm-exporters have no FB_RESERVED: their used already includes it
-        rec(c.GPU_MEMORY_TOTAL, f"({d(FB_USED)} + {d(FB_FREE)}\n"
-                                f"+ ({d(FB_RESERVED)} or {d(FB_USED)} * 0)) * {MIB}"),
-        rec(c.GPU_UTILIZATION, f"{d(GPU_UTIL)} / 100"),
-        rec(c.GPU_MEMORY_UTILIZATION, f"{d(MEM_COPY_UTIL)} / 100"),
-        rec(c.GPU_POWER_USAGE, d(POWER_USAGE)),
-        rec(c.GPU_ENERGY, f"{d(ENERGY)} / 1000"),
-        rec(c.GPU_SM_CLOCK, f"{d(SM_CLOCK)} * 1e6"),
-        rec(c.GPU_MEMORY_CLOCK, f"{d(MEM_CLOCK)} * 1e6"),
+        rec(c.GPU_MEMORY_TOTAL, scaled(f"({d(FB_USED)} + {d(FB_FREE)}\n"
+                                       f"+ ({d(FB_RESERVED)} or {d(FB_USED)} * 0))",
+                                       c.GPU_MEMORY_USED)),
+        rec(c.GPU_UTILIZATION, scaled(d(GPU_UTIL), c.GPU_UTILIZATION)),
+        rec(c.GPU_MEMORY_UTILIZATION, scaled(d(MEM_COPY_UTIL), c.GPU_MEMORY_UTILIZATION)),
+        rec(c.GPU_POWER_USAGE, scaled(d(POWER_USAGE), c.GPU_POWER_USAGE)),
+        rec(c.GPU_ENERGY, scaled(d(ENERGY), c.GPU_ENERGY)),
+        rec(c.GPU_SM_CLOCK, scaled(d(SM_CLOCK), c.GPU_SM_CLOCK)),
+        rec(c.GPU_MEMORY_CLOCK, scaled(d(MEM_CLOCK), c.GPU_MEMORY_CLOCK)),
         rec(c.GPU_PCIE_REPLAYS, d(PCIE_REPLAY)),
         rec(c.GPU_ROW_REMAP_FAILURE, d(ROW_REMAP_FAILURE)),
         rec(c.GPU_REMAPPED_ROWS, d(CORRECTABLE_REMAPPED_ROWS), cause="correctable"),
@@ -140,11 +161,12 @@ def groups(p: Profile) -> list[Group]:
         # identity (dcgm-exporter puts pci_bus_id on every series): the inventory panel
         rec(c.GPU_INFO, f"{d(GPU_TEMP)} * 0 + 1"),
     ]
-    for label, bit in CLOCK_EVENT_REASONS:
+    for label, bit in c.CLOCK_EVENT_REASONS:
         rules.append(rec(c.GPU_CLOCK_EVENT_REASON,
                          f"floor({d(CLOCKS_EVENT_REASONS)} / {bit}) % 2", reason=label))
-    for row in GPM_METRICS:  # DCGM's profiling fields are already ratios and bytes/s
-        rules.append(rec(row.name, d(_twin(row.name))))
+    for row in c.metrics_of("gpu"):
+        if row.gpm:  # the profiling fields
+            rules.append(rec(row.name, scaled(d(_twin(row.name)), row.name)))
     return [Group("trainwatch-gpu-source.rules", rules)]
 
 

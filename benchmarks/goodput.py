@@ -38,7 +38,7 @@ from exporters.rank.client import TrainingMonitor
 
 
 class NoAccount:
-    """The goodput account switched off: what the shipper did before issue 24."""
+    """The goodput account switched off: the shipper's cost without goodput accounting."""
 
     def step(self, at: float, data_wait: float | None) -> None:
         pass
@@ -62,7 +62,7 @@ def monitors(sock: Path) -> dict[str, TrainingMonitor]:
     for name in VARIANTS:
         out[name] = TrainingMonitor(rank_info=INFO, socket_path=str(sock), control=False)
         if name != "after":
-            out[name]._goodput = NoAccount()  # type: ignore[assignment]
+            out[name]._shared.goodput = NoAccount()  # type: ignore[assignment]
     return out
 
 

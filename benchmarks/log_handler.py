@@ -14,13 +14,14 @@ One command, all designs in the same run on the same machine:
   (Its second close() waits forever in the original; guarded here so the run can finish.)
 * `trainwatch_async`: exporters.rank.logs.handler.AsyncEcsHandler (ECS JSON lines, which are
   longer than the other designs' plain-text lines: it writes more bytes, not fewer). Its
-  writer wakes on its timer (`flush_interval`) or when half the capacity waits (issue 29).
-* `trainwatch_wake_per_16_batches`: the same handler with the wake-up policy it had before
-  issue 29 (`wake_batches=16`: a caller wakes the writer once 16 encoded batches wait, so the
-  writer's wake-ups and GIL hand-offs grow with the number of records), the design replaced.
-* `trainwatch_writer_encodes`: the same handler as it was before issue 17's second pass
+  writer wakes on its timer (`flush_interval`) or when half the capacity waits.
+* `trainwatch_wake_per_16_batches`: the same handler with a wake-up per 16 batches
+  (`wake_batches=16`: a caller wakes the writer once 16 encoded batches wait, so the
+  writer's wake-ups and GIL hand-offs grow with the number of records): the policy that
+  wakes by count, against the timer's.
+* `trainwatch_writer_encodes`: the same handler with the encoding on the writer thread
   (`encode_on_caller=False, batch_size=2048`: callers only append, the writer thread
-  encodes and writes), for a before/after in the same run.
+  encodes and writes): what encoding on the caller saves, in the same run.
 
 Caller cost is measured per `logger.info("step %d loss=%.4f", i, loss)` call with
 perf_counter_ns; end-to-end is records / (time from the first call until close() returns and

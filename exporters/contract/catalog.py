@@ -71,14 +71,28 @@ class Metric(NamedTuple):
     # scenario's gpus[i].nvml gives the call another value, or the fake has code for it.
     nvml: str = ""
     simulated: Any = None
-    # With a scale the row is a plain getter: the reader calls `nvml(handle)`, multiplies by
-    # `scale` and emits it, with no code of its own. Without, code in exporters/node/gpu/ reads it.
+    # NVML's value * scale = the row's base unit. With `nvml` the row is a plain getter: the
+    # reader calls `nvml(handle)`, multiplies by `scale` and emits it, with no code of its own;
+    # with `gpm` the GPM reader does the same for that GPM metric. Without either, code in
+    # exporters/node/gpu/ reads it.
     scale: float | None = None
+    # The NVML GPM metric the row is read from: the name after `NVML_GPM_METRIC_` (the fake
+    # NVML's scenarios use the same names; exporters/node/gpu/gpm.py).
+    gpm: str = ""
+    # dcgm-exporter's value of the `dcgm` fields * dcgm_scale = the row's base unit (MiB,
+    # percent, mJ, MHz there); alert_rules/gpu_source.py writes the conversion from it.
+    dcgm_scale: float = 1.0
     # Served only while non-zero: an error counter or flag a healthy GPU keeps at 0 and an
     # alert reads every round. Prometheus spends ~10 us of CPU per matched series and PromQL read
     # whatever the expression drops afterwards, so 8,192 GPUs' zeros cost rule time every
     # 15 s for nothing (docs/gpu_exporter.md, "Sparse error series").
     sparse: bool = False
+    # The rank datagram's field that carries this per-rank value (exporters/contract/wire.py
+    # decodes it, the training exporter's store keeps it, its collector serves it under this
+    # row): a new per-rank counter is this row plus the field of the rank-side counters
+    # (exporters/rank/counters.py RankCounters) that counts it.
+    wire: str = ""
+    wire_type: type = float  # int: a count the datagram carries as a JSON integer
 
 
 METRICS: dict[str, Metric] = {}
@@ -107,8 +121,8 @@ def help_of(name: str) -> str:
 
 # --- training exporter (labels: training_job, rank, node) --------------------------------------
 def _training(name: str, kind: str, help_text: str, extra: tuple[str, ...] = (),
-              unit: str = "") -> str:
-    return _define("training", name, kind, help_text, (*TRAINING_LABELS, *extra), unit)
+              unit: str = "", **more: Any) -> str:
+    return _define("training", name, kind, help_text, (*TRAINING_LABELS, *extra), unit, **more)
 
 
 TRAINING_STEP = _training("training_step", GAUGE, "Last step the rank reported.")
@@ -135,7 +149,8 @@ TRAINING_CUDA_MEM_RESERVED = _training("training_cuda_memory_reserved_bytes", GA
 # unknown, e.g. on CPU), and below the model FLOPs its samples/tokens needed
 TRAINING_PEAK_FLOPS = _training("training_peak_flops_per_second", GAUGE,
                                 "Peak FLOP/s of the rank's GPU for its dtype (MFU's "
-                                "denominator).", unit="flops_per_second")
+                                "denominator).", unit="flops_per_second",
+                                wire="peak_flops", sparse=True)
 # Liveness and hang location (issue 13; docs/training.md "Hangs").
 TRAINING_HEARTBEAT_TIMESTAMP = _training("training_heartbeat_timestamp_seconds", GAUGE,
                                          "Unix time the rank's last datagram arrived.",
@@ -203,23 +218,30 @@ TRAINING_STALL_EVIDENCE = _training(
     "ended without a clean finish (signal=exited, 0 or 1).",
     extra=("signal",))
 STALL_EVIDENCE_SIGNALS = ("seq", "step", "heartbeat", "collective", "exited")
-TRAINING_SAMPLES = _training("training_samples_total", COUNTER, "Samples processed.")
-TRAINING_TOKENS = _training("training_tokens_total", COUNTER, "Tokens processed.")
+TRAINING_SAMPLES = _training("training_samples_total", COUNTER, "Samples processed.",
+                             wire="samples_total")
+TRAINING_TOKENS = _training("training_tokens_total", COUNTER, "Tokens processed.",
+                            wire="tokens_total")
 # Exposed from the rank's first non-finite loss (absent before): the alert reads it every
 # round, and the rules' `x > 0 unless x offset w` catches a counter born non-zero.
 TRAINING_NONFINITE_LOSS = _training("training_nonfinite_loss_total", COUNTER,
                                     "Steps whose loss was NaN or infinite (absent until the "
-                                    "first).")
+                                    "first).", wire="nonfinite", wire_type=int,
+                                    sparse=True)
 TRAINING_DROPPED_SAMPLES = _training("training_dropped_samples_total", COUNTER,
-                                     "Step reports the rank could not deliver.")
+                                     "Step reports the rank could not deliver.",
+                                     wire="dropped", wire_type=int)
 TRAINING_ROLLBACKS = _training("training_rollbacks_total", COUNTER,
-                               "Checkpoint rollbacks the rank applied.")
+                               "Checkpoint rollbacks the rank applied.", wire="rollbacks",
+                               wire_type=int)
 TRAINING_MODEL_FLOPS = _training("training_model_flops_total", COUNTER,
                                  "Model FLOPs (forward + backward) of the samples or tokens "
-                                 "processed; rate() = achieved FLOP/s.", unit="flops")
+                                 "processed; rate() = achieved FLOP/s.", unit="flops",
+                                 wire="flops_total", sparse=True)
 TRAINING_CHECKPOINT_FAILURES = _training(
     "training_checkpoint_failures_total", COUNTER,
-    "Checkpoint saves that failed on this rank (not eligible for rollback).")
+    "Checkpoint saves that failed on this rank (not eligible for rollback).",
+    wire="checkpoint_failures", wire_type=int)
 TRAINING_COMMANDS_APPLIED = _training("training_commands_applied_total", COUNTER,
                                       "Control commands the rank applied, by type.",
                                       extra=("command",))
@@ -276,6 +298,9 @@ TRAINING_EXPORTER_DATAGRAMS = _define("training", TRAINING_EXPORTER_PREFIX + "da
 TRAINING_EXPORTER_MALFORMED = _define(
     "training", TRAINING_EXPORTER_PREFIX + "malformed_datagrams_total", COUNTER,
     "Datagrams ignored because they broke the protocol.", ())
+# The per-rank values the datagram carries as plain numbers, one field per row (`wire`): the
+# datagram's decoder, the store's rank state and the collector's mapping all iterate these.
+RANK_WIRE: tuple[Metric, ...] = tuple(row for row in metrics_of("training") if row.wire)
 
 # --- log scanner --------------------------------------------------------------------------------
 LOGSCAN_PREFIX = "trainwatch_logscan_"
@@ -315,6 +340,12 @@ def _gpu(suffix: str, kind: str, help_text: str, extra: tuple[str, ...] = (), un
 
 
 SPARSE_NOTE = "sparse: served only while non-zero (absent while 0)"
+# Unit scales (a value in that unit * scale = the base unit), for NVML's, GPM's and DCGM's
+# units: `scale` and `dcgm_scale` of the rows below.
+PERCENT = 0.01
+MIB = 1048576.0
+MILLI = 1e-3
+MEGA = 1e6
 
 
 GPU_UP = _gpu("up", GAUGE,
@@ -332,18 +363,21 @@ GPU_XID_ERRORS = _gpu("xid_errors_total", COUNTER,
                       dcgm=("DCGM_FI_DEV_XID_ERRORS",), sparse=True)
 GPU_UTILIZATION = _gpu("utilization_ratio", GAUGE,
                        "Fraction of time a kernel was running on the GPU (0-1).", unit="ratio",
-                       source="`nvmlDeviceGetUtilizationRates`", dcgm=("DCGM_FI_DEV_GPU_UTIL",))
+                       source="`nvmlDeviceGetUtilizationRates`", dcgm=("DCGM_FI_DEV_GPU_UTIL",),
+                       dcgm_scale=PERCENT)
 GPU_MEMORY_UTILIZATION = _gpu(
     "memory_utilization_ratio", GAUGE,
     "Fraction of time device memory was being read or written (0-1).", unit="ratio",
-    source="`nvmlDeviceGetUtilizationRates`", dcgm=("DCGM_FI_DEV_MEM_COPY_UTIL",))
+    source="`nvmlDeviceGetUtilizationRates`", dcgm=("DCGM_FI_DEV_MEM_COPY_UTIL",),
+    dcgm_scale=PERCENT)
 GPU_MEMORY_USED = _gpu("memory_used_bytes", GAUGE,
                        "Device memory used, bytes (as nvidia-smi: without the driver's "
                        "reservation where the driver has NVML's v2 memory info).", unit="bytes",
                        source="`nvmlDeviceGetMemoryInfo` v2 (v1 on drivers before 510)",
-                       dcgm=("DCGM_FI_DEV_FB_USED",))
+                       dcgm=("DCGM_FI_DEV_FB_USED",), dcgm_scale=MIB)
 GPU_MEMORY_FREE = _gpu("memory_free_bytes", GAUGE, "Device memory free, bytes.", unit="bytes",
-                       source="`nvmlDeviceGetMemoryInfo`", dcgm=("DCGM_FI_DEV_FB_FREE",))
+                       source="`nvmlDeviceGetMemoryInfo`", dcgm=("DCGM_FI_DEV_FB_FREE",),
+                       dcgm_scale=MIB)
 GPU_MEMORY_TOTAL = _gpu("memory_total_bytes", GAUGE, "Device memory total, bytes.",
                         unit="bytes", source="`nvmlDeviceGetMemoryInfo`")
 # Driver/firmware reservation (NVML v2 memory info, driver >= 510; nvidia-smi's "Reserved").
@@ -352,7 +386,7 @@ GPU_MEMORY_RESERVED = _gpu("memory_reserved_bytes", GAUGE,
                            "Device memory reserved by the driver and firmware, bytes (v2 "
                            "memory info only).", unit="bytes",
                            source="`nvmlDeviceGetMemoryInfo` v2 only",
-                           dcgm=("DCGM_FI_DEV_FB_RESERVED",))
+                           dcgm=("DCGM_FI_DEV_FB_RESERVED",), dcgm_scale=MIB)
 GPU_TEMPERATURE = _gpu("temperature_celsius", GAUGE, "GPU core temperature, degrees Celsius.",
                        unit="celsius", source="`nvmlDeviceGetTemperature(GPU)`",
                        dcgm=("DCGM_FI_DEV_GPU_TEMP",))
@@ -372,16 +406,31 @@ GPU_POWER_LIMIT_DEFAULT = _gpu("power_limit_default_watts", GAUGE,
 GPU_ENERGY = _gpu("energy_joules_total", COUNTER,
                   "Energy consumed since the driver was loaded, joules.", unit="joules",
                   source="`nvmlDeviceGetTotalEnergyConsumption`",
-                  dcgm=("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",))
+                  dcgm=("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",), dcgm_scale=MILLI)
 GPU_SM_CLOCK = _gpu("sm_clock_hertz", GAUGE, "SM clock, hertz.", unit="hertz",
-                    source="`nvmlDeviceGetClockInfo(SM)`", dcgm=("DCGM_FI_DEV_SM_CLOCK",))
+                    source="`nvmlDeviceGetClockInfo(SM)`", dcgm=("DCGM_FI_DEV_SM_CLOCK",),
+                    dcgm_scale=MEGA)
 GPU_MEMORY_CLOCK = _gpu("memory_clock_hertz", GAUGE, "Memory clock, hertz.", unit="hertz",
-                        source="`nvmlDeviceGetClockInfo(MEM)`", dcgm=("DCGM_FI_DEV_MEM_CLOCK",))
+                        source="`nvmlDeviceGetClockInfo(MEM)`", dcgm=("DCGM_FI_DEV_MEM_CLOCK",),
+                        dcgm_scale=MEGA)
 GPU_CLOCK_EVENT_REASON = _gpu(
     "clock_event_reason_active", GAUGE, "1 if this clock event (throttle) reason is active.",
     ("reason",), source="`nvmlDeviceGetCurrentClocksEventReasons` (drivers before 535: "
-    "`...ThrottleReasons`); `reason`: exporters/node/gpu/reader.py CLOCK_EVENT_REASONS",
+    "`...ThrottleReasons`); `reason`: exporters/contract/catalog.py CLOCK_EVENT_REASONS",
     dcgm=("DCGM_FI_DEV_CLOCKS_EVENT_REASONS",), sparse=True)
+# The `reason` label's values, each with its bit in NVML's clock event reasons bitmask
+# (nvmlClocksEventReason*; DCGM_FI_DEV_CLOCKS_EVENT_REASONS carries the same bitmask).
+CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
 GPU_ECC_ERRORS = _gpu("ecc_errors_total", COUNTER,
                       "ECC errors (volatile: since driver load; aggregate: lifetime).",
                       ("error_type", "counter"),
@@ -437,48 +486,53 @@ GPU_GPM_SUPPORTED = _gpu("gpm_supported", GAUGE,
                          source="`nvmlGpmQueryDeviceSupport`; 0 also while MIG is enabled")
 
 
-def _gpm(suffix: str, help_text: str, dcgm: str, unit: str = "ratio") -> str:
+def _gpm(suffix: str, help_text: str, dcgm: str, gpm: str, unit: str = "ratio") -> str:
+    """A GPM row: GPM answers percent (a ratio's row) or MiB/s (a bytes-per-second row); DCGM's
+    profiling fields are ratios and bytes/s already."""
+    scale = {"ratio": PERCENT, "bytes_per_second": MIB}[unit]
     return _gpu(suffix, GAUGE, help_text, unit=unit, source="NVML GPM (exporters/node/gpu/gpm.py)",
-                dcgm=(dcgm,))
+                dcgm=(dcgm,), gpm=gpm, scale=scale)
 
 
 GPU_GRAPHICS_ENGINE_ACTIVE = _gpm(
     "graphics_engine_active_ratio",
     "Fraction of time the graphics/compute engine was active (0-1), GPM.",
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "GRAPHICS_UTIL")
 GPU_SM_ACTIVE = _gpm("sm_active_ratio",
                      "Fraction of SMs busy, averaged over the interval (0-1), GPM.",
-                     "DCGM_FI_PROF_SM_ACTIVE")
+                     "DCGM_FI_PROF_SM_ACTIVE", "SM_UTIL")
 GPU_SM_OCCUPANCY = _gpm("sm_occupancy_ratio",
                         "Resident warps over the theoretical maximum (0-1), GPM.",
-                        "DCGM_FI_PROF_SM_OCCUPANCY")
+                        "DCGM_FI_PROF_SM_OCCUPANCY", "SM_OCCUPANCY")
 GPU_TENSOR_ACTIVE = _gpm("tensor_active_ratio",
                          "Fraction of time the SMs ran any tensor-core operation (0-1), GPM.",
-                         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE")
+                         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "ANY_TENSOR_UTIL")
 GPU_DRAM_ACTIVE = _gpm("dram_active_ratio",
                        "Device memory bandwidth used over the theoretical maximum (0-1), GPM.",
-                       "DCGM_FI_PROF_DRAM_ACTIVE")
+                       "DCGM_FI_PROF_DRAM_ACTIVE", "DRAM_BW_UTIL")
 GPU_FP64_ACTIVE = _gpm("fp64_active_ratio",
                        "Fraction of time the SMs ran non-tensor FP64 math (0-1), GPM.",
-                       "DCGM_FI_PROF_PIPE_FP64_ACTIVE")
+                       "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "FP64_UTIL")
 GPU_FP32_ACTIVE = _gpm("fp32_active_ratio",
                        "Fraction of time the SMs ran non-tensor FP32 math (0-1), GPM.",
-                       "DCGM_FI_PROF_PIPE_FP32_ACTIVE")
+                       "DCGM_FI_PROF_PIPE_FP32_ACTIVE", "FP32_UTIL")
 GPU_FP16_ACTIVE = _gpm("fp16_active_ratio",
                        "Fraction of time the SMs ran non-tensor FP16 math (0-1), GPM.",
-                       "DCGM_FI_PROF_PIPE_FP16_ACTIVE")
+                       "DCGM_FI_PROF_PIPE_FP16_ACTIVE", "FP16_UTIL")
 GPU_PCIE_TX_RATE = _gpm("pcie_tx_bytes_per_second",
                         "PCIe traffic from this GPU, bytes per second, GPM.",
-                        "DCGM_FI_PROF_PCIE_TX_BYTES", unit="bytes_per_second")
+                        "DCGM_FI_PROF_PCIE_TX_BYTES", "PCIE_TX_PER_SEC", unit="bytes_per_second")
 GPU_PCIE_RX_RATE = _gpm("pcie_rx_bytes_per_second",
                         "PCIe traffic to this GPU, bytes per second, GPM.",
-                        "DCGM_FI_PROF_PCIE_RX_BYTES", unit="bytes_per_second")
+                        "DCGM_FI_PROF_PCIE_RX_BYTES", "PCIE_RX_PER_SEC", unit="bytes_per_second")
 GPU_NVLINK_TX_RATE = _gpm("nvlink_tx_bytes_per_second",
                           "NVLink traffic sent over all links, bytes per second, GPM.",
-                          "DCGM_FI_PROF_NVLINK_TX_BYTES", unit="bytes_per_second")
+                          "DCGM_FI_PROF_NVLINK_TX_BYTES", "NVLINK_TOTAL_TX_PER_SEC",
+                          unit="bytes_per_second")
 GPU_NVLINK_RX_RATE = _gpm("nvlink_rx_bytes_per_second",
                           "NVLink traffic received over all links, bytes per second, GPM.",
-                          "DCGM_FI_PROF_NVLINK_RX_BYTES", unit="bytes_per_second")
+                          "DCGM_FI_PROF_NVLINK_RX_BYTES", "NVLINK_TOTAL_RX_PER_SEC",
+                          unit="bytes_per_second")
 
 
 # Exporter-wide series (no GPU labels).

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporters.contract import catalog
 from exporters.contract import goodput as gp
 from exporters.contract.commands import COMMAND_ID_PATTERN, COMMAND_TYPE_PATTERN
 from exporters.contract.identity import is_job_name
@@ -42,11 +43,10 @@ class RankReport:
     local_rank: int
     world_size: int
     restarts: int
-    dropped: int
-    nonfinite: int
-    samples_total: float
-    tokens_total: float
-    rollbacks: int
+    # The per-rank numbers of catalog.RANK_WIRE by metric name (samples, tokens, FLOPs, peak
+    # FLOP/s, non-finite losses, dropped reports, rollbacks, failed checkpoint saves); a field
+    # an older client omits reads 0.
+    counters: dict[str, float]
     applied_counts: dict[str, int]
     command_types: dict[str, dict[str, Any]]
     cuda: tuple[float, float] | None
@@ -62,9 +62,6 @@ class RankReport:
     collective_source: str = ""
     steps: list[tuple[Any, ...]] = field(default_factory=list)
     applied: list[dict[str, Any]] = field(default_factory=list)
-    flops_total: float = 0.0  # model FLOPs done (MFU); 0: the job does not report them
-    peak_flops: float = 0.0  # the rank's peak FLOP/s for its dtype; 0: unknown
-    checkpoint_failures: int = 0  # optional in the datagram (older clients omit it)
     # Which collective the rank is inside, on any process group (collectives.collective_key:
     # the same number on every rank inside the same one), 0 for none; older clients omit it.
     collective_key: int = 0
@@ -187,15 +184,13 @@ def decode(data: bytes) -> RankReport:
         goodput = gp.parse(obj.get("goodput"))
     except ValueError as exc:
         raise WireError(str(exc)) from None
+    counters = {row.name: (_int(obj, row.wire) if row.wire_type is int
+                           else _finite_nonneg(obj, row.wire)) for row in catalog.RANK_WIRE}
     return RankReport(
         goodput=goodput, job=job, rank=rank, local_rank=_int(obj, "local_rank", 0, 1 << 20),
-        world_size=world_size, restarts=_int(obj, "restarts"), dropped=_int(obj, "dropped"),
-        nonfinite=_int(obj, "nonfinite"), samples_total=_finite_nonneg(obj, "samples_total"),
-        tokens_total=_finite_nonneg(obj, "tokens_total"), rollbacks=_int(obj, "rollbacks"),
+        world_size=world_size, restarts=_int(obj, "restarts"), counters=counters,
         applied_counts=applied_counts, command_types=command_types, cuda=cuda,
-        steps=parsed_steps, applied=applied, flops_total=_finite_nonneg(obj, "flops_total"),
-        peak_flops=_finite_nonneg(obj, "peak_flops"), incarnation=incarnation,
+        steps=parsed_steps, applied=applied, incarnation=incarnation,
         finished=finished, collective_seq=seq, collective_since=since,
-        collective_source=source, checkpoint_failures=_int(obj, "checkpoint_failures"),
-        collective_key=_int(obj, "collective_key", 0, 2**32), exiting=exiting,
-        compute_seconds=compute_seconds, compute_steps=compute_steps)
+        collective_source=source, collective_key=_int(obj, "collective_key", 0, 2**32),
+        exiting=exiting, compute_seconds=compute_seconds, compute_steps=compute_steps)

@@ -3,6 +3,7 @@
 Public names, one spelling for user code and the docs::
 
     from exporters.rank import TrainingMonitor, CheckpointManager, AsyncEcsHandler
+    from exporters.rank import MonitorConfig, HandlerConfig  # their settings, as objects
 
 They are resolved on first use (PEP 562), so `import exporters.rank` stays light: the
 checkpoint manager pulls in torch, and a process that only logs never pays for it. Nothing
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 # public name -> the module that defines it (the only place it is defined)
 _PUBLIC = {
     "TrainingMonitor": "exporters.rank.client",
+    "MonitorConfig": "exporters.rank.config",
     "CheckpointManager": "exporters.rank.checkpoint",
     "NoHealthyCheckpoint": "exporters.rank.checkpoint",
     "RollbackFailed": "exporters.rank.checkpoint",
@@ -29,12 +31,15 @@ _PUBLIC = {
     "FrameworkCallback": "exporters.rank.framework_callbacks",
     "TrainwatchBatches": "exporters.rank.data",
     "AsyncEcsHandler": "exporters.rank.logs.handler",
+    "HandlerConfig": "exporters.rank.logs.config",
 }
 __all__ = [
     "AsyncEcsHandler",
     "CheckpointManager",
     "FrameworkCallback",
+    "HandlerConfig",
     "ModelFlops",
+    "MonitorConfig",
     "NoHealthyCheckpoint",
     "RollbackFailed",
     "TrainingMonitor",
@@ -53,9 +58,11 @@ if TYPE_CHECKING:
         weights_digest,
     )
     from exporters.rank.client import TrainingMonitor
+    from exporters.rank.config import MonitorConfig
     from exporters.rank.data import TrainwatchBatches
     from exporters.rank.flops import ModelFlops, count_parameters
     from exporters.rank.framework_callbacks import FrameworkCallback
+    from exporters.rank.logs.config import HandlerConfig
     from exporters.rank.logs.handler import AsyncEcsHandler
 
 

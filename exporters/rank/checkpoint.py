@@ -75,6 +75,7 @@ from exporters.contract.atomic_file import atomic_write
 from exporters.contract.goodput import RESTORE, SAVE, blocking
 from exporters.rank import train_state as ts
 from exporters.rank.checkpoint_writer import WriterError, WriterProcess, shared_writer
+from exporters.rank.counters import RankCounters
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -297,7 +298,9 @@ class CheckpointManager:
         self.asynchronous = asynchronous
         self.state = ts.TrainState()
         self.health: Callable[[], bool] | None = None  # set by TrainingMonitor
-        self.failed_saves = 0
+        # Failed saves are counted here; a TrainingMonitor replaces this with its own
+        # counters (carrying the count over), so its datagrams report them.
+        self.counters = RankCounters()
         self.last_failure: str | None = None
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(process_group) if self._distributed else 0
@@ -350,6 +353,11 @@ class CheckpointManager:
                 log.error("checkpoint writer process did not start: %s", exc)
 
     # --- collectives (training thread, only while nothing is in flight) ---------------------
+    @property
+    def failed_saves(self) -> int:
+        """Saves that failed on this rank (not eligible for rollback), since the start."""
+        return self.counters.checkpoint_failures
+
     @property
     def _multi(self) -> bool:
         return self._group is not None
@@ -547,7 +555,7 @@ class CheckpointManager:
         except Exception as exc:
             ok, error = False, error or f"{type(exc).__name__}: {exc}"[:500]
         if not ok:
-            self.failed_saves += 1
+            self.counters.checkpoint_failures += 1
             self.last_failure = error or "another rank failed to write its part"
             log.error("checkpoint %s failed and is not eligible for rollback: %s",
                       target.name, self.last_failure)

@@ -30,16 +30,16 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from exporters.contract import catalog, goodput, identity
 from exporters.contract import commands as cmd
 from exporters.contract.launcher import RankInfo, detect
-from exporters.contract.tokens import SecretFileError, read_secret_file
 from exporters.rank import departure, sync
 from exporters.rank import flops as flops_table
 from exporters.rank.collectives import CollectiveWatch
+from exporters.rank.config import MonitorConfig
+from exporters.rank.counters import RankCounters, RankShared
 from exporters.rank.flops import ModelFlops
 from exporters.rank.forwarders import (
     Forwarder,
@@ -51,7 +51,6 @@ from exporters.rank.shipper import ControlPoller, Shipper
 from exporters.rank.train_state import TrainState
 
 log = logging.getLogger(__name__)
-DEFAULT_EXPORTER_URL = f"http://127.0.0.1:{catalog.PORTS['training_exporter']}"
 CommandHandler = Callable[[dict[str, Any], int], Any]
 
 
@@ -63,17 +62,6 @@ class Control:
     skip_batches: int = 0
     rolled_back: bool = False
     applied: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _read_token(env: Mapping[str, str]) -> str | None:
-    path = env.get(catalog.ENV_CONTROL_TOKEN_FILE)
-    if path:
-        try:
-            return read_secret_file(Path(path))
-        except SecretFileError as exc:  # commands stay off; training goes on
-            log.warning("%s: %s", catalog.ENV_CONTROL_TOKEN_FILE, exc)
-            return None
-    return env.get(catalog.ENV_CONTROL_TOKEN) or None
 
 
 def _launch_incarnation(info: RankInfo, env: Mapping[str, str]) -> str:
@@ -96,19 +84,21 @@ class TrainingMonitor:
     Arguments not given come from the environment: job, rank, local rank, world size and
     restarts from the launcher (torchrun, Slurm, Open MPI); socket, exporter URL, token and
     sync period from TRAINWATCH_* variables (docs/contracts.md). `checkpoints` (a
-    CheckpointManager) enables the rollback and checkpoint commands.
+    CheckpointManager) enables the rollback and checkpoint commands. The settings are
+    MonitorConfig's fields, as keyword arguments (`sync_every=20`) or as `config=`.
     """
 
     def __init__(self, job: str | None = None, *, optimizer: Any = None, scheduler: Any = None,
                  checkpoints: Any = None, process_group: Any = None,
-                 socket_path: str | None = None, exporter_url: str | None = None,
-                 token: str | None = None, sync_every: int | None = None,
-                 flush_interval: float = 0.2, poll_interval: float = 0.5,
-                 buffer_size: int = 8192, tensorboard_dir: str | None = None,
-                 mlflow_run_id: str | None = None, mlflow_tracking_uri: str | None = None,
-                 forwarders: list[Forwarder] | None = None, cuda_device: int | None = None,
-                 rank_info: RankInfo | None = None, control: bool = True) -> None:
+                 forwarders: list[Forwarder] | None = None, rank_info: RankInfo | None = None,
+                 config: MonitorConfig | None = None, **options: Any) -> None:
+        if config is None:
+            config = MonitorConfig(**options)
+        elif options:
+            raise TypeError("give either config= or the settings as keyword arguments")
         env = os.environ
+        # Checked before anything starts: a bad environment variable raises here.
+        self.config = config = config.resolved(env)
         self.info = rank_info or detect(job=job)
         # Collective when distributed: every rank constructs the monitor at the same point.
         self._agreement = sync.Agreement(process_group)
@@ -121,84 +111,73 @@ class TrainingMonitor:
              else _launch_incarnation(self.info, env)))
         if job_id != self.info.job:
             self.info = dataclasses.replace(self.info, job=job_id)
-        self._collectives = CollectiveWatch(self._agreement, self.info.job, self.info.rank,
-                                            env.get(catalog.ENV_DIAGNOSTICS_DIR) or None)
+        collectives = CollectiveWatch(self._agreement, self.info.job, self.info.rank,
+                                      env.get(catalog.ENV_DIAGNOSTICS_DIR) or None)
         self._optimizer = optimizer
         self._scheduler = scheduler
         self._checkpoints = checkpoints
         self._group = process_group
-        if sync_every is None:
-            raw = env.get(catalog.ENV_SYNC_EVERY, "") or "10"
-            if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
-                raise ValueError(f"{catalog.ENV_SYNC_EVERY}={raw!r} must be a positive integer")
-            sync_every = int(raw)
-        if sync_every < 1:
-            raise ValueError("sync_every must be >= 1")
-        self.sync_every = sync_every
-        # State the training thread writes and the shipper reads. Plain attributes: each
-        # write is one bytecode-level store under the GIL, and the shipper tolerates reading a
-        # value one step old.
-        self._buffer: deque[tuple[Any, ...]] = deque(maxlen=buffer_size)
+        self.sync_every: int = config.sync_every  # type: ignore[assignment]  # resolved
+        # What the training thread writes and the shipper reads (or the shipper fills in for
+        # it): one object, exporters/rank/counters.py. The counters start with the checkpoint
+        # manager's failed saves so far, and the manager counts further ones into them.
+        self._counters = RankCounters()
+        if checkpoints is not None:
+            self._counters.checkpoint_failures = checkpoints.failed_saves
+            checkpoints.counters = self._counters
+        wall_offset = time.time() - time.perf_counter()
+        # Goodput (exporters/contract/goodput.py): this process's seconds from its start,
+        # counted by the shipper thread from the step reports and the checkpoint manager.
+        started = goodput.process_start_wall() or time.time()
+        self._shared = RankShared(
+            buffer=deque(maxlen=config.buffer_size), counters=self._counters,
+            incarnation=self.incarnation, collectives=collectives,
+            goodput=goodput.RankAccount(started - wall_offset, started, checkpoints),
+            wall_offset=wall_offset, command_types=self._command_types,
+            schemas=self._schemas, cuda_memory=self._cuda_memory)
+        self._buffer = self._shared.buffer  # the hot path's own reference: one lookup less
         self._seq = 0
-        self._samples = 0.0
-        self._tokens = 0.0
         self._model_flops: ModelFlops | None = None  # set_model_flops (MFU)
-        self._flops = 0.0
-        self._peak_flops = 0.0
-        self._nonfinite = 0
-        self._rollbacks = 0
-        self._applied_counts: dict[str, int] = {}
-        self._applied_events: deque[tuple[float, dict[str, Any]]] = deque(maxlen=200)
         self._applied_ids: set[str] = set()
         self._applied_log: dict[str, dict[str, Any]] = {}  # id -> outcome, newest last
         self._known: dict[str, dict[str, Any]] = {}
         # Data position and non-finite losses by report sequence number (the shipper fills
-        # _nonfinite_seqs for floats and tensors alike), so a rollback knows the batch the
-        # failure was first seen at; _health_mark is the count seen at the last checkpoint.
+        # the shared nonfinite_seqs for floats and tensors alike), so a rollback knows the
+        # batch the failure was first seen at; _health_mark is the count seen at the last
+        # checkpoint.
         # _batch is the first batch taken since the previous report: a step that reads
         # several (gradient accumulation) is known by its first, where a skip must start.
         self._own_state = TrainState()
         self._batch: int | None = None
-        self._bad_scan = (-1, None)  # (_nonfinite_seen when scanned, first bad batch then)
+        self._bad_scan = (-1, None)  # (nonfinite_seen when scanned, first bad batch then)
         self._batch_by_seq: deque[tuple[int, int]] = deque(maxlen=4096)
-        self._nonfinite_seqs: deque[int] = deque(maxlen=1024)
-        self._nonfinite_seen = 0
         self._health_mark = 0
         self._rollback_seq = 0
         self._incoming: deque[dict[str, Any]] = deque(maxlen=1000)
         self._custom: dict[str, tuple[CommandHandler, dict[str, Any]]] = {}
-        self._last_report: float | None = None
         self._last_loss: float | None = None
-        self._wall_offset = time.time() - time.perf_counter()
-        # Goodput (exporters/contract/goodput.py): this process's seconds from its start,
-        # counted by the shipper thread from the step reports and the checkpoint manager.
-        started = goodput.process_start_wall() or time.time()
-        self._goodput = goodput.RankAccount(started - self._wall_offset, started, checkpoints)
-        self._cuda_device = cuda_device
+        self._cuda_device = config.cuda_device
         self._closed = False
-        self.finished = False
-        self.exiting = False
 
-        socket_path = socket_path or env.get(catalog.ENV_EXPORTER_SOCKET,
-                                             catalog.DEFAULT_EXPORTER_SOCKET)
-        token = token or _read_token(env)
-        url = exporter_url or env.get(catalog.ENV_EXPORTER_URL, DEFAULT_EXPORTER_URL)
         poller = None
-        if control and token:
-            poller = ControlPoller(url, token, self.info.job, self.info.rank)
-        elif control:
+        if config.control and config.token:
+            poller = ControlPoller(config.exporter_url or "", config.token, self.info.job,
+                                   self.info.rank)
+        elif config.control:
             log.info("no control token (%s): commands are not polled",
                      catalog.ENV_CONTROL_TOKEN_FILE)
         all_forwarders: list[Forwarder] = list(forwarders or [])
-        if tensorboard_dir:
-            all_forwarders.append(TensorBoardForwarder(tensorboard_dir))
-        if mlflow_run_id:
-            all_forwarders.append(MlflowForwarder(mlflow_run_id, mlflow_tracking_uri))
+        if config.tensorboard_dir:
+            all_forwarders.append(TensorBoardForwarder(config.tensorboard_dir))
+        if config.mlflow_run_id:
+            all_forwarders.append(MlflowForwarder(config.mlflow_run_id,
+                                                  config.mlflow_tracking_uri))
         self._forwarders = ForwarderThread(all_forwarders) if all_forwarders else None
         if self._forwarders:
             self._forwarders.start()
-        self._shipper = Shipper(self, self.info, socket_path, poller, self._forwarders,
-                                flush_interval, poll_interval, self._incoming.append)
+        self._shipper = Shipper(self._shared, self.info, config.socket_path, poller,
+                                self._forwarders, config.flush_interval, config.poll_interval,
+                                self._incoming.append)
         self._shipper.start()
         if checkpoints is not None:
             checkpoints.health = self._healthy_since_last_save
@@ -223,21 +202,23 @@ class TrainingMonitor:
         the last `next_batch()` (a framework that fetches ahead).
         """
         now = time.perf_counter()
-        if step_time is None and self._last_report is not None:
-            step_time = now - self._last_report
-        self._last_report = now
+        shared = self._shared
+        if step_time is None and shared.last_report is not None:
+            step_time = now - shared.last_report
+        shared.last_report = now
         if lr is None and self._optimizer is not None:
             lr = self._optimizer.param_groups[0]["lr"]
+        counters = self._counters
         if samples:
-            self._samples += samples
+            counters.samples_total += samples
         if tokens:
-            self._tokens += tokens
+            counters.tokens_total += tokens
         if self._model_flops is not None:
-            self._flops += self._model_flops.of(samples, tokens)
+            counters.flops_total += self._model_flops.of(samples, tokens)
         if type(loss) is float:
             self._last_loss = loss
             if loss - loss != 0.0:  # NaN or +-Inf: count now, ship now
-                self._nonfinite += 1
+                counters.nonfinite_reported += 1
                 self._shipper.wake.set()
         self._seq += 1
         if batch is not None:  # the caller knows the step's first batch better
@@ -259,7 +240,7 @@ class TrainingMonitor:
         if peak_flops is None:
             name = device_name if device_name is not None else self._device_name()
             peak_flops = flops_table.peak_flops(name, dtype) if name else None
-        self._peak_flops = float(peak_flops or 0.0)
+        self._counters.peak_flops = float(peak_flops or 0.0)
         self._model_flops = flops
 
     def _device_name(self) -> str | None:
@@ -307,7 +288,7 @@ class TrainingMonitor:
         """The checkpoint health flag: no non-finite loss (float, tensor or numpy) reported
         since the previous checkpoint. Unconfirmable (shipper stuck) counts as unhealthy."""
         drained = self._drained()
-        seen = self._nonfinite_seen
+        seen = self._shared.nonfinite_seen
         healthy = drained and seen == self._health_mark
         self._health_mark = seen
         return healthy
@@ -316,10 +297,10 @@ class TrainingMonitor:
         """This rank's first batch of the earliest step with a non-finite loss since the last
         rollback, from what the shipper has looked at so far (no waiting). Rescanned only
         when the shipper saw another non-finite loss: a sync step pays one comparison."""
-        seen = self._nonfinite_seen
+        seen = self._shared.nonfinite_seen
         if self._bad_scan[0] == seen:
             return self._bad_scan[1]
-        bad = sorted(q for q in list(self._nonfinite_seqs) if q > self._rollback_seq)
+        bad = sorted(q for q in list(self._shared.nonfinite_seqs) if q > self._rollback_seq)
         found = None
         if bad:
             batches = dict(self._batch_by_seq)
@@ -374,7 +355,7 @@ class TrainingMonitor:
                 # that restarted): never re-apply, but report the outcome again so its status
                 # is not stuck pending.
                 outcome = self._applied_log.get(command["id"]) or durable[command["id"]]
-                self._applied_events.append((time.monotonic(), outcome))
+                self._shared.applied_events.append((time.monotonic(), outcome))
         mine = [b for b in (self._first_bad_batch(), self.train_state.bad_batch)
                 if b is not None]
         gathered = self._agreement.exchange(list(self._known.values()),
@@ -397,7 +378,11 @@ class TrainingMonitor:
         self._custom[name] = (handler, cmd.check_custom_schema(name, schema))
 
     def _schemas(self) -> dict[str, dict[str, Any]]:
-        return {**cmd.BUILTIN_SCHEMAS, **{n: s for n, (_, s) in self._custom.items()}}
+        return {**cmd.BUILTIN_SCHEMAS, **self._command_types()}
+
+    def _command_types(self) -> dict[str, dict[str, Any]]:
+        """The script's own command types and their argument schemas (register_command)."""
+        return {name: schema for name, (_, schema) in self._custom.items()}
 
     def _apply(self, command: dict[str, Any], step: int, control: Control) -> None:
         command_id = command["id"]
@@ -410,7 +395,8 @@ class TrainingMonitor:
                                     "args": command.get("args") or {}}, self._schemas())
             result = self._run(checked, step, control)
             event.update(status="applied", result=result)
-            self._applied_counts[checked.type] = self._applied_counts.get(checked.type, 0) + 1
+            counts = self._counters.applied_counts
+            counts[checked.type] = counts.get(checked.type, 0) + 1
         except Exception as exc:  # a failed command is reported, not raised
             log.warning("command %s (%s) failed at step %d: %s", command_id,
                         command.get("type"), step, exc)
@@ -418,7 +404,7 @@ class TrainingMonitor:
             if not cmd.COMMAND_TYPE_PATTERN.match(str(event["type"])):
                 event["type"] = "invalid"
         control.applied.append(event)
-        self._applied_events.append((time.monotonic(), event))
+        self._shared.applied_events.append((time.monotonic(), event))
         self._applied_log[command_id] = event
         while len(self._applied_log) > 1000:
             self._applied_log.pop(next(iter(self._applied_log)))
@@ -456,9 +442,9 @@ class TrainingMonitor:
         if skip and skip_from is None:
             bad, newest = self._agreement.min_over_ranks(list(self._failure_batches()))
         restored = self._checkpoints.rollback()  # raises on every rank alike
-        self._rollbacks += 1
+        self._counters.rollbacks += 1
         self._rollback_seq = self._seq
-        self._health_mark = self._nonfinite_seen
+        self._health_mark = self._shared.nonfinite_seen
         self._bad_scan = (-1, None)
         self.train_state.bad_batch = None  # used (or stale): the next failure sets it anew
         control.rolled_back = True
@@ -506,13 +492,14 @@ class TrainingMonitor:
 
     def stats(self) -> dict[str, Any]:
         """Delivery figures for this rank (also what a run summary should print)."""
-        return {"reported": self._seq, "dropped": self._shipper.dropped,
-                "nonfinite": self._nonfinite + self._shipper.nonfinite_late,
+        counters = self._counters
+        return {"reported": self._seq, "dropped": counters.dropped,
+                "nonfinite": counters.nonfinite,
                 "datagrams_sent": self._shipper.datagrams_sent,
                 "poll_errors": self._shipper.poll_errors,
                 "forward_dropped_batches": (self._forwarders.dropped_batches
                                             if self._forwarders else 0),
-                "applied": dict(self._applied_counts), "rollbacks": self._rollbacks}
+                "applied": dict(counters.applied_counts), "rollbacks": counters.rollbacks}
 
     def close(self, timeout: float = 10.0, *, finished: bool = True) -> None:
         """Flush what is buffered (one last datagram) and stop the background threads.
@@ -524,11 +511,22 @@ class TrainingMonitor:
         if self._closed:
             return
         self._closed = True
-        self.finished = finished  # the last datagram says so: a clean end, not a vanished job
-        self.exiting = not finished  # or an end on an error (a peer's death, an exception)
+        # The last datagram says so: a clean end, not a vanished job, or an end on an error
+        # (a peer's death, an exception).
+        self._shared.finished, self._shared.exiting = finished, not finished
         self._shipper.stop(timeout)
         if self._forwarders is not None:
             self._forwarders.close(timeout)
+
+    @property
+    def finished(self) -> bool:
+        """Closed with a clean finish (what the last datagram said)."""
+        return self._shared.finished
+
+    @property
+    def exiting(self) -> bool:
+        """Closed without a clean finish (an exception, SIGTERM, interpreter exit)."""
+        return self._shared.exiting
 
     def __enter__(self) -> TrainingMonitor:
         return self

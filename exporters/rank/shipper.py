@@ -15,7 +15,6 @@ import math
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -23,6 +22,7 @@ from urllib.parse import quote, urlsplit
 from exporters.contract import commands as cmd
 from exporters.contract.launcher import RankInfo
 from exporters.contract.wire import MAX_STEPS_PER_DATAGRAM, VERSION, encode
+from exporters.rank.counters import RankShared
 from exporters.rank.forwarders import ForwarderThread, StepRow
 
 log = logging.getLogger(__name__)
@@ -72,14 +72,18 @@ class ControlPoller:
 
 
 class Shipper(threading.Thread):
-    """Drains the monitor's buffer every `flush_interval` (or at once when woken)."""
+    """Drains the monitor's buffer every `flush_interval` (or at once when woken).
 
-    def __init__(self, monitor: Any, info: RankInfo, socket_path: str | None,
+    It sees the monitor only through `shared` (exporters/rank/counters.py): what it reads
+    and what it fills in for the monitor are written down there."""
+
+    def __init__(self, shared: RankShared, info: RankInfo, socket_path: str | None,
                  poller: ControlPoller | None, forwarders: ForwarderThread | None,
                  flush_interval: float, poll_interval: float,
                  accept_command: Callable[[dict[str, Any]], None]) -> None:
         super().__init__(name="trainwatch-shipper", daemon=True)
-        self._m = monitor
+        self._shared = shared
+        self._counters = shared.counters
         self._info = info
         self._path = socket_path
         self._poller = poller
@@ -94,8 +98,6 @@ class Shipper(threading.Thread):
         self._expected_seq = 1
         self._last_send = 0.0
         self._last_poll = 0.0
-        self.dropped = 0  # steps never delivered (buffer overflow or failed send)
-        self.nonfinite_late = 0  # non-finite losses only recognisable here (tensors)
         self.seen_seq = 0  # newest report looked at (the monitor waits on it for health)
         self.datagrams_sent = 0
         self.poll_errors = 0
@@ -122,8 +124,10 @@ class Shipper(threading.Thread):
 
     # --- step reports -----------------------------------------------------------------------
     def _drain(self) -> list[StepRow]:
-        buffer: deque[tuple[Any, ...]] = self._m._buffer
-        offset = self._m._wall_offset
+        shared, counters = self._shared, self._counters
+        buffer = shared.buffer
+        offset = shared.wall_offset
+        compute, goodput = shared.collectives.compute, shared.goodput
         rows: list[StepRow] = []
         while True:
             try:
@@ -131,50 +135,48 @@ class Shipper(threading.Thread):
             except IndexError:
                 break
             if seq > self._expected_seq:  # the deque overflowed and discarded the oldest
-                self.dropped += seq - self._expected_seq
+                counters.dropped += seq - self._expected_seq
             self._expected_seq = seq + 1
             loss_f = _float(loss)
             if loss_f is not None and not math.isfinite(loss_f):
                 # Floats were counted on the training thread already; tensors and numpy
                 # scalars only here. Both feed the checkpoint health flag and rollback's skip.
                 if type(loss) is not float:
-                    self.nonfinite_late += 1
-                self._m._nonfinite_seqs.append(seq)
-                self._m._nonfinite_seen += 1
+                    counters.nonfinite_late += 1
+                shared.nonfinite_seqs.append(seq)
+                shared.nonfinite_seen += 1
             self.seen_seq = seq
-            self._m._collectives.compute.note_report(t + offset)
-            self._m._goodput.step(t, data_wait if type(data_wait) is float else
-                                  _float(data_wait))
+            compute.note_report(t + offset)
+            goodput.step(t, data_wait if type(data_wait) is float else _float(data_wait))
             rows.append((int(step), t + offset, _float(duration), loss_f, _float(lr),
                          _float(grad_norm), _float(data_wait)))
         return rows
 
     def _header(self) -> dict[str, Any]:
-        m, info = self._m, self._info
+        shared, info = self._shared, self._info
+        collectives = shared.collectives
         now = time.monotonic()
-        applied = [e for t, e in list(m._applied_events) if now - t < APPLIED_RESEND_SECONDS]
+        applied = [e for t, e in list(shared.applied_events) if now - t < APPLIED_RESEND_SECONDS]
         return {
             "v": VERSION, "job": info.job, "rank": info.rank, "local_rank": info.local_rank,
             "world_size": info.world_size, "restarts": info.restarts,
-            "dropped": self.dropped, "nonfinite": m._nonfinite + self.nonfinite_late,
-            "samples_total": float(m._samples), "tokens_total": float(m._tokens),
-            "flops_total": float(m._flops), "peak_flops": float(m._peak_flops),
-            "rollbacks": m._rollbacks, "applied_counts": dict(m._applied_counts),
-            "command_types": {name: schema for name, (_, schema) in m._custom.items()},
-            "cuda": m._cuda_memory(), "applied": applied[-50:],
-            "incarnation": m.incarnation, "finished": m.finished, "exiting": m.exiting,
-            "collective": m._collectives.current(m._last_report),
-            "collective_key": m._collectives.key,  # of the collective just described
-            "compute": [m._collectives.compute.seconds, m._collectives.compute.steps],
-            "checkpoint_failures": int(getattr(m._checkpoints, "failed_saves", 0)),
-            "goodput": m._goodput.wire(),
+            **self._counters.wire(),
+            "applied_counts": dict(self._counters.applied_counts),
+            "command_types": shared.command_types(),
+            "cuda": shared.cuda_memory(), "applied": applied[-50:],
+            "incarnation": shared.incarnation, "finished": shared.finished,
+            "exiting": shared.exiting,
+            "collective": collectives.current(shared.last_report),
+            "collective_key": collectives.key,  # of the collective just described
+            "compute": [collectives.compute.seconds, collectives.compute.steps],
+            "goodput": shared.goodput.wire(),
         }
 
     def _flush(self, force: bool = False) -> None:
         rows = self._drain()
-        self._m._collectives.compute.measure()
-        if force and self._m.finished:  # the monitor closed: a clean end of this process
-            self._m._goodput.finish(time.perf_counter())
+        self._shared.collectives.compute.measure()
+        if force and self._shared.finished:  # the monitor closed: a clean end of this process
+            self._shared.goodput.finish(time.perf_counter())
         if rows and self._forwarders is not None:
             self._forwarders.submit(rows)
         now = time.monotonic()
@@ -182,7 +184,7 @@ class Shipper(threading.Thread):
             return
         self._last_send = now
         if self._path is None:
-            self.dropped += len(rows)
+            self._counters.dropped += len(rows)
             return
         chunks = [rows[i:i + MAX_STEPS_PER_DATAGRAM]
                   for i in range(0, len(rows), MAX_STEPS_PER_DATAGRAM)] or [[]]
@@ -193,7 +195,7 @@ class Shipper(threading.Thread):
                 self._sock.sendto(encode(message), self._path)
                 self.datagrams_sent += 1
             except OSError:  # absent, refused, full (BlockingIOError): drop and count
-                self.dropped += len(chunk)
+                self._counters.dropped += len(chunk)
 
     # --- commands ---------------------------------------------------------------------------
     def _poll(self) -> None:
@@ -211,7 +213,7 @@ class Shipper(threading.Thread):
             if isinstance(entry, dict):
                 try:
                     command = cmd.validate({k: entry.get(k) for k in ("id", "type", "args")},
-                                           self._m._schemas())
+                                           self._shared.schemas())
                 except cmd.CommandError as exc:
                     log.warning("ignoring command from exporter: %s", exc)
                     continue

@@ -139,3 +139,22 @@ def test_gpm_is_on_by_default_and_off_with_the_flag_or_config(tmp_path) -> None:
     config = tmp_path / "gpu.yml"
     config.write_text("gpm: false\n")
     assert resolve(build_parser().parse_args(["--config", str(config)])).gpm is False
+
+
+def test_gpm_and_clock_event_reasons_are_the_catalogs_and_nvmls() -> None:
+    """The GPM metric of each row, its scale, and the clock-event bits are facts of the
+    metric table (the rule generator reads them without pynvml); here they meet NVML's."""
+    import pynvml
+
+    assert [(row.name, row.gpm_id, row.scale) for row in GPM_METRICS] == [
+        (row.name, getattr(pynvml, f"NVML_GPM_METRIC_{row.gpm}"), row.scale)
+        for row in c.metrics_of("gpu") if row.gpm]
+    assert {row.name: row.scale for row in GPM_METRICS} == {
+        **dict.fromkeys((c.GPU_GRAPHICS_ENGINE_ACTIVE, c.GPU_SM_ACTIVE, c.GPU_SM_OCCUPANCY,
+                         c.GPU_TENSOR_ACTIVE, c.GPU_DRAM_ACTIVE, c.GPU_FP64_ACTIVE,
+                         c.GPU_FP32_ACTIVE, c.GPU_FP16_ACTIVE), 0.01),  # GPM: percent
+        **dict.fromkeys((c.GPU_PCIE_TX_RATE, c.GPU_PCIE_RX_RATE, c.GPU_NVLINK_TX_RATE,
+                         c.GPU_NVLINK_RX_RATE), 2**20)}  # GPM: MiB/s
+    for label, bit in c.CLOCK_EVENT_REASONS:  # gpu_idle: nvmlClocksEventReasonGpuIdle
+        camel = "".join(part.capitalize() for part in label.split("_"))
+        assert getattr(pynvml, f"nvmlClocksEventReason{camel}") == bit, label

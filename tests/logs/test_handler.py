@@ -124,7 +124,8 @@ class StalledWriter:
 @pytest.mark.parametrize("encode_on_caller", [True, False])
 def test_stalled_writer_never_blocks_caller_and_reports_drops(encode_on_caller: bool) -> None:
     """encode_on_caller=False: the capacity is enforced past the append (the caller path has
-    no capacity check of its own since issue 17's fourth pass), still exactly."""
+    no capacity check of its own: the call that fills a batch takes the queue), still
+    exactly."""
     writer = StalledWriter()
     handler = AsyncEcsHandler(job="stall", rank=1, writer=writer, capacity=1000,
                               batch_size=100, flush_interval=0.01, close_timeout=30,

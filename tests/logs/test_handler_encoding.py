@@ -85,8 +85,8 @@ def test_any_odd_record_in_a_batch_is_written_like_the_general_path(position: in
 
 
 def test_stack_info_and_extras_reach_the_file(tmp_path: Path) -> None:
-    """Fails on the encoder before issue 17's third pass: a record with stack_info but no
-    error went down the fast path, which dropped the stack."""
+    """A record with stack_info but no error must not take the fast path, which has no
+    stack (an encoder that sent it there lost the stack)."""
     handler = AsyncEcsHandler(tmp_path, job="enc", rank=0, batch_size=4,
                               install_signal_handler=False)
     logger = logging.getLogger(f"test.stack.{id(handler)}")

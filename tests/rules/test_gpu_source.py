@@ -8,6 +8,7 @@ in tests/rules/fixtures/ with its source commit.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -141,3 +142,36 @@ def test_every_gpu_alert_from_dcgm_names_its_node() -> None:
                 assert exp["exp_labels"].get("node"), (case["name"], check["alertname"])
                 fired.add(check["alertname"])
     assert fired == gpu_alerts, gpu_alerts - fired
+
+
+def _mapping(name: str) -> str:
+    (rule,) = [r for group in gpu_source.groups(resolve(load_raw(), "dcgm"))
+               for r in group.rules if r.name == name]
+    return rule.expr
+
+
+def test_unit_conversions_are_the_metric_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails on the mapping whose conversions were written by hand beside the table: each
+    dcgm field's unit scale is its row's `dcgm_scale`, and a changed scale changes the rule."""
+    assert " / 1000" in _mapping(catalog.GPU_ENERGY)
+    assert " * 1e6" in _mapping(catalog.GPU_SM_CLOCK)
+    energy = catalog.METRICS[catalog.GPU_ENERGY]
+    monkeypatch.setitem(catalog.METRICS, catalog.GPU_ENERGY, energy._replace(dcgm_scale=1e-4))
+    assert " / 10000" in _mapping(catalog.GPU_ENERGY)
+    clock = catalog.METRICS[catalog.GPU_SM_CLOCK]
+    monkeypatch.setitem(catalog.METRICS, catalog.GPU_SM_CLOCK, clock._replace(dcgm_scale=1.0))
+    assert "*" not in _mapping(catalog.GPU_SM_CLOCK)
+
+
+def test_the_mapping_needs_no_nvml_bindings() -> None:
+    """The rule generator reads the clock-event bits and the GPM rows from the metric table:
+    generating rules on a host without pynvml works (fails where it imported the reader)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import alert_rules.gpu_source; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pynvml'))")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60, cwd=root).stdout
+    assert out.strip() == "[]"

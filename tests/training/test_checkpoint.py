@@ -224,7 +224,7 @@ def test_effects_outlast_rollback_and_restart(tmp_path: Path) -> None:
     finally:
         tw2.close()
     assert control.applied == [] and optimizer2.param_groups[0]["lr"] == 0.5
-    assert [e["id"] for _, e in tw2._applied_events] == ["cut-1"]  # its outcome re-reported
+    assert [e["id"] for _, e in tw2._shared.applied_events] == ["cut-1"]  # its outcome re-reported
 
 
 def test_rollback_without_a_healthy_checkpoint_fails_clearly(tmp_path: Path) -> None:

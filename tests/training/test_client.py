@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters.contract import wire
+from exporters.contract import catalog, wire
 from exporters.contract.launcher import RankInfo, detect
 from exporters.rank.client import TrainingMonitor
 from tests.support.net import wait_until
@@ -74,7 +74,8 @@ def test_full_socket_drops_are_counted_and_reported_later(
     # The end state, not the first drop: every one of the 20 datagrams sent or dropped (the
     # shipper may still be sending when the first drop is counted; a loaded host shows it).
     shipper = monitor._shipper
-    wait_until(lambda: shipper.datagrams_sent * 200 + shipper.dropped >= 4000, timeout=30,
+    wait_until(lambda: shipper.datagrams_sent * 200 + monitor.stats()["dropped"] >= 4000,
+               timeout=30,
                what="every datagram sent or dropped")
     dropped = monitor.stats()["dropped"]
     assert dropped > 0, "the unread socket filled up"
@@ -126,7 +127,8 @@ def test_odd_values_do_not_raise_and_decode_cleanly(receiver: tuple[socket.socke
     steps = [s for r in reports for s in r.steps]
     assert steps[0][0] == 1 and steps[0][3] is None and steps[0][4] is None
     assert steps[1][3] == 3.0 and steps[1][4] == 0.5
-    assert reports[-1].samples_total == 8 and reports[-1].tokens_total == 80
+    assert reports[-1].counters[catalog.TRAINING_SAMPLES] == 8
+    assert reports[-1].counters[catalog.TRAINING_TOKENS] == 80
 
 
 def test_custom_command_registration_is_validated(tmp_path: Path) -> None:

@@ -33,8 +33,8 @@ def _report(rank: int, step: int | None, wall: float | None, *, duration: float 
             exiting: bool = False) -> RankReport:
     steps = [] if step is None else [(step, wall, duration, 1.0, 0.1, 1.0, 0.0)]
     return RankReport(job=JOB, rank=rank, local_rank=rank, world_size=4, restarts=0,
-                      dropped=0, nonfinite=nonfinite, samples_total=0.0, tokens_total=0.0,
-                      rollbacks=0, applied_counts={}, command_types={}, cuda=None,
+                      counters={catalog.TRAINING_NONFINITE_LOSS: nonfinite},
+                      applied_counts={}, command_types={}, cuda=None,
                       collective_seq=seq, steps=steps, collective_key=key, exiting=exiting)
 
 
@@ -126,8 +126,10 @@ def test_the_nonfinite_counter_appears_with_the_first_nonfinite_loss() -> None:
 def _counters(rank: int, samples: float, flops: float = 0.0, peak: float = 0.0,
               step: int = 1, duration: float = 0.5) -> RankReport:
     report = _report(rank, step, 1000.0, duration=duration)
-    report.samples_total, report.tokens_total = samples, samples * 10
-    report.flops_total, report.peak_flops = flops, peak
+    report.counters.update({catalog.TRAINING_SAMPLES: samples,
+                            catalog.TRAINING_TOKENS: samples * 10,
+                            catalog.TRAINING_MODEL_FLOPS: flops,
+                            catalog.TRAINING_PEAK_FLOPS: peak})
     return report
 
 

@@ -29,33 +29,20 @@ import pynvml
 from exporters.contract import catalog as c
 from exporters.node.gpu.snapshot import Sample
 
-MIB = 2**20
-
 
 @dataclass(frozen=True)
 class GpmMetric:
-    """Our series (its HELP text and DCGM twin are its row in exporters/contract/catalog.py) and the
-    GPM metric it is read from."""
+    """A row of the metric table read through GPM (catalog.Metric.gpm names the GPM metric,
+    catalog.Metric.scale converts its value to the row's base unit), with NVML's id for it."""
 
     name: str
     gpm_id: int
     scale: float  # GPM value * scale = our base unit (ratio 0-1, bytes per second)
 
 
-GPM_METRICS: tuple[GpmMetric, ...] = (
-    GpmMetric(c.GPU_GRAPHICS_ENGINE_ACTIVE, pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, 0.01),
-    GpmMetric(c.GPU_SM_ACTIVE, pynvml.NVML_GPM_METRIC_SM_UTIL, 0.01),
-    GpmMetric(c.GPU_SM_OCCUPANCY, pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, 0.01),
-    GpmMetric(c.GPU_TENSOR_ACTIVE, pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, 0.01),
-    GpmMetric(c.GPU_DRAM_ACTIVE, pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, 0.01),
-    GpmMetric(c.GPU_FP64_ACTIVE, pynvml.NVML_GPM_METRIC_FP64_UTIL, 0.01),
-    GpmMetric(c.GPU_FP32_ACTIVE, pynvml.NVML_GPM_METRIC_FP32_UTIL, 0.01),
-    GpmMetric(c.GPU_FP16_ACTIVE, pynvml.NVML_GPM_METRIC_FP16_UTIL, 0.01),
-    GpmMetric(c.GPU_PCIE_TX_RATE, pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, MIB),
-    GpmMetric(c.GPU_PCIE_RX_RATE, pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, MIB),
-    GpmMetric(c.GPU_NVLINK_TX_RATE, pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, MIB),
-    GpmMetric(c.GPU_NVLINK_RX_RATE, pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, MIB),
-)
+GPM_METRICS: tuple[GpmMetric, ...] = tuple(
+    GpmMetric(row.name, getattr(pynvml, f"NVML_GPM_METRIC_{row.gpm}"), row.scale or 1.0)
+    for row in c.metrics_of("gpu") if row.gpm)
 GPM_NAMES: tuple[str, ...] = tuple(row.name for row in GPM_METRICS)
 NVML_SUCCESS = pynvml.NVML_SUCCESS
 

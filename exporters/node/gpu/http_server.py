@@ -5,16 +5,16 @@ first sees it and reused until the next cycle; each scrape formats only the few 
 (age, staleness, XID and self counters, process metrics).
 
 The server is `socketserver` with a minimal HTTP/1.0 handler (GET/HEAD of /metrics, one
-response per connection, as wsgiref served it before). This is the one Trainwatch service not
-served by exporters.contract.serving (waitress), for a measured reason: the exporter's own memory
-share
-is a goal (<= 10 MiB above python + pynvml; 7.3 MiB, docs/performance.md "The exporter's own
-memory"), and importing waitress costs about 1.6 MiB more than `socketserver` here, for a
-server that answers one path. Why not wsgiref, http.server or prometheus_client's server:
-each imports http.client, which imports `ssl` and `email`; together with prometheus_client
-that was about 10 MiB of the exporter's RSS (benchmarks/gpu_exporter.py). The request is
-untrusted input: the request line and headers are read with bounded lengths and counts,
-within a socket timeout, and only the method and path are looked at.
+response per connection: a scrape every few seconds needs no keep-alive). This is the one Trainwatch
+service not served by exporters.contract.serving (waitress), for a measured reason: the
+exporter's own memory share is a goal (<= 10 MiB above python + pynvml; 7.3 MiB,
+docs/performance.md "The exporter's own memory"), and importing waitress costs about 1.6 MiB
+more than `socketserver` here, for a server that answers one path. Why not wsgiref,
+http.server or prometheus_client's server: each imports http.client, which imports `ssl` and
+`email`; together with prometheus_client that was about 10 MiB of the exporter's RSS
+(benchmarks/gpu_exporter.py). The request is untrusted input: the request line and headers
+are read with bounded lengths and counts, within a socket timeout, and only the method and
+path are looked at.
 """
 
 from __future__ import annotations

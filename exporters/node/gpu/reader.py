@@ -30,19 +30,6 @@ GONE_ERRORS = (
     pynvml.NVMLError_LibraryNotFound,
 )
 
-MILLI = 1e-3
-MHZ = 1e6
-CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
-    ("gpu_idle", pynvml.nvmlClocksEventReasonGpuIdle),
-    ("applications_clocks_setting", pynvml.nvmlClocksEventReasonApplicationsClocksSetting),
-    ("sw_power_cap", pynvml.nvmlClocksEventReasonSwPowerCap),
-    ("hw_slowdown", pynvml.nvmlClocksEventReasonHwSlowdown),
-    ("sync_boost", pynvml.nvmlClocksEventReasonSyncBoost),
-    ("sw_thermal_slowdown", pynvml.nvmlClocksEventReasonSwThermalSlowdown),
-    ("hw_thermal_slowdown", pynvml.nvmlClocksEventReasonHwThermalSlowdown),
-    ("hw_power_brake_slowdown", pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown),
-    ("display_clock_setting", pynvml.nvmlClocksEventReasonDisplayClockSetting),
-)
 ECC_KINDS = (
     ("corrected", pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
     ("uncorrected", pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
@@ -236,26 +223,26 @@ class DeviceReader:
         for metric, fn_name in POWER_READINGS:
             milliwatts = self.call(fn_name, h)
             if milliwatts is not None:
-                emit(Sample(metric, milliwatts * MILLI))
+                emit(Sample(metric, milliwatts * c.MILLI))
         limits = self.call("nvmlDeviceGetPowerManagementLimitConstraints", h)
         if limits is not None:
-            emit(Sample(c.GPU_POWER_LIMIT_MIN, limits[0] * MILLI))
-            emit(Sample(c.GPU_POWER_LIMIT_MAX, limits[1] * MILLI))
+            emit(Sample(c.GPU_POWER_LIMIT_MIN, limits[0] * c.MILLI))
+            emit(Sample(c.GPU_POWER_LIMIT_MAX, limits[1] * c.MILLI))
         millijoules = self.call("nvmlDeviceGetTotalEnergyConsumption", h)
         if millijoules is not None:
-            emit(Sample(c.GPU_ENERGY, millijoules * MILLI))
+            emit(Sample(c.GPU_ENERGY, millijoules * c.MILLI))
 
     def _clocks(self, h: Any, emit: Callable[[Sample], None], _: set[int]) -> None:
         for metric, clock in ((c.GPU_SM_CLOCK, pynvml.NVML_CLOCK_SM),
                               (c.GPU_MEMORY_CLOCK, pynvml.NVML_CLOCK_MEM)):
             mhz = self.call("nvmlDeviceGetClockInfo", h, clock)
             if mhz is not None:
-                emit(Sample(metric, mhz * MHZ))
+                emit(Sample(metric, mhz * c.MEGA))
         reasons = self.call("nvmlDeviceGetCurrentClocksEventReasons", h)
         if reasons is None:  # drivers before 535 only have the older name
             reasons = self.call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
         if reasons is not None:
-            for label, bit in CLOCK_EVENT_REASONS:
+            for label, bit in c.CLOCK_EVENT_REASONS:
                 emit(Sample(c.GPU_CLOCK_EVENT_REASON, 1.0 if reasons & bit else 0.0,
                             (("reason", label),)))
 

@@ -109,6 +109,7 @@ class TrainingCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         g = {name: _family(name) for name in GAUGES}
         counters = {name: _family(name) for name in COUNTERS}
+        wired = {**g, **counters}
         applied = _family(c.TRAINING_COMMANDS_APPLIED)
         histogram = _family(c.TRAINING_STEP_DURATION)
         node_last_step = _family(c.TRAINING_NODE_LAST_STEP_TIMESTAMP)
@@ -126,12 +127,13 @@ class TrainingCollector(Collector):
         now = self._store.wall()
         for job, (ranks, rollup) in jobs.items():
             node_values = [job, self._node]
-            node_samples.add_metric(node_values, rollup.samples_total)
-            node_tokens.add_metric(node_values, rollup.tokens_total)
-            if rollup.flops_total:  # as per rank: a job without FLOPs has no FLOPs series
-                node_flops.add_metric(node_values, rollup.flops_total)
+            node_samples.add_metric(node_values, rollup.samples)
+            node_tokens.add_metric(node_values, rollup.tokens)
+            if rollup.model_flops:  # as per rank: a job without FLOPs has no FLOPs series
+                node_flops.add_metric(node_values, rollup.model_flops)
                 node_peak.add_metric(node_values, sum(
-                    s.peak_flops for s in ranks.values() if s.flops_total and s.peak_flops))
+                    s.counters.get(c.TRAINING_PEAK_FLOPS, 0.0) for s in ranks.values()
+                    if s.counters.get(c.TRAINING_MODEL_FLOPS)))
             _add_histogram(node_histogram, node_values, rollup.durations)
             last_step = _newest(s.last_step_time for s in ranks.values())
             if last_step is not None:
@@ -159,7 +161,6 @@ class TrainingCollector(Collector):
                     c.TRAINING_DATA_WAIT: s.data_wait,
                     c.TRAINING_CUDA_MEM_ALLOCATED: s.cuda[0] if s.cuda else None,
                     c.TRAINING_CUDA_MEM_RESERVED: s.cuda[1] if s.cuda else None,
-                    c.TRAINING_PEAK_FLOPS: s.peak_flops or None,
                     c.TRAINING_HEARTBEAT_TIMESTAMP: s.heartbeat or None,
                     c.TRAINING_FINISHED: float(s.finished),
                     c.TRAINING_EXITED: 1.0 if s.exited else None,  # sparse: absent until then
@@ -180,18 +181,12 @@ class TrainingCollector(Collector):
                                              strict=True):
                         if value is not None:
                             evidence.add_metric([*values, signal], float(value))
-                # the client's count, or what this exporter saw of a client that counts none
-                nonfinite = max(s.nonfinite, s.nonfinite_seen)
-                if nonfinite:
-                    counters[c.TRAINING_NONFINITE_LOSS].add_metric(values, float(nonfinite))
-                for name, value in ((c.TRAINING_SAMPLES, s.samples_total),
-                                    (c.TRAINING_TOKENS, s.tokens_total),
-                                    (c.TRAINING_DROPPED_SAMPLES, s.dropped),
-                                    (c.TRAINING_ROLLBACKS, s.rollbacks),
-                                    (c.TRAINING_CHECKPOINT_FAILURES, s.checkpoint_failures)):
-                    counters[name].add_metric(values, float(value))
-                if s.flops_total:  # a job that does not report FLOPs has no FLOPs series
-                    counters[c.TRAINING_MODEL_FLOPS].add_metric(values, s.flops_total)
+                # The datagram's numbers, each under its row; a sparse row (FLOPs and peak of
+                # a job that reports none, non-finite losses before the first) is absent at 0.
+                for row in c.RANK_WIRE:
+                    value = s.counters.get(row.name, 0)
+                    if value or not row.sparse:
+                        wired[row.name].add_metric(values, float(value))
                 for command, count in sorted(s.applied_counts.items()):
                     applied.add_metric([*values, command], float(count))
                 _add_histogram(histogram, values, s.durations)

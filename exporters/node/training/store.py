@@ -61,17 +61,12 @@ class RankState:
     local_rank: int = 0
     world_size: int = 1
     restarts: int = 0
-    dropped: int = 0
-    nonfinite: int = 0
+    # The rank's newest numbers of catalog.RANK_WIRE (what its datagram carries), by metric
+    # name; the non-finite loss count is at least nonfinite_seen.
+    counters: dict[str, float] = field(default_factory=dict)
     # non-finite losses among the steps this exporter received: a client that does not count
     # them (another implementation of the wire format) still gets the counter
     nonfinite_seen: int = 0
-    samples_total: float = 0.0
-    tokens_total: float = 0.0
-    flops_total: float = 0.0
-    peak_flops: float = 0.0
-    rollbacks: int = 0
-    checkpoint_failures: int = 0
     applied_counts: dict[str, int] = field(default_factory=dict)
     command_types: dict[str, dict[str, Any]] = field(default_factory=dict)
     cuda: tuple[float, float] | None = None
@@ -121,21 +116,24 @@ class NodeRollup:
     read"). Each rank's cumulative counters are added as increases, so a rank that restarts
     from 0, or a new launch that replaces the rank set, never makes the sum go backwards."""
 
-    samples_total: float = 0.0
-    tokens_total: float = 0.0
-    flops_total: float = 0.0
+    samples: float = 0.0
+    tokens: float = 0.0
+    model_flops: float = 0.0
     durations: StepHistogram = field(default_factory=StepHistogram)
 
-    def add_counters(self, before: RankState, samples: float, tokens: float,
-                     flops: float, peak: float) -> None:
-        """Add a rank's newest cumulative counters; a value below the previous one is a
-        restarted rank counting again from 0, whose whole value is new. FLOPs count only
-        while the rank knows its peak: they are the job's MFU numerator, over the peaks of
-        the same ranks (a rank without a peak, on a CPU, counts in neither side)."""
-        self.samples_total += _increase(before.samples_total, samples)
-        self.tokens_total += _increase(before.tokens_total, tokens)
-        if peak > 0:
-            self.flops_total += _increase(before.flops_total, flops)
+    def add_counters(self, before: dict[str, float], now: dict[str, float]) -> None:
+        """Add a rank's newest cumulative counters (RankState.counters before and now); a
+        value below the previous one is a restarted rank counting again from 0, whose whole
+        value is new. FLOPs count only while the rank knows its peak: they are the job's MFU
+        numerator, over the peaks of the same ranks (a rank without a peak, on a CPU, counts
+        in neither side)."""
+        def increase(name: str) -> float:
+            return _increase(before.get(name, 0.0), now.get(name, 0.0))
+
+        self.samples += increase(catalog.TRAINING_SAMPLES)
+        self.tokens += increase(catalog.TRAINING_TOKENS)
+        if now.get(catalog.TRAINING_PEAK_FLOPS, 0.0) > 0:
+            self.model_flops += increase(catalog.TRAINING_MODEL_FLOPS)
 
 
 def _increase(before: float, now: float) -> float:
@@ -224,16 +222,9 @@ class Store:
             state.restarts = report.restarts
             # Cumulative counters never go backwards within one process; a restarted rank
             # starts again from 0, which Prometheus treats as a counter reset.
-            state.dropped = report.dropped
-            state.nonfinite = report.nonfinite
             rollup = job.rollup
-            rollup.add_counters(state, report.samples_total, report.tokens_total,
-                                report.flops_total, report.peak_flops)
-            state.samples_total = report.samples_total
-            state.tokens_total = report.tokens_total
-            state.flops_total, state.peak_flops = report.flops_total, report.peak_flops
-            state.rollbacks = report.rollbacks
-            state.checkpoint_failures = report.checkpoint_failures
+            rollup.add_counters(state.counters, report.counters)
+            state.counters = dict(report.counters)
             state.applied_counts = dict(report.applied_counts)
             state.command_types = dict(report.command_types)
             if report.cuda is not None:
@@ -251,6 +242,8 @@ class Store:
                     state.durations.observe(duration)
                     state.last_duration = duration
                     rollup.durations.observe(duration)
+            state.counters[catalog.TRAINING_NONFINITE_LOSS] = max(
+                state.counters.get(catalog.TRAINING_NONFINITE_LOSS, 0), state.nonfinite_seen)
             for event in report.applied:
                 self._record_applied(job, report.rank, event, now, report.job)
             if report.goodput is not None:

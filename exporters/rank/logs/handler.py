@@ -24,7 +24,7 @@ Choices a user should know about (see docs/logging.md):
   writes exactly what Elastic's `ecs-logging` package writes (slower; see ecs_compat.py).
 * Wake-ups: the writer wakes on its timer (`flush_interval`) and when half the capacity
   waits (`wake_batches`), never per so many records: each wake-up costs the training loop
-  forced GIL hand-offs whose price depends on the CPU and the kernel (issue 29).
+  forced GIL hand-offs whose price depends on the CPU and the kernel (docs/performance.md).
 * Records are flushed by `flush()`, `close()` (idempotent), at interpreter exit and on
   SIGTERM (chained to the previous SIGTERM handler). A stalled disk cannot hang exit: close
   waits at most `close_timeout` seconds and reports what it had to abandon.
@@ -33,7 +33,6 @@ Choices a user should know about (see docs/logging.md):
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import sys
 import threading
@@ -43,29 +42,16 @@ from contextlib import suppress
 from functools import partial
 from operator import call
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from exporters.contract.identity import detect_job, detect_rank, validate_job, validate_rank
 from exporters.rank.logs import shutdown_hooks
+from exporters.rank.logs.config import HandlerConfig
 from exporters.rank.logs.ecs import EcsFormatter, capture_error
 from exporters.rank.logs.ecs_compat import EcsLoggingCompatFormatter, capture_error_compat
 from exporters.rank.logs.rotating_writer import RotatingJsonlWriter
 
-OVERFLOW_POLICIES = ("drop", "block")
-# "ecs": the ECS logging spec, fast path; "ecs-logging": exactly what Elastic's ecs-logging
-# package writes for the same record (slower; for pipelines built around that formatter).
-LAYOUTS = ("ecs", "ecs-logging")
 _IMMUTABLE_ARG_TYPES = frozenset({int, float, str, bytes, bool, type(None)})
-
-
-def rank_log_path(directory: str | os.PathLike[str], job: str, rank: int) -> Path:
-    """`<directory>/<job>/rank-<rank>.jsonl`: one file per rank, grouped by job.
-
-    The job name and rank become a directory and a file name, so they are validated (by
-    exporters.contract.identity) before anything touches the filesystem.
-    """
-    return Path(directory) / validate_job(job) / f"rank-{validate_rank(rank)}.jsonl"
-
 
 
 class LineWriter(Protocol):
@@ -86,58 +72,33 @@ class AsyncEcsHandler(logging.Handler):
     detect_job and detect_rank; docs/logging.md lists the variables).
     """
 
-    def __init__(
-        self,
-        directory: str | Path | None = None,
-        *,
-        path: str | Path | None = None,
-        job: str | None = None,
-        rank: int | None = None,
-        service: str = "training",
-        dataset: str | None = None,
-        layout: str = "ecs",
-        max_bytes: int = 100 * 1024 * 1024,
-        backup_count: int = 5,
-        capacity: int = 100_000,
-        overflow: str = "drop",
-        batch_size: int = 256,
-        flush_interval: float = 0.2,
-        close_timeout: float = 10.0,
-        writer: LineWriter | None = None,
-        use_orjson: bool = True,
-        install_signal_handler: bool = True,
-        encode_on_caller: bool = True,
-        wake_batches: int | None = None,
-        level: int = logging.NOTSET,
-    ) -> None:
-        super().__init__(level)
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        if overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
-        if capacity < 1 or batch_size < 1:
-            raise ValueError("capacity and batch_size must be >= 1")
-        if flush_interval <= 0 or close_timeout <= 0:
-            raise ValueError("flush_interval and close_timeout must be > 0")
-        if wake_batches is not None and wake_batches < 1:
-            raise ValueError("wake_batches must be >= 1 (or None: half the capacity)")
-        self.job = validate_job(job if job is not None else detect_job())
-        self.rank = validate_rank(rank if rank is not None else detect_rank())
+    def __init__(self, directory: str | Path | None = None, *,
+                 config: HandlerConfig | None = None, writer: LineWriter | None = None,
+                 **options: Any) -> None:
+        """`options` are HandlerConfig's fields (`job=`, `capacity=`, ...), or give `config`;
+        `writer` replaces the rotating file (tests, other sinks)."""
+        if config is None:
+            config = HandlerConfig(directory=directory, **options)
+        elif directory is not None or options:
+            raise TypeError("give either config= or the settings as keyword arguments")
+        super().__init__(config.level)
+        self.config = config
+        self.job = config.job if config.job is not None else validate_job(detect_job())
+        self.rank = config.rank if config.rank is not None else validate_rank(detect_rank())
         if writer is None:
-            if path is None and directory is None:
-                raise ValueError("give a log directory or an explicit path")
-            target = Path(path) if path is not None else rank_log_path(
-                directory, self.job, self.rank)  # type: ignore[arg-type]
-            writer = RotatingJsonlWriter(target, max_bytes=max_bytes, backup_count=backup_count)
+            target = config.target(self.job, self.rank)
+            writer = RotatingJsonlWriter(target, max_bytes=config.max_bytes,
+                                         backup_count=config.backup_count)
             self.path: Path | None = target
         else:
-            self.path = Path(path) if path is not None else None
+            self.path = Path(config.path) if config.path is not None else None
+        capacity, batch_size = config.capacity, config.batch_size
         self._writer = writer
         self._write_block: Callable[[bytes], None] | None = getattr(writer, "write_block", None)
         self._write_blocks: Callable[[list[bytes]], None] | None = getattr(
             writer, "write_blocks", None)
         self._capacity = capacity
-        self._block = overflow == "block"
+        self._block = config.overflow == "block"
         self._batch_size = batch_size
         self._wake_at = min(batch_size, capacity) - 1
         # Encoded batches that may wait for the writer: with the batch being filled, at most
@@ -146,10 +107,12 @@ class AsyncEcsHandler(logging.Handler):
         # The writer wakes on its timer (`flush_interval`), and a caller wakes it early only
         # when half the room is taken: the number of wake-ups, and so of GIL hand-offs
         # between the writer and the training loop, is set by the clock, not by how much
-        # is logged (issue 29: what a hand-off costs depends on the CPU and the kernel).
-        self._wake_batches = wake_batches or max(1, self._room // 2)
-        self._flush_interval = flush_interval
-        self._close_timeout = close_timeout
+        # is logged: what a hand-off costs depends on the CPU and the kernel (a writer woken
+        # per 16 batches ran at 0.77 of NullHandler's rate on an AMD EPYC VM and at 0.35 on
+        # an Intel Xeon one, docs/performance.md).
+        self._wake_batches = config.wake_batches or max(1, self._room // 2)
+        self._flush_interval = config.flush_interval
+        self._close_timeout = config.close_timeout
         self._queue: deque[logging.LogRecord] = deque()
         # Batches taken off `_queue`, in order: a list of records, or [count, bytes] once the
         # caller that took it has encoded it (see _take and _encode_on_caller_batch).
@@ -160,7 +123,7 @@ class AsyncEcsHandler(logging.Handler):
         # writer keeps `_spent` and `_taken` together within it: `capacity` records' worth
         # at most, on top of those waiting); cleared when idle.
         self._spent: deque[bytes] = deque(maxlen=self._room)
-        self._encode_on_caller = encode_on_caller
+        self._encode_on_caller = config.encode_on_caller
         self._wake = threading.Event()
         self._cond = threading.Condition()
         self._drop_lock = threading.Lock()
@@ -171,15 +134,16 @@ class AsyncEcsHandler(logging.Handler):
         self._close_lock = threading.Lock()
         self._exception_formatter = logging.Formatter()
         self._ecs: EcsFormatter | EcsLoggingCompatFormatter
-        if layout == "ecs":
+        service, dataset = config.service, config.dataset
+        if config.layout == "ecs":
             self._ecs = EcsFormatter(service=service, job=self.job, rank=self.rank,
-                                     dataset=dataset, prefer_orjson=use_orjson)
+                                     dataset=dataset, prefer_orjson=config.use_orjson)
         else:
             self._ecs = EcsLoggingCompatFormatter(extra={
                 "service.name": service, "event.dataset": dataset or service,
                 "host.name": socket.gethostname(),
                 "labels.training_job": self.job, "labels.rank": str(self.rank)})
-        self._layout = layout
+        self._layout = config.layout
         # Counters: callers only increment `_dropped` (under a lock, on the rare overflow path);
         # the writer thread alone updates the others.
         self._dropped = 0
@@ -191,7 +155,7 @@ class AsyncEcsHandler(logging.Handler):
                                          daemon=True)
         self.handle = self._make_caller_path()  # type: ignore[method-assign]
         self._thread.start()
-        shutdown_hooks.register(self, sigterm=install_signal_handler)
+        shutdown_hooks.register(self, sigterm=config.install_signal_handler)
 
     # --- caller side: keep this short ---------------------------------------------------------
     @property
@@ -297,7 +261,8 @@ class AsyncEcsHandler(logging.Handler):
                 # a few hundred KB would reach the top of the heap, which glibc gives back
                 # to the OS (past its 128 KB trim threshold) and the next blocks then fault
                 # in fresh pages: ~80 page faults per 1,000 records in a fresh process, ~0.3 us
-                # per record here (docs/performance.md, issue 17's fifth pass).
+                # per record here (docs/performance.md, the page-fault table of the
+                # AsyncEcsHandler section).
                 with suppress(IndexError):  # the writer may have cleared it in between
                     spent.pop()  # the newest: the likeliest to be in cache
             batch = self._take()
