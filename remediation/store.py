@@ -548,6 +548,18 @@ class Store:
             "SELECT * FROM intents WHERE fingerprint=? AND starts_at=? AND playbook=? AND phase=?",
             (fingerprint, starts_at, playbook, phase)).fetchone()
 
+    @staticmethod
+    def recent_firing_intents(conn: Conn, playbook: str, target_key: str, since: float,
+                              limit: int = 20) -> list[Any]:
+        """The firing intents of one playbook on one target created since `since`, newest
+        first: the quarantine of a stalled job reads the results of the job's diagnostics
+        intent (remediation.actions.quarantine), which another alert of the same stall may
+        have created."""
+        return conn.execute(
+            "SELECT * FROM intents WHERE playbook=? AND target_key=? AND phase='fire'"
+            " AND created_at>=? ORDER BY id DESC LIMIT ?",
+            (playbook, target_key, since, limit)).fetchall()
+
     def list_intents(self, limit: int = 100, state: str | None = None) -> list[dict[str, Any]]:
         sql = "SELECT * FROM intents"
         args: tuple[Any, ...] = ()

@@ -41,12 +41,13 @@ POLL_INTERVAL = 1.0
 INSTANCE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$")
 
 
-def job_instances(ctx: ActionContext, job: str) -> list[str]:
-    """host:port of every training exporter where a rank of the job still heartbeats
-    (validated before use)."""
+def job_instances(ctx: ActionContext, job: str,
+                  within: float = RANK_DEPARTED_AFTER_SECONDS) -> list[str]:
+    """host:port of every training exporter where a rank of the job heartbeated within
+    `within` seconds (validated before use)."""
     # job is allowlisted: no quotes inside
     query = (f'{TRAINING_NODE_HEARTBEAT_TIMESTAMP}{{{LABEL_JOB}="{job}"}} '
-             f'> time() - {RANK_DEPARTED_AFTER_SECONDS:g}')
+             f'> time() - {within:g}')
     try:
         resp = ctx.session.get(f"{ctx.config.prometheus_url}/api/v1/query",
                                params={"query": query}, timeout=10)
