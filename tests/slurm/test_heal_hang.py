@@ -27,17 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
 import yaml
 
 from exporters.contract import catalog
 from exporters.node.tools.stack_dump import rank_processes
-from tests.remediation.helpers import REPO, TOKEN, stub_server
+from remediation.store import NewIntent, Store
+from tests.remediation.helpers import REPO, TOKEN, alert, stub_server
 from tests.remediation.processes import RunningService, service_config, start_service
+from tests.remediation.test_faults import HANGS
 from tests.slurm.cluster import SlurmCluster
-from tests.slurm.fixtures import HOSTS, drains, job_nodes, requeues, service_overrides
+from tests.slurm.fixtures import HOSTS, calls, drains, job_nodes, requeues, service_overrides
 from tests.slurm.test_heal_e2e import events, newest_committed_before
-from tests.slurm.test_quarantine import NODE_HOST, running_on
+from tests.slurm.test_quarantine import NODE_HOST, deliver, running_on, services
 from tests.support.alertmanager_config import render_one
 from tests.support.net import free_port, wait_until
 from tests.support.procs import alertmanager, prometheus
@@ -269,3 +272,42 @@ def test_stopped_ranks_on_both_nodes_requeue_without_draining(slurm: SlurmCluste
                    what="the job restarted")
         slurm.run(["scancel", job])
         wait_until(lambda: job_nodes(slurm, job)[0] == "", timeout=60, what="job gone")
+
+
+@pytest.mark.parametrize("rail", ["observe_only", "min_healthy_fraction"])
+def test_a_stall_quarantine_goes_through_the_rails(slurm: SlurmCluster, tmp_path: Path,
+                                                   rail: str) -> None:
+    """The stall's quarantine is decided on its diagnostics record (the stopped rank is on
+    node-b, the alert names node-a: the record wins) and through the same rails as a lost
+    GPU's: observe-only changes nothing in Slurm and says what it would have done; below the
+    minimum healthy fraction the intent waits for approval and the on-call is paged."""
+    book = yaml.safe_load((PLAYBOOKS / "stalled_job_quarantine.yaml").read_text())
+    rails: dict[str, Any] = {"min_healthy_fraction": 0.5}
+    if rail == "observe_only":
+        book["observe_only"] = True
+    else:
+        rails["min_healthy_fraction"] = 0.9  # 2 of 3 in service after a drain: below it
+    with services(tmp_path, slurm, [book], **rails) as (svcs, log, pager):
+        svc = svcs[0]
+        with svc.store.transaction() as conn:  # the job's diagnostics, as the playbook left them
+            diag = Store.insert_intent(conn, NewIntent(
+                fingerprint="diag", starts_at="2026-11-21T18:03:15.119Z",
+                playbook="stalled_job_diagnostics", phase="fire", alertname="TrainingStalled",
+                labels={"training_job": "j"}, annotations={}, target_key="training_job=j",
+                state="done", decision="act"))
+            assert diag is not None
+            Store.update_intent(conn, diag, results=[{"step": 0, "action": "ansible", "result": {
+                "captured_by_host": HANGS["stopped"]}}])
+        deliver(svc, alert("TrainingStalled", {"training_job": "j", "rank": "0",
+                                               "node": "node-a"}))
+        svc.wait_idle(60)
+        expected = "observe_only" if rail == "observe_only" else "awaiting_approval"
+        [record] = svc.audit(expected)
+        plan = record["detail"]["plan"]
+        assert plan["fault"]["nodes"] == ["tw-gpu-02"]
+        assert plan["evidence"]["diagnostics_intent"] == diag
+        assert plan["evidence"]["record"]["suspect_ranks"] == ["1"]
+        pages = wait_until(lambda: pager.posts("/page"), timeout=30, what="the page")
+        assert [p.body["event"] for p in pages] == [f"quarantine_{expected}"]
+        assert not [c for c in calls(log) if c[0] == "scontrol"]
+    assert all("drain" not in slurm.node_state(n) for n in slurm.nodes)
