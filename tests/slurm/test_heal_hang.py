@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -189,14 +190,17 @@ def test_stopped_rank_node_drained_job_requeued_and_resumed(slurm: SlurmCluster,
         wait_checkpoints(out)
         good, bad = first
         stopped = stop_rank(job_name, bad)
+        t_stop = time.time()
         host = NODE_HOST[bad]
         # the alert names the stopped rank and its node
         alerts = wait_until(lambda: firing(stack.prom, "TrainingStalled", job_name),
                             timeout=120, what="TrainingStalled firing")
         assert [(a["labels"]["rank"], a["labels"]["node"]) for a in alerts] == [
             (stopped["rank"], host)], alerts
+        t_alert = time.time()
         acted = wait_until(lambda: audit(stack, "stalled_job_quarantine", "acted"),
                            timeout=240, what="the stall's quarantine acted")
+        t_acted = time.time()
         [diagnosed] = audit(stack, "stalled_job_diagnostics", "acted")
         # the diagnostics record names it: its node's record has the process, stopped
         by_host = diagnosed["detail"]["results"][0]["result"]["captured_by_host"]
@@ -226,6 +230,11 @@ def test_stopped_rank_node_drained_job_requeued_and_resumed(slurm: SlurmCluster,
                    what="steps after the resume")
         assert step - 1 == newest_committed_before(ckpt, step)
         assert of(events(out), "incarnation", restart_count=1)
+        first_step = min(e["time"] for e in of(events(out), "step")
+                         if e["time"] > resumed[0]["time"])
+        print(f"SIGSTOP -> TrainingStalled firing (demo profile) {t_alert - t_stop:.1f} s, "
+              f"-> diagnosed, drained and requeued {t_acted - t_alert:.1f} s, -> first step "
+              f"after the resume {first_step - t_acted:.1f} s; total {first_step - t_stop:.1f} s")
         # the surviving node's exporter: the same job name, the new incarnation (restarts 1)
         wait_until(lambda: set(stack.exporters[good].samples(
             catalog.TRAINING_RESTARTS, job_name).values()) == {1.0}, timeout=60,
