@@ -260,10 +260,10 @@ def test_stopped_ranks_on_both_nodes_requeue_without_draining(slurm: SlurmCluste
         # the rule's suspects are on both nodes (which ranks it names with half the ranks
         # stopped is the rule's business: in one of the first two runs here it named the
         # two waiting ranks, one on each node); the diagnostics record names the stopped
-        alerts = wait_until(lambda: (lambda a: a if len(a) == 2 else None)(
-            firing(stack.prom, "TrainingStalled", job_name)), timeout=120,
+        hosts = {NODE_HOST[n] for n in first}
+        wait_until(lambda: {a["labels"]["node"] for a in firing(
+            stack.prom, "TrainingStalled", job_name)} == hosts, timeout=120,
             what="TrainingStalled firing for a rank on each node")
-        assert {a["labels"]["node"] for a in alerts} == {NODE_HOST[n] for n in first}
         acted = wait_until(lambda: audit(stack, "stalled_job_quarantine", "acted"),
                            timeout=240, what="the stall's quarantine acted")
         plan = acted[0]["detail"]["results"][0]["result"]["plan"]
