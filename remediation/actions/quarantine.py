@@ -160,8 +160,10 @@ def find_diagnostics(rows: list[Any], *, waited: float, wait_limit: float) -> Di
         if row["state"] != "done" or row["decision"] != "act":
             continue  # cooled down, rate limited, refused, failed: no record there
         for item in json.loads(row["results"] or "[]"):
-            result = item.get("result") if isinstance(item, dict) else None
-            if item.get("action") != "ansible" or not isinstance(result, dict):
+            if not isinstance(item, dict) or item.get("action") != "ansible":
+                continue
+            result = item.get("result")
+            if not isinstance(result, dict):
                 continue
             record = merge_records(result.get("captured_by_host") or {})
             if record is not None:
