@@ -32,7 +32,7 @@ from remediation.ingest import ESCALATION_PLAYBOOK
 from remediation.labels import LabelError, safe_labels
 from remediation.lifecycle import Grant, LostLease, cancel_if_resolved, hold
 from remediation.playbooks import Playbook
-from remediation.recovery import RecoveryTimes
+from remediation.recovery import RecoveryTimes, unix_time
 from remediation.schedulers import SchedulerError
 from remediation.store import PRIORITIES, Intent, Store, Transaction
 
@@ -155,7 +155,14 @@ class Engine:
         if labels_ok and intent.phase == "fire" and any(
                 step["action"] == "quarantine" for step in book.steps):
             try:  # classify and resolve the node before anything is decided (issue 23)
-                plan = quarantine_action.plan_for(intent.id, intent.labels, self.config)
+                diagnostics = None
+                if quarantine_action.needs_diagnostics(intent.labels, self.config):
+                    diagnostics = self._diagnostics(intent)
+                plan = quarantine_action.plan_for(intent.id, intent.labels, self.config,
+                                                  diagnostics)
+            except quarantine_action.EvidencePending as exc:
+                self._defer(intent, str(exc))
+                return
             except LabelError as exc:
                 labels_ok, reason = False, str(exc)
             except SchedulerError as exc:
@@ -207,6 +214,32 @@ class Engine:
             self.recovery.observe_intent(self.session, self.config.prometheus_url, book.name,
                                          intent.alertname, intent.labels, intent.starts_at,
                                          time.time())
+
+    def _diagnostics(self, intent: Intent) -> quarantine_action.Diagnostics:
+        """The stall's diagnostics record, from the job's stalled_job_diagnostics intent
+        (this alert's, or another alert's of the same stall: that playbook runs once per job
+        and cooldown). EvidencePending while it may still act: the record decides which node
+        is suspect, so the quarantine waits for it, up to two action timeouts and a minute
+        after the alert started; past that, or without one, the alert's own rank is."""
+        key = quarantine_action.diagnostics_target(intent.labels)
+        if key is None:
+            return quarantine_action.Diagnostics(note="no training_job label to find the "
+                                                 "diagnostics by")
+        now = time.time()
+        started = unix_time(intent.starts_at) or now
+        with self.store.transaction() as tx:
+            rows = tx.recent_firing_intents(
+                quarantine_action.DIAGNOSTICS_PLAYBOOK, key,
+                started - quarantine_action.DIAGNOSTICS_CLOCK_SLACK_SECONDS)
+        return quarantine_action.find_diagnostics(
+            rows, waited=now - started,
+            wait_limit=2 * self.config.action_timeout_seconds + 60)
+
+    def _defer(self, intent: Intent, why: str) -> None:
+        """Look at this intent again soon, undecided and without counting an attempt."""
+        with self.store.transaction() as tx:
+            lifecycle.wait_for_evidence(tx, intent, self.owner, time.time() + self._recheck)
+        log.debug("intent %d (%s) waits: %s", intent.id, intent.playbook, why)
 
     def _expire_silences(self, results: list[dict[str, Any]], ctx: ActionContext) -> None:
         for item in results:

@@ -17,6 +17,7 @@ module decides, so a refusal happens before any command can run.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -272,10 +273,105 @@ def classify(table: FaultTable, labels: Mapping[str, str], nodes: NodeMap,
     return Fault(alertname, cls, action, suspects, why, xid)
 
 
-def suspects_from_record(record: Mapping[str, Any], rank_nodes: Mapping[int, str]
-                         ) -> tuple[str, ...]:
-    """The nodes of the ranks a stall diagnostics record names (`collectives.not_entered`),
-    through the job's rank -> node table; unknown ranks are left out."""
-    ranks: Iterable[Any] = (record.get("collectives") or {}).get("not_entered") or ()
-    return tuple(sorted({rank_nodes[int(r)] for r in ranks
-                         if str(r).isdigit() and int(r) in rank_nodes}))
+# The fields of a stall diagnostics record (exporters/node/tools/stack_dump.py analyse) that
+# name the ranks the stall is blamed on, one per kind of hang, as an older record without
+# `suspects` has them: stopped by a signal, never entered the collective the others wait in,
+# inside another collective than most; failing these, silent (no flight-recorder dump while a
+# peer wrote one).
+HANG_KINDS = ("stopped", "not_entered", "elsewhere")
+
+
+def suspect_ranks(record: Mapping[str, Any]) -> tuple[str, ...]:
+    """The ranks a stall diagnostics record blames (`collectives.suspects`, else every hang
+    kind's field of an older record), as decimal strings."""
+    collectives = record.get("collectives") or {}
+    if not isinstance(collectives, Mapping):
+        return ()
+    ranks: Iterable[Any] | None = collectives.get("suspects")
+    if ranks is None:
+        named = [r for kind in HANG_KINDS for r in collectives.get(kind) or ()]
+        ranks = named or collectives.get("silent") or ()
+    return tuple(sorted({str(r) for r in ranks if str(r).isdigit()}, key=int))
+
+
+def suspects_from_record(record: Mapping[str, Any],
+                         rank_nodes: Mapping[int, str | Iterable[str]]) -> tuple[str, ...]:
+    """The nodes of the ranks a stall diagnostics record blames (every hang kind: stopped,
+    not entered, elsewhere, silent), through the job's rank -> node table; unknown ranks are
+    left out. A rank found on more than one node names each of them."""
+    nodes: set[str] = set()
+    for rank in suspect_ranks(record):
+        where = rank_nodes.get(int(rank))
+        if where is not None:
+            nodes.update((where,) if isinstance(where, str) else where)
+    return tuple(sorted(nodes))
+
+
+@dataclass(frozen=True)
+class StallRecord:
+    """Every node's stall diagnostics of one job, merged: the analysis run again over all
+    their rank processes (one node sees only its own ranks, so only the merge can tell which
+    rank the others wait for), the rank -> node table (the inventory host whose record holds
+    the rank's process), and the hosts whose record could not be read."""
+
+    collectives: Mapping[str, Any]
+    rank_hosts: Mapping[int, tuple[str, ...]]
+    unreadable: tuple[str, ...] = ()
+
+    @property
+    def suspect_hosts(self) -> tuple[str, ...]:
+        return suspects_from_record({"collectives": self.collectives}, self.rank_hosts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"suspect_ranks": list(suspect_ranks({"collectives": self.collectives})),
+                "suspect_hosts": list(self.suspect_hosts),
+                "rank_hosts": {str(r): list(h) for r, h in sorted(self.rank_hosts.items())},
+                "collectives": dict(self.collectives), "unreadable": list(self.unreadable)}
+
+
+def merge_records(by_host: Mapping[str, Mapping[str, str]]) -> StallRecord | None:
+    """The stall record of a job from the `ansible` action's `captured_by_host` of the
+    stalled_job_diagnostics playbook ({host: {task: stack_dump's JSON line}}); None when no
+    host's record holds a rank process."""
+    from exporters.node.tools.stack_dump import analyse
+
+    processes: list[dict[str, Any]] = []
+    rank_hosts: dict[int, set[str]] = {}
+    unreadable = []
+    for host, tasks in sorted(by_host.items()):
+        found = False
+        for text in tasks.values():
+            try:
+                doc = json.loads(text)
+            except (TypeError, ValueError):
+                continue
+            if not isinstance(doc, dict) or not isinstance(doc.get("processes"), list):
+                continue
+            found = True
+            for proc in doc["processes"]:
+                rank = proc.get("rank") if isinstance(proc, dict) else None
+                if not (isinstance(rank, str) and rank.isdigit() and len(rank) < 8):
+                    continue
+                processes.append({"rank": rank, "state": proc.get("state"),
+                                  "flight_recorder": _recorder(proc.get("flight_recorder"))})
+                rank_hosts.setdefault(int(rank), set()).add(host)
+        if not found:
+            unreadable.append(host)
+    if not processes:
+        return None
+    return StallRecord(analyse(processes),
+                       {r: tuple(sorted(h)) for r, h in rank_hosts.items()}, tuple(unreadable))
+
+
+def _recorder(summary: Any) -> dict[str, Any] | str:
+    """A rank's flight-recorder summary as analyse reads it, or a string (no usable dump)."""
+    if not isinstance(summary, dict):
+        return str(summary)[:200]
+    seq = summary.get("last_seq")
+    flight = summary.get("in_flight")
+    if (seq is not None and not isinstance(seq, int)) or not isinstance(flight, list) or any(
+            not isinstance(e, dict) for e in flight):
+        return "unreadable flight recorder summary"
+    cid = summary.get("collective_id", 0)
+    return {"last_seq": seq, "in_flight": [{"seq": e.get("seq")} for e in flight],
+            "collective_id": cid if isinstance(cid, int) else 0}

@@ -113,6 +113,14 @@ def defer(tx: Transaction, intent: Intent, not_before: float) -> str:
     return "deferred"
 
 
+def wait_for_evidence(tx: Transaction, intent: Intent, owner: str, not_before: float) -> None:
+    """Pending again from `not_before`, undecided and without counting an attempt (a
+    quarantine whose diagnostics record may still come); LostLease when the lease is gone."""
+    if not tx.update_held(intent, owner, state="pending", lease_owner=None, lease_until=None,
+                          not_before=not_before):
+        raise LostLease(intent.id)
+
+
 @dataclass(frozen=True)
 class Grant:
     """One grant row: what the cooldowns, rate limits and breakers count."""

@@ -382,6 +382,17 @@ class Transaction:
             (intent.fingerprint, intent.starts_at, intent.playbook, phase)).fetchone()
         return Intent.from_row(row) if row else None
 
+    def recent_firing_intents(self, playbook: str, target_key: str, since: float,
+                              limit: int = 20) -> list[Any]:
+        """The firing intents of one playbook on one target created since `since`, newest
+        first: the quarantine of a stalled job reads the results of the job's diagnostics
+        intent (remediation.actions.quarantine), which another alert of the same stall may
+        have created."""
+        return list(self._conn.execute(
+            "SELECT * FROM intents WHERE playbook=? AND target_key=? AND phase='fire'"
+            " AND created_at>=? ORDER BY id DESC LIMIT ?",
+            (playbook, target_key, since, limit)).fetchall())
+
     def look(self, intent_id: int) -> Seen | None:
         """The intent and whether its alert's resolve is recorded, in one statement."""
         row = self._conn.execute(

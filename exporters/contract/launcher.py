@@ -50,7 +50,11 @@ def detect(env: Mapping[str, str] | None = None, job: str | None = None,
         rank = _int(env, names[0], 0) if rank is None else rank
         local_rank = _int(env, names[1], 0) if local_rank is None else local_rank
         world_size = _int(env, names[2], 1) if world_size is None else world_size
-        restarts = _int(env, names[3], 0) if restarts is None else restarts
+        if restarts is None:  # every level's: torchrun's own restarts inside a Slurm job
+            # that was requeued start from 0 again, so its requeues (SLURM_RESTART_COUNT:
+            # srun's tasks and torchrun's workers both carry it) count as well
+            restarts = sum(_int(env, level[3], 0) for level in LAUNCHERS
+                           if level[3] is not None and level[0] in env)
     if job is None:
         job = detect_job(env)
     validate_job(job)

@@ -33,6 +33,11 @@ from remediation.inventory import TargetError, resolve_hosts
 from remediation.templating import TemplateError, render
 
 OUTPUT_LIMIT = 20000
+# hosts_from: job_nodes takes every node where a rank of the job heartbeated this recently, not
+# only those heartbeating now: a stalled job's stopped or hung rank stops heartbeating, and its
+# node is the one its diagnostics need most (the exporter keeps a silent rank's series until
+# the job expires)
+JOB_NODES_WITHIN_SECONDS = 600.0
 # What an ansible-playbook child may inherit from the service's environment: locale, time zone,
 # identity, an ssh agent, the service's Python path (tools run with its interpreter must import
 # the same code) and Ansible's own settings. Everything else (tokens included) stays out.
@@ -76,7 +81,8 @@ def _targets(step: dict[str, Any], ctx: ActionContext) -> list[str]:
         if not job:
             raise ActionError(f"ansible: alert has no {LABEL_JOB} label to find the job's nodes")
         names = sorted({instance.rsplit(":", 1)[0].strip("[]")
-                        for instance in job_instances(ctx, job, action="ansible")})
+                        for instance in job_instances(ctx, job, action="ansible",
+                                                      within=JOB_NODES_WITHIN_SECONDS)})
         if not names:
             raise ActionError(f"ansible: no node reports job {job!r}")
     else:
@@ -137,10 +143,11 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
         runner.run()
         # events and stats live in the private data dir: read them before it is removed
         output = runner.stdout.read() if runner.stdout else ""
-        captured = _registered_output(runner)
+        captured, by_host = _registered_output(runner)
         processed = set((runner.stats or {}).get("processed") or {})
     result = {"playbook": path.name, "limit": limit, "status": runner.status, "rc": runner.rc,
-              "output_tail": output[-OUTPUT_LIMIT:], "captured": captured}
+              "output_tail": output[-OUTPUT_LIMIT:], "captured": captured,
+              "captured_by_host": by_host}
     if runner.status != "successful" or runner.rc != 0:
         raise ActionError(f"ansible: {path.name} on {limit} ended {runner.status} "
                           f"rc={runner.rc}: {output[-1500:]}")
@@ -150,9 +157,12 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     return result
 
 
-def _registered_output(runner: Any) -> dict[str, Any]:
-    """stdout of tasks named `Capture: ...` (e.g. a py-spy dump), for the audit record."""
+def _registered_output(runner: Any) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+    """stdout of tasks named `Capture: ...` (e.g. a py-spy dump), for the audit record: by
+    task (one host's, as before), and by host and task (every host's: a stalled job's
+    quarantine reads each node's diagnostics)."""
     captured: dict[str, Any] = {}
+    by_host: dict[str, dict[str, str]] = {}
     for event in runner.events:
         if event.get("event") != "runner_on_ok":
             continue
@@ -160,5 +170,7 @@ def _registered_output(runner: Any) -> dict[str, Any]:
         if not str(data.get("task", "")).lower().startswith("capture"):
             continue
         res = data.get("res", {})
-        captured[data.get("task", "task")] = str(res.get("stdout", ""))[-OUTPUT_LIMIT:]
-    return captured
+        task = data.get("task", "task")
+        captured[task] = str(res.get("stdout", ""))[-OUTPUT_LIMIT:]
+        by_host.setdefault(str(data.get("host", "")), {})[task] = captured[task]
+    return captured, by_host

@@ -46,13 +46,15 @@ def instant_query(session: requests.Session | Any, prometheus_url: str, expr: st
         raise PrometheusError(str(exc)) from exc
 
 
-def job_instances(ctx: ActionContext, job: str, *, action: str) -> list[str]:
-    """host:port of every training exporter where a rank of the job still heartbeats (newer
-    than RANK_DEPARTED_AFTER_SECONDS: an exporter whose ranks all left holds nobody to act
-    on), validated before use. `action` names the step's action in every error."""
+def job_instances(ctx: ActionContext, job: str, *, action: str,
+                  within: float = RANK_DEPARTED_AFTER_SECONDS) -> list[str]:
+    """host:port of every training exporter where a rank of the job heartbeated within
+    `within` seconds (by default RANK_DEPARTED_AFTER_SECONDS: an exporter whose ranks all left
+    holds nobody to act on), validated before use. `action` names the step's action in every
+    error."""
     # job is allowlisted: no quotes inside
     query = (f'{TRAINING_NODE_HEARTBEAT_TIMESTAMP}{{{LABEL_JOB}="{job}"}} '
-             f'> time() - {RANK_DEPARTED_AFTER_SECONDS:g}')
+             f'> time() - {within:g}')
     try:
         series = instant_query(ctx.session, ctx.config.prometheus_url, query)
     except PrometheusError as exc:

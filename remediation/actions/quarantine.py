@@ -26,6 +26,7 @@ being scraped, so its alert resolves by itself): this action has no on_resolve.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from typing import Any
 
 import requests
 
+from exporters.contract.catalog import LABEL_JOB
 from remediation.actions.base import ActionContext, ActionError
 from remediation.config import Config, SchedulerSettings
 from remediation.faults import (
@@ -42,8 +44,10 @@ from remediation.faults import (
     Fault,
     FaultTable,
     NodeMap,
+    StallRecord,
     classify,
     load_table,
+    merge_records,
 )
 from remediation.labels import LabelError, safe_labels
 from remediation.schedulers import SchedulerError, for_config
@@ -57,18 +61,54 @@ GRANT_PRIORITY = -1  # below every breaker's minimum: the playbook's own grant c
 CLASSIFY_LABELS = ("alertname", "node", "xid", "rank", "training_job", "gpu")
 
 
+# The playbook whose record names a stall's suspects (scope `suspects` in fault_classes.yaml):
+# its `ansible` step captures exporters.node.tools.stack_dump's record on every node of the job.
+DIAGNOSTICS_PLAYBOOK = "stalled_job_diagnostics"
+# How much earlier than the alert's startsAt a diagnostics intent of the same stall may have
+# been created (the service's clock against Prometheus's)
+DIAGNOSTICS_CLOCK_SLACK_SECONDS = 60.0
+
+
+class EvidencePending(Exception):
+    """The stall's diagnostics are still running: decide once their record is in (the engine
+    looks again soon; no attempt is counted)."""
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    """The stalled job's diagnostics, as the quarantine reads them: the intent that ran them
+    (its audit record holds every node's stacks and flight-recorder summaries), the merged
+    record, or why there is none."""
+
+    intent_id: int | None = None
+    record: StallRecord | None = None
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"diagnostics_intent": self.intent_id,
+                "record": self.record.as_dict() if self.record else None, "note": self.note}
+
+
 @dataclass(frozen=True)
 class Plan:
-    """What the engine decided to do about one intent, before any step runs."""
+    """What the engine decided to do about one intent, before any step runs, and on what
+    evidence (the alert's labels; for a stall, the diagnostics record)."""
 
     intent_id: int
     fault: Fault
     pool: tuple[str, ...]
     unavailable: tuple[str, ...]  # pool nodes the scheduler has out of service now
+    alert: Mapping[str, str] | None = None
+    diagnostics: Diagnostics | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"intent_id": self.intent_id, "fault": self.fault.as_dict(),
-                "pool": list(self.pool), "unavailable": list(self.unavailable)}
+        out = {"intent_id": self.intent_id, "fault": self.fault.as_dict(),
+               "pool": list(self.pool), "unavailable": list(self.unavailable)}
+        if self.alert is not None:
+            out["alert"] = dict(self.alert)
+        if self.diagnostics is not None:
+            out["evidence"] = self.diagnostics.as_dict()
+        return out
 
 
 @functools.lru_cache(maxsize=8)
@@ -87,8 +127,58 @@ def classification_labels(labels: Mapping[str, str]) -> dict[str, str]:
     return safe_labels(labels, [k for k in CLASSIFY_LABELS if labels.get(k)])
 
 
-def plan_for(intent_id: int, labels: Mapping[str, str], config: Config) -> Plan:
-    """Classify and resolve (LabelError: refuse) and read the pool (SchedulerError: retry)."""
+def needs_diagnostics(labels: Mapping[str, str], config: Config) -> bool:
+    """Whether the alert's suspects come from the stalled-job diagnostics (scope `suspects`)."""
+    if config.scheduler is None:
+        return False  # plan_for refuses it anyway
+    table = _table(config.scheduler.fault_classes_file or DEFAULT_TABLE)
+    signal = table.signals.get(str(labels.get("alertname", "")))
+    return signal is not None and signal.scope == "suspects"
+
+
+def diagnostics_target(labels: Mapping[str, str]) -> str | None:
+    """The diagnostics playbook's target key for the alert's job (ingest.target_key's form);
+    None without a usable training_job label."""
+    try:
+        job = safe_labels(labels, [LABEL_JOB])[LABEL_JOB]
+    except LabelError:
+        return None
+    return f"{LABEL_JOB}={job}"
+
+
+def find_diagnostics(rows: list[Any], *, waited: float, wait_limit: float) -> Diagnostics:
+    """The newest diagnostics of the stall among the job's diagnostics intents (`rows`,
+    newest first): EvidencePending while one that may still act is pending or running (up
+    to `wait_limit` seconds after the alert started), else the newest that acted with a
+    readable record, else none (the alert's own rank and node are the evidence)."""
+    waiting = []
+    for row in rows:
+        if row["state"] in ("pending", "running") and row["decision"] in (None, "act"):
+            if waited < wait_limit:
+                raise EvidencePending(f"diagnostics intent {row['id']} is {row['state']}")
+            waiting.append(int(row["id"]))
+            continue
+        if row["state"] != "done" or row["decision"] != "act":
+            continue  # cooled down, rate limited, refused, failed: no record there
+        for item in json.loads(row["results"] or "[]"):
+            if not isinstance(item, dict) or item.get("action") != "ansible":
+                continue
+            result = item.get("result")
+            if not isinstance(result, dict):
+                continue
+            record = merge_records(result.get("captured_by_host") or {})
+            if record is not None:
+                return Diagnostics(int(row["id"]), record)
+    note = "no diagnostics record of this stall"
+    if waiting:
+        note += f" (intents {waiting} still unfinished after {wait_limit:.0f}s)"
+    return Diagnostics(None, None, note + ": the alert's own rank and node are the evidence")
+
+
+def plan_for(intent_id: int, labels: Mapping[str, str], config: Config,
+             diagnostics: Diagnostics | None = None) -> Plan:
+    """Classify and resolve (LabelError: refuse) and read the pool (SchedulerError: retry).
+    A stall's suspects are the nodes of the ranks its diagnostics record blames."""
     from remediation.actions.ansible import state_dir
 
     settings = settings_of(config)
@@ -101,10 +191,15 @@ def plan_for(intent_id: int, labels: Mapping[str, str], config: Config) -> Plan:
     if signal is not None and signal.needs_ranks:
         node = nodes.node_for(clean.get("node"), "node label")
         evidence = Evidence(node_hosts_ranks=bool(scheduler.jobs_on(node)))
+    elif signal is not None and signal.scope == "suspects" and diagnostics is not None \
+            and diagnostics.record is not None:
+        # every host the record names goes through the node mapping in classify()
+        evidence = Evidence(suspect_nodes=diagnostics.record.suspect_hosts or None)
     fault = classify(table, clean, nodes, evidence)
     states = scheduler.node_states(nodes.pool)
     unavailable = tuple(n for n in nodes.pool if n not in states or not states[n].in_service)
-    return Plan(intent_id, fault, nodes.pool, unavailable)
+    return Plan(intent_id, fault, nodes.pool, unavailable, alert=clean,
+                diagnostics=diagnostics)
 
 
 def recent_quarantines(tx: Transaction, since: float) -> list[str]:

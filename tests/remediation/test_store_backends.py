@@ -352,3 +352,25 @@ def test_a_database_replaced_under_the_service_stops_intake(
         assert lost.status_code == 503 and "no longer the store" in lost.text, lost.text
         ready = svc.client.get("/readyz")
         assert ready.status_code == 503 and "no longer the store" in ready.text, ready.text
+
+
+def test_recent_firing_intents_of_one_playbook_and_target(tmp_path: Path,
+                                                          store_section: dict[str, Any]) -> None:
+    """The read a stalled job's quarantine uses to find the job's diagnostics intent (issue 23):
+    one playbook, one target, firing only, created since a time, newest first."""
+    store = open_store(configured(tmp_path, store_section))
+    try:
+        with store.transaction() as tx:
+            before = time.time() - 1
+            ids = [tx.insert_intent(new(f"d{i}")) for i in range(3)]
+            tx.insert_intent(new("d0", phase="resolve"))
+            tx.insert_intent(NewIntent(
+                fingerprint="other", starts_at="t", playbook="page", phase="fire",
+                alertname="A", labels={}, annotations={}, target_key="k2"))
+            rows = tx.recent_firing_intents("page", "k", before)
+            assert [r["id"] for r in rows] == sorted(ids, reverse=True)
+            assert all(r["phase"] == "fire" and r["target_key"] == "k" for r in rows)
+            assert tx.recent_firing_intents("page", "k", time.time() + 60) == []
+            assert tx.recent_firing_intents("other", "k", before) == []
+    finally:
+        store.close()

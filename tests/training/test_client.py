@@ -49,6 +49,11 @@ def read_all(sock: socket.socket) -> list[dict]:
     ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
       "OMPI_COMM_WORLD_SIZE": "4", "TRAINWATCH_JOB": "mpi-job"}, RankInfo("mpi-job", 2, 0, 4, 0)),
     ({}, RankInfo("default", 0, 0, 1, 0)),
+    # torchrun inside a Slurm job that was requeued once (issue 23: the new incarnation is
+    # told apart under the same job name): torchrun's own count starts from 0 again
+    ({"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "TORCHELASTIC_RESTART_COUNT": "0",
+      "SLURM_PROCID": "1", "SLURM_RESTART_COUNT": "1", "TRAINWATCH_JOB": "heal"},
+     RankInfo("heal", 1, 0, 2, 1)),
 ])
 def test_rank_info_comes_from_the_launcher(env: dict[str, str], expected: RankInfo) -> None:
     assert detect(env) == expected

@@ -13,7 +13,18 @@ in the rank's environment). Across the ranks found: `collectives.waiting_in` (th
 collective any rank is inside), `collectives.not_entered` (ranks that never entered it: the
 ones the others wait for), `collectives.elsewhere` (ranks inside another collective than most
 ranks here, or inside none while most are, on any process group: where the peers wait on a
-group other than the default one, whose sequence numbers then tell nothing). Read-only:
+group other than the default one, whose sequence numbers then tell nothing),
+`collectives.stopped` (rank processes stopped by a signal, SIGSTOP or a debugger: state `T` in
+/proc, read before any py-spy attaches), `collectives.silent` (ranks that wrote no readable
+flight-recorder dump while a peer did: their monitor thread stopped with them) and
+`collectives.suspects`, the ranks the stall is blamed on: those stopped, not entered or
+elsewhere, failing all three the silent ones. The remediation service merges the records of
+every node of the job and runs `analyse` again over all their processes (one node sees only
+its own ranks), then maps the suspects to nodes (remediation.faults.suspects_from_records).
+`--scheduler-node NAME` leaves out rank processes a scheduler started for another node
+(SLURMD_NODENAME in their environment), for test clusters whose nodes share one machine.
+The output is one JSON line of at most MAX_OUTPUT characters (the py-spy dumps are cut to
+their tails to fit), so the remediation audit keeps it whole. Read-only:
 nothing is signalled or killed. The dump file is opened without following links, must be a
 regular file owned by the rank's user and below a size limit, and only parsed fields reach
 the output, never the file's text.
@@ -38,6 +49,11 @@ from exporters.rank.collectives import summarise
 
 MAX_DUMP_BYTES = 16 << 20
 LAST_ENTRIES = 5
+# below the remediation ansible action's capture limit (remediation/actions/ansible.py
+# OUTPUT_LIMIT), which keeps the tail of a task's stdout: a longer line would lose its start
+MAX_OUTPUT = 19000
+# the environment variable Slurm sets in every task it starts: the node it started it for
+SCHEDULER_NODE_ENV = "SLURMD_NODENAME"
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -111,7 +127,10 @@ def summarise_recorder(document: dict[str, Any]) -> dict[str, Any]:
 
 def analyse(procs: list[dict[str, Any]]) -> dict[str, Any]:
     """Which ranks the others wait for: those that never entered the newest collective
-    any rank is inside (by the default group's sequence numbers)."""
+    any rank is inside (by the default group's sequence numbers), those inside another
+    collective than most, those stopped by a signal; failing these, those that wrote no
+    flight-recorder dump while a peer did. Runs per node here and again in remediation over
+    the processes of every node of the job."""
     seqs = {p["rank"]: p["flight_recorder"]["last_seq"] for p in procs
             if isinstance(p.get("flight_recorder"), dict)
             and p["flight_recorder"]["last_seq"] is not None}
@@ -132,6 +151,13 @@ def analyse(procs: list[dict[str, Any]]) -> dict[str, Any]:
                                        key=_rank_key)
         result["entered"] = sorted((r for r, s in seqs.items() if s >= result["waiting_in"]),
                                    key=_rank_key)
+    result["stopped"] = sorted((p["rank"] for p in procs if p.get("state") == "T"),
+                               key=_rank_key)
+    dumped = any(isinstance(p.get("flight_recorder"), dict) for p in procs)
+    result["silent"] = sorted((p["rank"] for p in procs if dumped
+                               and not isinstance(p.get("flight_recorder"), dict)), key=_rank_key)
+    named = {*result["stopped"], *result["not_entered"], *result["elsewhere"]}
+    result["suspects"] = sorted(named or set(result["silent"]), key=_rank_key)
     return result
 
 
@@ -146,7 +172,17 @@ def _uid(pid: int) -> int | None:
         return None
 
 
-def rank_processes(job: str) -> list[dict[str, Any]]:
+def _state(pid: int) -> str | None:
+    """The process state letter of /proc/<pid>/stat (`T`: stopped by a signal)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw.rpartition(")")[2].split()  # the command name may hold spaces and ')'
+    return fields[0] if fields else None
+
+
+def rank_processes(job: str, scheduler_node: str | None = None) -> list[dict[str, Any]]:
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -159,13 +195,16 @@ def rank_processes(job: str) -> list[dict[str, Any]]:
         uid = _uid(pid)
         if job_from_env(env) != job and not (dump is not None and dump.exists()):
             continue
+        if scheduler_node and env.get(SCHEDULER_NODE_ENV, scheduler_node) != scheduler_node:
+            continue  # started by the scheduler for another node on this machine
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
                 errors="replace").strip()
         except OSError:
             continue
         proc: dict[str, Any] = {"pid": pid, "rank": env.get("RANK"),
-                                "local_rank": env.get("LOCAL_RANK"), "cmdline": cmdline[:500]}
+                                "local_rank": env.get("LOCAL_RANK"), "state": _state(pid),
+                                "cmdline": cmdline[:500]}
         if dump is None or uid is None:
             proc["flight_recorder"] = f"not configured ({ENV_DIAGNOSTICS_DIR} unset)"
         else:
@@ -183,15 +222,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", required=True)
     parser.add_argument("--py-spy", default=None, help="py-spy binary (default: next to python)")
     parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--scheduler-node", default="",
+                        help="only ranks the scheduler started for this node "
+                             f"({SCHEDULER_NODE_ENV}); empty: every rank of the job")
     args = parser.parse_args(argv)
     if not is_job_name(args.job):  # fullmatch: no trailing newline, one spelling per job
         print("stack_dump: --job is not a training job name", file=sys.stderr)
+        return 2
+    if args.scheduler_node and not is_job_name(args.scheduler_node):
+        print("stack_dump: --scheduler-node is not a node name", file=sys.stderr)
         return 2
     py_spy = args.py_spy or shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(py_spy).exists():
         print(f"stack_dump: py-spy not found ({py_spy})", file=sys.stderr)
         return 2
-    procs = rank_processes(args.job)
+    # every state is read before py-spy attaches to any process
+    procs = rank_processes(args.job, args.scheduler_node or None)
     for proc in procs:
         try:
             out = subprocess.run([py_spy, "dump", "--pid", str(proc["pid"])],
@@ -201,8 +247,22 @@ def main(argv: list[str] | None = None) -> int:
                 proc["error"] = out.stderr[-2000:]
         except subprocess.TimeoutExpired:
             proc["error"] = f"py-spy timed out after {args.timeout:g}s"
-    print(json.dumps({"job": args.job, "collectives": analyse(procs), "processes": procs}))
+    print(fit({"job": args.job, "collectives": analyse(procs), "processes": procs}))
     return 0 if procs else 3
+
+
+def fit(report: dict[str, Any], limit: int = MAX_OUTPUT) -> str:
+    """The report as one JSON line of at most `limit` characters where the evidence allows:
+    the py-spy dumps are cut to their tails (the innermost frames), evenly, until it fits."""
+    text = json.dumps(report)
+    procs = [p for p in report["processes"] if p.get("dump")]
+    share = max((len(p["dump"]) for p in procs), default=0)
+    while len(text) > limit and share > 0:
+        share //= 2
+        for proc in procs:
+            proc["dump"] = proc["dump"][-share:] if share else ""
+        text = json.dumps(report)
+    return text
 
 
 if __name__ == "__main__":
