@@ -23,15 +23,16 @@ from typing import Any
 
 import requests
 
-from remediation.actions import ACTIONS, ActionContext, ActionError, check_targets
+from remediation.actions import ACTIONS, check_targets
 from remediation.actions import quarantine as quarantine_action
 from remediation.actions import silence as silence_action
+from remediation.actions.base import ActionContext, ActionError
 from remediation.config import Config
 from remediation.ingest import ESCALATION_PLAYBOOK
 from remediation.labels import LabelError, safe_labels
 from remediation.playbooks import Playbook
 from remediation.recovery import RecoveryTimes
-from remediation.schedulers import SchedulerError
+from remediation.schedulers.base import SchedulerError
 from remediation.store import PRIORITIES, Intent, Store
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,8 @@ from remediation.actions.base import ActionContext, ActionError
 from remediation.config import Config, ConfigError, load_config
 from remediation.faults import NodeMap
 from remediation.labels import LabelError
-from remediation.schedulers import SchedulerError, for_config
+from remediation.schedulers import for_config
+from remediation.schedulers.base import SchedulerError
 from remediation.store import Store
 from remediation.stores import open_store
 

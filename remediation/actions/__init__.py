@@ -1,7 +1,7 @@
 """Typed remediation actions, one module each; `ACTIONS` maps a step's `action` to its runner.
 
 Every runner has the signature `run(step, ctx) -> dict` (a JSON-able result for the audit) and
-raises ActionError on failure. Runners must be safe to repeat: a crash between doing the work
+raises base.ActionError on failure. Runners must be safe to repeat: a crash between doing the work
 and recording it makes the worker run the step again, so each passes an idempotency key.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from remediation.actions import ansible, http, quarantine, silence, training_command
-from remediation.actions.base import ActionContext, ActionError
+from remediation.actions.base import ActionContext
 from remediation.config import Config
 
 Runner = Callable[[dict[str, Any], ActionContext], dict[str, Any]]
@@ -40,4 +40,4 @@ def check_targets(steps: Iterable[dict[str, Any]], labels: Mapping[str, str],
             check(step, labels, config)
 
 
-__all__ = ["ACTIONS", "CHECKS", "ActionContext", "ActionError", "Runner", "check_targets"]
+__all__ = ["ACTIONS", "CHECKS", "Runner", "check_targets"]

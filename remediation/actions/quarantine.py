@@ -46,7 +46,8 @@ from remediation.faults import (
     load_table,
 )
 from remediation.labels import LabelError, safe_labels
-from remediation.schedulers import SchedulerError, for_config
+from remediation.schedulers import for_config
+from remediation.schedulers.base import SchedulerError
 
 log = logging.getLogger(__name__)
 
