@@ -23,10 +23,10 @@ from typing import Any
 
 import requests
 
-from remediation.actions import ACTIONS, check_targets
 from remediation.actions import quarantine as quarantine_action
 from remediation.actions import silence as silence_action
 from remediation.actions.base import ActionContext, ActionError
+from remediation.actions.registry import ACTIONS, check_targets
 from remediation.config import Config
 from remediation.ingest import ESCALATION_PLAYBOOK
 from remediation.labels import LabelError, safe_labels

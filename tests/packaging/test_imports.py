@@ -2,10 +2,12 @@
 only forwards names, and the rule generator loads no NVML code.
 
 The graph is read from the source (every import statement, function-local ones included: a
-cycle closed inside a function is still a cycle, it only fails later and on some code paths).
-Before: the rule and dashboard generators imported their Kubernetes writers for their command
-lines while the writers imported the generators, and the fake NVML imported the module that
-loads it.
+cycle closed inside a function is still a cycle, it only fails later and on some code paths),
+with the package __init__ each import runs first. Before: the rule and dashboard generators
+imported their Kubernetes writers for their command lines while the writers imported the
+generators; the fake NVML imported the module that loads it; and the torchrun elastic
+scheduler imported the `ansible` action, whose package __init__ imported every action,
+quarantine among them, which imports the schedulers.
 """
 
 from __future__ import annotations
@@ -42,9 +44,16 @@ def _target(name: str, known: dict[str, Path]) -> str | None:
     return name or None
 
 
+def _packages(module: str) -> set[str]:
+    """The packages above a dotted module name."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
 def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The first-party modules `module` imports anywhere in its source (its own package's
-    __init__ not counted: Python has run it already when the module's code imports it)."""
+    """The first-party modules `module` imports anywhere in its source, with the packages
+    above each (importing a.b.c runs a.b's __init__ first), except the packages above
+    `module` itself: Python has run those before the module's own code."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -59,8 +68,11 @@ def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
             names = [f"{base}.{alias.name}" for alias in node.names]
         else:
             continue
-        found |= {t for n in names if (t := _target(n, known)) and t != module}
-    return found
+        for name in names:
+            target = _target(name, known)
+            if target and target != module:
+                found |= {target, *(_packages(target) - _packages(module) - {module})}
+    return found & set(known)
 
 
 def graph(repo: Path = REPO) -> dict[str, set[str]]:
@@ -114,7 +126,23 @@ def test_the_cycle_check_sees_function_level_and_from_imports(tmp_path: Path) ->
     (tmp_path / "scripts" / "a.py").write_text("from scripts.b import run\n")
     (tmp_path / "scripts" / "b.py").write_text("def run():\n    from scripts import a\n")
     (tmp_path / "scripts" / "c.py").write_text("from . import a\n")
-    assert cycles(graph(tmp_path)) == [["scripts.a", "scripts.b"]]
+    # a package whose __init__ imports a module that imports a sibling package's module, which
+    # reaches back into the first package (its __init__ runs first): a cycle through the inits
+    (tmp_path / "remediation" / "actions").mkdir(parents=True)
+    (tmp_path / "remediation" / "schedulers").mkdir()
+    (tmp_path / "remediation" / "__init__.py").write_text("")
+    (tmp_path / "remediation" / "actions" / "__init__.py").write_text(
+        "from remediation.actions import quarantine\n")
+    (tmp_path / "remediation" / "actions" / "quarantine.py").write_text(
+        "from remediation.schedulers import elastic\n")
+    (tmp_path / "remediation" / "actions" / "ansible.py").write_text("")
+    (tmp_path / "remediation" / "schedulers" / "__init__.py").write_text("")
+    (tmp_path / "remediation" / "schedulers" / "elastic.py").write_text(
+        "def drain():\n    from remediation.actions import ansible\n")
+    assert cycles(graph(tmp_path)) == [
+        ["remediation.actions", "remediation.actions.quarantine",
+         "remediation.schedulers.elastic"],
+        ["scripts.a", "scripts.b"]]
 
 
 def _is_import(node: ast.stmt) -> bool:
