@@ -120,6 +120,31 @@ def test_no_import_cycles() -> None:
     assert cycles(graph()) == []
 
 
+# CONTRIBUTING.md's layout map, top to bottom: code imports only what is below it (what runs
+# later or elsewhere never reaches back up; `exporters` itself holds the version, used by all).
+LAYERS = ("scripts", "dashboards", "alert_rules", "remediation", "exporters.node",
+          "exporters.rank", "exporters.contract", "exporters")
+
+
+def layer(module: str) -> str:
+    return next(name for name in LAYERS if module == name or module.startswith(name + "."))
+
+
+def upward_imports(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {t}" for m, targets in edges.items() for t in targets
+                  if LAYERS.index(layer(t)) < LAYERS.index(layer(m)))
+
+
+def test_imports_point_down_the_layout_map() -> None:
+    assert upward_imports(graph()) == []
+    assert upward_imports({"exporters.contract.catalog": {"remediation.store"},
+                           "dashboards.panels": {"alert_rules.promql"}}) == [
+        "exporters.contract.catalog -> remediation.store"]
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    rows = [f"| `{name.replace('.', '/')}/` |" for name in LAYERS[:-1]]
+    assert sorted(rows, key=text.index) == rows, "the map's rows are in LAYERS' order"
+
+
 def test_the_cycle_check_sees_function_level_and_from_imports(tmp_path: Path) -> None:
     (tmp_path / "scripts").mkdir()
     (tmp_path / "scripts" / "__init__.py").write_text("")
