@@ -1,4 +1,5 @@
 """Trainwatch alerting and recording rules, generated from alert_rules/config.yml.
 
-Run `python -m alert_rules.generate` to rewrite alert_rules/generated/<profile>/*.yml.
+`python -m scripts.build` rewrites alert_rules/generated/<profile>/*.yml (and every other
+generated file).
 """

@@ -1,24 +1,19 @@
-"""Writing a generator's output folder, shared by the rule and dashboard generators.
-
-Every generator writes its files and removes the ones it no longer generates (a renamed or
-dropped output must not linger and keep being deployed); that is done here once.
-"""
+"""How the generators write YAML: shared by the rules, their PrometheusRule objects and the
+dashboards' ConfigMaps (scripts/build.py writes the files)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
+import yaml
 
 
-def write_folder(folder: Path, files: Mapping[str, str], stale: str) -> list[Path]:
-    """Write file name -> text under `folder` (created if missing) after removing the files
-    matching the glob `stale` that are not in `files`; the paths written, in order."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob(stale):
-        if old.name not in files:
-            old.unlink()
-    written = []
-    for name, text in files.items():
-        (folder / name).write_text(text)
-        written.append(folder / name)
-    return written
+class Dumper(yaml.SafeDumper):
+    """Multi-line strings (PromQL, dashboard JSON) as literal blocks, so generated files stay
+    readable and their diffs small."""
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+Dumper.add_representer(str, _str)

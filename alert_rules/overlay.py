@@ -1,8 +1,8 @@
 """The user overlay: one YAML file kept outside the repository, merged over the shipped
 defaults of everything the generators write, so that nobody forks Trainwatch to customise it.
 
-    python -m alert_rules.generate --overlay ~/trainwatch/overlay.yml --out ~/trainwatch/rules
-    python -m dashboards.generate --overlay ~/trainwatch/overlay.yml --out ~/trainwatch/dash
+    python -m alert_rules.overlay ~/trainwatch/overlay.yml    # check it
+    python -m scripts.build --overlay ~/trainwatch/overlay.yml --out ~/trainwatch/build
 
 Every key is optional (docs/adopt.md has an example):
 
@@ -18,8 +18,8 @@ Every key is optional (docs/adopt.md has an example):
       deadman: {webhook_configs: [{url: https://heartbeat.example.org/ping}]}
 
 The overlay is checked whole before anything is written (unknown keys, a relative runbook
-URL or a name Kubernetes would refuse are errors naming the key), and the generators refuse
-to write an overlay's output into the tracked tree: the committed files stay the defaults.
+URL or a name Kubernetes would refuse are errors naming the key), and the build refuses to
+write an overlay's output into the repository: the committed files stay the defaults.
 """
 
 from __future__ import annotations
@@ -135,22 +135,10 @@ def load(path: Path | None) -> Overlay:
     return parse(doc, path)
 
 
-def refuse_tracked_output(overlay: Overlay, out: Path, tracked: Path) -> None:
-    """An overlay's output never overwrites the committed defaults (which the tests compare
-    with the generators byte for byte): give it a folder of its own."""
-    if overlay.source is None:
-        return
-    out, tracked = out.resolve(), tracked.resolve()
-    if out == tracked or tracked in out.parents:
-        raise ConfigError(f"with an overlay ({overlay.source}), write with --out to a folder "
-                          f"outside {tracked}: the files there are the shipped defaults")
-
-
-
 def ansible_vars(overlay: Overlay) -> dict[str, Any]:
     """The overlay's receivers as the alertmanager role's variable (alert_rules/
-    alertmanager.yml.j2 renders them), for `ansible-playbook -e @FILE`: routes keep their
-    receivers, only the bodies come from the overlay."""
+    alertmanager.yml.j2 renders them), for `ansible-playbook -e @FILE` (scripts/build.py
+    writes them): routes keep their receivers, only the bodies come from the overlay."""
     return {"alertmanager_receiver_configs": {
         name: copy.deepcopy(overlay.receivers.get(name, {})) for name in RECEIVERS}}
 
@@ -160,21 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     parser = argparse.ArgumentParser(
-        description="Check a user overlay; with --ansible-vars, print its receivers as the "
-                    "alertmanager role's variables (ansible-playbook -e @FILE).")
+        description="Check a user overlay (python -m scripts.build --overlay FILE --out DIR "
+                    "builds from it).")
     parser.add_argument("overlay", type=Path, nargs="?", default=None,
                         help=f"the overlay file (default ${ENV})")
-    parser.add_argument("--ansible-vars", action="store_true")
     args = parser.parse_args(argv)
     try:
         overlay = load(args.overlay)
     except ConfigError as exc:
         print(f"alert_rules.overlay: {exc}", file=sys.stderr)
         return 2
-    if args.ansible_vars:
-        sys.stdout.write(yaml.safe_dump(ansible_vars(overlay), sort_keys=False))
-    else:
-        print(f"{overlay.source or 'no overlay'}: ok")
+    print(f"{overlay.source or 'no overlay'}: ok")
     return 0
 
 

@@ -79,7 +79,10 @@ def rule_files(aggregate: bool, out: Path) -> list[Path]:
     raw = load_raw(CONFIG_PATH)
     raw["defaults"]["aggregate_per_job_and_node"] = aggregate
     rendered = generate.render(resolve(raw, "production"))
-    return generate.write(out, {"production": rendered})
+    (out / "production").mkdir(parents=True, exist_ok=True)
+    for name, text in rendered.items():
+        (out / "production" / name).write_text(text)
+    return [out / "production" / name for name in rendered]
 
 
 def group_intervals(files: list[Path]) -> dict[str, float]:

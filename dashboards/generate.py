@@ -1,25 +1,19 @@
-"""Write dashboards/generated/*.json (the provisioning configs are the grafana role's).
+"""The dashboards as Grafana JSON (dashboards/generated/<stem>.json; the provisioning configs
+are the grafana role's).
 
-Usage: python -m dashboards.generate [--out DIR] [--overlay FILE --out DIR]
-The output is committed; tests regenerate into a temporary folder and fail on drift. With a
-user overlay (alert_rules/overlay.py) the ConfigMaps follow into DIR/generated/kubernetes/,
-never over the committed defaults.
+`python -m scripts.build` writes them (and everything else generated); the tests compare the
+committed files with `render_dashboards` byte for byte.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as gd
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from alert_rules import overlay as overlays
-from alert_rules.generated_files import write_folder
 from dashboards import (
     goodput,
     gpu_fleet,
@@ -29,7 +23,6 @@ from dashboards import (
     training_job,
 )
 
-HERE = Path(__file__).parent
 # file stem -> builder; the stem is also the dashboard's uid suffix
 DASHBOARDS: dict[str, Callable[[], gd.Dashboard]] = {
     "gpu-fleet": gpu_fleet.build,
@@ -39,7 +32,8 @@ DASHBOARDS: dict[str, Callable[[], gd.Dashboard]] = {
     "remediation-alerts": remediation_alerts.build,
     "stack-health": stack_health.build,
 }
-# Where the provisioned files live on the Grafana host (the Grafana role copies them there).
+# The uid of the Prometheus data source the grafana role provisions
+# (ansible/roles/grafana/templates/datasources.yml.j2).
 DATASOURCE_UID = "trainwatch-prometheus"
 
 
@@ -76,39 +70,3 @@ def render_dashboards() -> dict[str, str]:
     """File name -> JSON text (sorted keys, so diffs stay small and stable)."""
     return {f"{stem}.json": json.dumps(dashboard_json(build), indent=2, sort_keys=True) + "\n"
             for stem, build in DASHBOARDS.items()}
-
-
-def write(out: Path) -> list[Path]:
-    return write_folder(out / "generated", render_dashboards(), "*.json")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=HERE,
-                        help="folder that receives generated/")
-    parser.add_argument("--overlay", type=Path, default=None,
-                        help=f"user overlay (alert_rules/overlay.py; default ${overlays.ENV})")
-    args = parser.parse_args(argv)
-    from dashboards import kubernetes
-
-    try:
-        overlay = overlays.load(args.overlay)
-        overlays.refuse_tracked_output(overlay, args.out, HERE)
-        # the committed output, or an overlay's: the kube-prometheus-stack ConfigMaps follow
-        maps = (kubernetes.render(overlay=overlay)
-                if args.out == HERE or overlay.source else None)
-    except ValueError as exc:
-        print(f"dashboards.generate: {exc}", file=sys.stderr)
-        return 2
-    for path in write(args.out):
-        print(path)
-    if maps is not None:
-        target = args.out / "generated" / "kubernetes" / kubernetes.OUT_FILE.name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(maps)
-        print(target)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,16 +24,17 @@ from typing import Any
 import requests
 
 from remediation import lifecycle
-from remediation.actions import ACTIONS, ActionContext, ActionError, check_targets
 from remediation.actions import quarantine as quarantine_action
 from remediation.actions import silence as silence_action
+from remediation.actions.base import ActionContext, ActionError
+from remediation.actions.registry import ACTIONS, check_targets
 from remediation.config import Config
 from remediation.ingest import ESCALATION_PLAYBOOK
 from remediation.labels import LabelError, safe_labels
 from remediation.lifecycle import Grant, LostLease, cancel_if_resolved, hold
 from remediation.playbooks import Playbook
 from remediation.recovery import RecoveryTimes, unix_time
-from remediation.schedulers import SchedulerError
+from remediation.schedulers.base import SchedulerError
 from remediation.store import PRIORITIES, Intent, Store, Transaction
 
 log = logging.getLogger(__name__)

@@ -36,7 +36,8 @@ from remediation.actions.prometheus import PrometheusError, instant_query
 from remediation.config import Config, ConfigError, load_config
 from remediation.faults import NodeMap
 from remediation.labels import LabelError
-from remediation.schedulers import SchedulerError, for_config
+from remediation.schedulers import for_config
+from remediation.schedulers.base import SchedulerError
 from remediation.stores import open_store
 
 HEALTH_PLAYBOOK = "node_health_check.yml"

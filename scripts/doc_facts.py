@@ -6,13 +6,11 @@ A number in a page between `<!-- fact: NAME -->` and `<!-- /fact -->` is this sc
 is a command sequence the docs check runs (bash -eu, from the repository root, with a
 scratch HOME), so a documented command that stops working fails the suite.
 
-    python -m scripts.doc_facts          # rewrite the facts in the pages
-    python -m scripts.doc_facts --check  # exit 1 naming stale facts (tests/test_docs.py)
+`python -m scripts.build` rewrites the facts in the pages (its `--check` names stale ones).
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import re
@@ -41,11 +39,13 @@ def test_count() -> str:
 
 
 def dashboard_queries() -> str:
-    """PromQL queries of every generated dashboard's panels."""
+    """PromQL queries of every dashboard's panels (from the generator, not the files it wrote:
+    the build counts the dashboards it is about to write)."""
     from dashboards import check
+    from dashboards.generate import render_dashboards
 
-    return str(sum(len(check.panel_queries(json.loads(p.read_text())))
-                   for p in sorted((ROOT / "dashboards" / "generated").glob("*.json"))))
+    return str(sum(len(check.panel_queries(json.loads(text)))
+                   for text in render_dashboards().values()))
 
 
 def step_duration_buckets() -> str:
@@ -101,35 +101,3 @@ def rewrite(text: str, values: dict[str, str], where: str) -> str:
             raise KeyError(f"{where}: unknown fact {name!r} (known: {sorted(FACTS)})")
         return f"<!-- fact: {name} -->{values[name]}<!-- /fact -->"
     return FACT.sub(replace, text)
-
-
-def stale(root: Path = ROOT, values: dict[str, str] | None = None) -> dict[Path, str]:
-    """Page -> its text with every fact current, for the pages whose text differs."""
-    used = {name for page in pages(root) for name, _ in FACT.findall(page.read_text())}
-    values = values or {name: FACTS[name]() for name in sorted(used) if name in FACTS}
-    out = {}
-    for page in pages(root):
-        text = page.read_text()
-        fresh = rewrite(text, values, str(page.relative_to(root)))
-        if fresh != text:
-            out[page] = fresh
-    return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only report stale pages")
-    args = parser.parse_args(argv)
-    changed = stale()
-    for page, text in changed.items():
-        if args.check:
-            print(f"{page.relative_to(ROOT)}: a documented number is stale "
-                  "(run python -m scripts.doc_facts)")
-        else:
-            page.write_text(text)
-            print(page.relative_to(ROOT))
-    return 1 if args.check and changed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

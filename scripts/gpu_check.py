@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     scenario = work / "fake-nvml.json"
     exporter_env: dict[str, str] = {}
     if args.simulate:
-        from exporters.node.gpu.fake_nvml import ENV_FAKE_NVML, simulated_scenario
+        from exporters.node.gpu.fake_nvml import simulated_scenario
+        from exporters.node.gpu.nvml_source import ENV_FAKE_NVML
 
         fake = simulated_scenario(args.gpus, dynamic=False)
         for gpu in fake["gpus"]:

@@ -1,26 +1,20 @@
-"""Write the docs' metric and alert tables from their one source; `--check` only compares.
+"""The docs' metric and alert tables, from their one source.
 
 The sections between `<!-- generated: KIND -->` and `<!-- end generated: KIND -->` in the
-pages below are this script's output: the metric table (exporters/contract/catalog.py METRICS) and
-the
-alert names (the keys of `alerts` in alert_rules/config.yml). Edit those sources, then run
-
-    python -m scripts.metric_docs          # rewrite the sections
-    python -m scripts.metric_docs --check  # exit 1 and name the stale ones (tests run this)
+pages below (SECTIONS) are this module's output: the metric table
+(exporters/contract/catalog.py METRICS) and the alert names (the keys of `alerts` in
+alert_rules/config.yml). Edit those sources, then run `python -m scripts.build`.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from alert_rules.config import load_raw
 from exporters.contract import catalog as c
 
-ROOT = Path(__file__).resolve().parents[1]
 EXPORTERS = {"training": "Training exporter (`training-exporter`)",
              "logscan": "Log scanner (`trainwatch-logscan`)",
              "gpu": "GPU exporter (`gpu-exporter`)",
@@ -65,10 +59,11 @@ def alert_names() -> str:
     return _code(list(load_raw()["defaults"]["alerts"])) + "."
 
 
+# kind -> (page, relative to the repository root; what fills its section)
 SECTIONS: dict[str, tuple[Path, Callable[[], str]]] = {
-    "gpu-metrics": (ROOT / "docs" / "gpu_exporter.md", gpu_table),
-    "metrics": (ROOT / "docs" / "contracts.md", all_tables),
-    "alerts": (ROOT / "docs" / "contracts.md", alert_names),
+    "gpu-metrics": (Path("docs", "gpu_exporter.md"), gpu_table),
+    "metrics": (Path("docs", "contracts.md"), all_tables),
+    "alerts": (Path("docs", "contracts.md"), alert_names),
 }
 
 
@@ -82,27 +77,3 @@ def render(text: str, kind: str, body: str) -> str:
     if not pattern.search(text):
         raise ValueError(f"no `<!-- generated: {kind} -->` section to fill")
     return pattern.sub(lambda m: m.group(1) + body + "\n" + m.group(2), text)
-
-
-def stale() -> list[str]:
-    """The sections whose text differs from what the sources give."""
-    return [f"{path.relative_to(ROOT)} ({kind})" for kind, (path, build) in SECTIONS.items()
-            if render(path.read_text(), kind, build()) != path.read_text()]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="compare only; exit 1 if stale")
-    args = parser.parse_args(argv)
-    if args.check:
-        out_of_date = stale()
-        for where in out_of_date:
-            print(f"stale: {where}; run python -m scripts.metric_docs", file=sys.stderr)
-        return 1 if out_of_date else 0
-    for kind, (path, build) in SECTIONS.items():
-        path.write_text(render(path.read_text(), kind, build()))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -13,28 +13,25 @@ from pathlib import Path
 
 import pytest
 
-from scripts import doc_facts
+from scripts import build, doc_facts
 
 ROOT = doc_facts.ROOT
 
 
 def test_every_documented_number_is_current() -> None:
-    stale = doc_facts.stale()
-    assert not stale, ("documented numbers are stale in "
-                       f"{sorted(str(p.relative_to(ROOT)) for p in stale)}: "
-                       "run `python -m scripts.doc_facts`")
+    stale = build.plan(only=["doc facts"]).stale()
+    assert not stale, f"documented numbers are stale in {stale}: run `python -m scripts.build`"
 
 
-def test_a_drifted_number_is_caught(tmp_path: Path) -> None:
-    page = tmp_path / "README.md"
-    page.write_text("about <!-- fact: step_duration_buckets -->8<!-- /fact --> buckets\n")
+def test_a_drifted_number_is_caught() -> None:
     values = {"step_duration_buckets": doc_facts.step_duration_buckets()}
-    assert doc_facts.stale(tmp_path, values) == {
-        page: f"about <!-- fact: step_duration_buckets -->{values['step_duration_buckets']}"
-              "<!-- /fact --> buckets\n"}
-    page.write_text("<!-- fact: no_such_fact -->1<!-- /fact -->\n")
+    assert doc_facts.rewrite(
+        "about <!-- fact: step_duration_buckets -->8<!-- /fact --> buckets\n", values,
+        "README.md") == (
+        f"about <!-- fact: step_duration_buckets -->{values['step_duration_buckets']}"
+        "<!-- /fact --> buckets\n")
     with pytest.raises(KeyError, match="no_such_fact"):
-        doc_facts.stale(tmp_path, values)
+        doc_facts.rewrite("<!-- fact: no_such_fact -->1<!-- /fact -->\n", values, "README.md")
 
 
 def run_block(block: doc_facts.Block, home: Path, root: Path = ROOT
@@ -67,7 +64,7 @@ def test_a_broken_command_is_caught(tmp_path: Path) -> None:
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "page.md").write_text(
-        "text\n\n```sh runnable\ntrue\n.venv/bin/python -m alert_rules.generate --no-such\n"
+        "text\n\n```sh runnable\ntrue\n.venv/bin/python -m scripts.build --no-such\n"
         "true\n```\n\n```sh\nfalse\n```\n")
     (block,) = doc_facts.runnable_blocks(tmp_path)  # the plain `sh` block is not run
     assert block.line == 3

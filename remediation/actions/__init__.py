@@ -1,43 +1,7 @@
-"""Typed remediation actions, one module each; `ACTIONS` maps a step's `action` to its runner.
+"""Typed remediation actions, one module each; `registry.ACTIONS` maps a step's `action` to
+its runner.
 
 Every runner has the signature `run(step, ctx) -> dict` (a JSON-able result for the audit) and
-raises ActionError on failure. Runners must be safe to repeat: a crash between doing the work
-and recording it makes the worker run the step again, so each passes an idempotency key.
+raises base.ActionError on failure. Runners must be safe to repeat: a crash between doing the
+work and recording it makes the worker run the step again, so each passes an idempotency key.
 """
-
-from __future__ import annotations
-
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
-
-from remediation.actions import ansible, http, quarantine, silence, training_command
-from remediation.actions.base import ActionContext, ActionError
-from remediation.config import Config
-
-Runner = Callable[[dict[str, Any], ActionContext], dict[str, Any]]
-
-ACTIONS: dict[str, Runner] = {
-    "training_command": training_command.run,
-    "ansible": ansible.run,
-    "silence": silence.run,
-    "http": http.run,
-    "quarantine": quarantine.run,
-}
-
-# Checks an action makes before anything is granted (e.g. that a host target names exactly one
-# inventory host). Each raises remediation.labels.LabelError: the engine refuses, audited, and
-# never retries, because the same alert can never pass.
-Check = Callable[[dict[str, Any], Mapping[str, str], Config], None]
-CHECKS: dict[str, Check] = {"ansible": ansible.check}
-
-
-def check_targets(steps: Iterable[dict[str, Any]], labels: Mapping[str, str],
-                  config: Config) -> None:
-    """Run every step's target check; the first refusal raises LabelError."""
-    for step in steps:
-        check = CHECKS.get(step["action"])
-        if check is not None:
-            check(step, labels, config)
-
-
-__all__ = ["ACTIONS", "CHECKS", "ActionContext", "ActionError", "Runner", "check_targets"]

@@ -50,7 +50,8 @@ from remediation.faults import (
     merge_records,
 )
 from remediation.labels import LabelError, safe_labels
-from remediation.schedulers import SchedulerError, for_config
+from remediation.schedulers import for_config
+from remediation.schedulers.base import SchedulerError
 from remediation.store import Transaction
 
 log = logging.getLogger(__name__)

@@ -28,4 +28,4 @@ def for_config(config: Config) -> Scheduler:
     raise SchedulerError(f"unknown scheduler kind {settings.kind!r}")
 
 
-__all__ = ["Scheduler", "SchedulerError", "for_config"]
+__all__ = ["for_config"]

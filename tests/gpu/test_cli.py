@@ -12,7 +12,8 @@ from pathlib import Path
 import requests
 
 from exporters.contract import catalog as c
-from exporters.node.gpu.fake_nvml import ENV_FAKE_NVML, simulated_scenario
+from exporters.node.gpu.fake_nvml import simulated_scenario
+from exporters.node.gpu.nvml_source import ENV_FAKE_NVML
 from tests.gpu.helpers import Series, parse, value, values
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from exporters.contract import catalog as c
-from exporters.node.gpu.fake_nvml import FakeNvml, ScenarioError
+from exporters.node.gpu.config import ScenarioError
+from exporters.node.gpu.fake_nvml import FakeNvml
 from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
 from tests.support import metric_table
 

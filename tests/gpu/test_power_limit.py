@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporters.node.gpu.fake_nvml import ENV_FAKE_NVML, simulated_scenario
+from exporters.node.gpu.fake_nvml import simulated_scenario
+from exporters.node.gpu.nvml_source import ENV_FAKE_NVML
 from exporters.node.tools import power_limit
 
 UUID0 = "GPU-5a1e0000-0000-4000-8000-000000000000"

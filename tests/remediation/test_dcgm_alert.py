@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from remediation.actions import check_targets
+from remediation.actions.registry import check_targets
 from remediation.labels import safe_labels
 from remediation.playbooks import load_playbooks
 from tests.remediation.helpers import REPO, alert, auth, payload

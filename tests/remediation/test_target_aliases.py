@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from jinja2.filters import do_int
 
-from exporters.node.gpu.fake_nvml import ENV_FAKE_NVML
+from exporters.node.gpu.nvml_source import ENV_FAKE_NVML
 from exporters.node.tools import power_limit
 from remediation.ingest import target_key
 from remediation.labels import LabelError, canonical, safe_labels

@@ -52,7 +52,9 @@ def _run_unit_tests(promtool: str, root: Path, profile: str, rendered: dict[str,
         pytest.skip(f"no promtool unit tests for {profile}")
     if slow_last:
         rendered = {name: _strip_annotations(text) for name, text in rendered.items()}
-    generate.write(root / "generated", {profile: rendered})
+    (root / "generated" / profile).mkdir(parents=True)
+    for name, text in rendered.items():
+        (root / "generated" / profile / name).write_text(text)
     tests = root / "tests" / profile
     tests.mkdir(parents=True)
     slow = [g["name"] for g in _groups(rendered) if "interval" in g]

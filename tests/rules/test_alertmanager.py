@@ -20,6 +20,7 @@ import requests
 import yaml
 
 from alert_rules import overlay as overlays
+from scripts import build
 from tests.rules.rulefiles import ROOT, alerts
 from tests.support.alertmanager_config import refused_variants, render_alertmanager
 from tests.support.net import wait_until
@@ -53,7 +54,7 @@ CONFIGURED = {
     },
     "alertmanager_group_wait": "1s",
 }
-# a user overlay's receivers, through `python -m alert_rules.overlay --ansible-vars`
+# a user overlay's receivers, as `python -m scripts.build --overlay` writes them
 OVERLAY_RECEIVERS = {
     "deadman": {"webhook_configs": [{"url": "https://heartbeat.example.org/ping/abc"}]},
     "ml": {"webhook_configs": [{"url": "http://127.0.0.1:1/ml"}]},
@@ -100,17 +101,19 @@ def test_an_overlays_receivers_reach_the_rendered_config(configs: dict[str, Path
     assert set(receivers["paging"]) == {"name"}
 
 
-def test_the_overlay_cli_prints_the_roles_variables(tmp_path: Path) -> None:
+def test_the_build_writes_the_overlays_receivers_as_the_roles_variables(
+        tmp_path: Path) -> None:
     overlay = tmp_path / "overlay.yml"
     overlay.write_text(yaml.safe_dump({"receivers": OVERLAY_RECEIVERS}))
-    result = subprocess.run([sys.executable, "-m", "alert_rules.overlay", "--ansible-vars",
-                             str(overlay)], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 0, result.stderr
-    assert yaml.safe_load(result.stdout) == VARIANTS["from-overlay"]
+    tree = build.plan(tmp_path / "out", overlays.load(overlay), only=["Alertmanager receivers"])
+    assert yaml.safe_load(tree.files[build.ALERTMANAGER_VARS]) == VARIANTS["from-overlay"]
+    assert build.plan(tmp_path / "out", only=["Alertmanager receivers"]).files == {}
     overlay.write_text(yaml.safe_dump({"receivers": {"pager": {}}}))
-    result = subprocess.run([sys.executable, "-m", "alert_rules.overlay", "--ansible-vars",
-                             str(overlay)], capture_output=True, text=True, cwd=ROOT)
+    result = subprocess.run([sys.executable, "-m", "scripts.build", "--overlay", str(overlay),
+                             "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                            cwd=ROOT)
     assert result.returncode == 2 and "pager" in result.stderr and not result.stdout
+    assert not (tmp_path / "out").exists()
 
 
 def test_receiver_bodies_are_passed_through_verbatim(configs: dict[str, Path]) -> None:

@@ -18,14 +18,14 @@ import yaml
 from alert_rules import kubernetes
 from alert_rules import overlay as overlays
 from alert_rules.config import ConfigError
-from alert_rules.generate import main as generate_main
-from dashboards import kubernetes as dashboards_k8s
 from dashboards.generate import render_dashboards
+from scripts import build
 from tests.rules.rulefiles import GENERATED, PROFILES, rule_files, rules
 
 CRD = Path(__file__).parent / "fixtures" / "prometheusrules-crd.yaml"
 CHART_NAMES = Path(__file__).parent / "fixtures" / "kube-prometheus-stack-rule-names.txt"
-COMMITTED = kubernetes.OUT_DIR
+COMMITTED = build.ROOT / build.RULE_OBJECTS_DIR
+DASHBOARD_MAPS = build.ROOT / build.DASHBOARD_MAPS
 
 
 def chart_rule_names() -> dict[str, set[str]]:
@@ -137,28 +137,25 @@ def test_runbook_urls_of_the_kubernetes_objects_are_absolute(profile: str) -> No
                 assert url.endswith(f"#{rule['alert'].lower()}"), url
 
 
-def test_committed_objects_match_the_generator(tmp_path: Path) -> None:
-    assert kubernetes.main(["--out", str(tmp_path)]) == 0
-    fresh = {p.name: p.read_text() for p in tmp_path.glob("*.yaml")}
-    assert fresh == {p.name: p.read_text() for p in COMMITTED.glob("*.yaml")}
-    assert dashboards_k8s.render() == dashboards_k8s.OUT_FILE.read_text(), (
-        "run `python -m dashboards.generate`")
+def test_committed_objects_match_the_generator() -> None:
+    tree = build.plan(only=["PrometheusRule objects", "dashboard ConfigMaps"])
+    assert {p.name for p in tree.files} == {
+        *(f"{p}-prometheusrule.yaml" for p in PROFILES), DASHBOARD_MAPS.name}
+    assert tree.stale() == [], "run `python -m scripts.build`"
 
 
-def test_namespace_and_release_are_dns_labels_and_bad_ones_write_nothing(
-        tmp_path: Path) -> None:
-    assert kubernetes.main(["--out", str(tmp_path / "a"), "--namespace", "ml-monitoring",
-                            "--release", "prom"]) == 0
-    obj = yaml.safe_load((tmp_path / "a" / "production-prometheusrule.yaml").read_text())
+def test_namespace_and_release_are_dns_labels() -> None:
+    obj = yaml.safe_load(kubernetes.render(namespace="ml-monitoring", release="prom")[
+        "production-prometheusrule.yaml"])
     assert obj["metadata"]["namespace"] == "ml-monitoring"
     assert obj["metadata"]["labels"]["release"] == "prom"
-    for bad in (["--namespace", "Bad_NS"], ["--release", "a;b"], ["--namespace", "x" * 64]):
-        assert kubernetes.main(["--out", str(tmp_path / "b"), *bad]) == 2
-    assert not (tmp_path / "b").exists()
+    for bad in ({"namespace": "Bad_NS"}, {"release": "a;b"}, {"namespace": "x" * 64}):
+        with pytest.raises(ConfigError, match="DNS label"):
+            kubernetes.render(**bad)
 
 
 def test_dashboards_as_sidecar_config_maps_hold_the_generated_json() -> None:
-    maps = list(yaml.safe_load_all(dashboards_k8s.OUT_FILE.read_text()))
+    maps = list(yaml.safe_load_all(DASHBOARD_MAPS.read_text()))
     rendered = render_dashboards()
     assert len(maps) == len(rendered)
     for cm in maps:
@@ -189,9 +186,10 @@ def test_an_overlay_customises_rules_and_objects_without_touching_the_tree(
         tmp_path: Path, real_binaries: dict[str, str]) -> None:
     before = {p: p.read_text() for p in GENERATED.rglob("*.y*ml")}
     overlay = write_overlay(tmp_path / "overlay.yml", OVERLAY)
-    out = tmp_path / "out"
-    assert generate_main(["--overlay", str(overlay), "--out", str(out)]) == 0
+    built = tmp_path / "out"
+    assert build.main(["--overlay", str(overlay), "--out", str(built)]) == 0
     assert {p: p.read_text() for p in GENERATED.rglob("*.y*ml")} == before
+    out = built / build.RULES_DIR  # the same paths under --out as in the repository
 
     dcgm = yaml.safe_load((out / "kubernetes" / "dcgm-prometheusrule.yaml").read_text())
     validate(dcgm)
@@ -213,9 +211,11 @@ def test_an_overlay_customises_rules_and_objects_without_touching_the_tree(
                                 capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
 
-    maps = out / "dash"
-    assert dashboards_k8s.main(["--overlay", str(overlay), "--out", str(maps / "d.yaml")]) == 0
-    for cm in yaml.safe_load_all((maps / "d.yaml").read_text()):
+    assert yaml.safe_load((built / build.ALERTMANAGER_VARS).read_text()) == \
+        overlays.ansible_vars(overlays.load(overlay))
+    assert sorted(p.name for p in (built / build.DASHBOARDS_DIR).glob("*.json")) == sorted(
+        render_dashboards())
+    for cm in yaml.safe_load_all((built / build.DASHBOARD_MAPS).read_text()):
         assert cm["metadata"]["namespace"] == "ml-monitoring"
         assert cm["metadata"]["name"].startswith("ml-tw-dashboard-")
         assert cm["metadata"]["labels"]["example.org/dashboard"] == "yes"
@@ -233,9 +233,9 @@ def test_the_overlay_is_read_from_the_environment(tmp_path: Path,
 def test_an_overlay_never_writes_over_the_committed_defaults(tmp_path: Path) -> None:
     overlay = write_overlay(tmp_path / "overlay.yml", OVERLAY)
     before = {p: p.read_text() for p in GENERATED.rglob("*.y*ml")}
-    assert generate_main(["--overlay", str(overlay)]) == 2
-    assert generate_main(["--overlay", str(overlay), "--out", str(GENERATED / "x")]) == 2
-    assert dashboards_k8s.main(["--overlay", str(overlay)]) == 2
+    assert build.main(["--overlay", str(overlay)]) == 2
+    assert build.main(["--overlay", str(overlay), "--out", str(GENERATED / "x")]) == 2
+    assert build.main(["--overlay", str(overlay), "--out", str(build.ROOT)]) == 2
     assert {p: p.read_text() for p in GENERATED.rglob("*.y*ml")} == before
     assert not (GENERATED / "x").exists()
 
@@ -259,11 +259,9 @@ def test_a_bad_overlay_names_its_key_and_writes_nothing(
     doc, key = BAD_OVERLAYS[case]
     overlay = write_overlay(tmp_path / "overlay.yml", doc)  # type: ignore[arg-type]
     out = tmp_path / "out"
-    assert generate_main(["--overlay", str(overlay), "--out", str(out)]) == 2
+    assert build.main(["--overlay", str(overlay), "--out", str(out)]) == 2
     assert key in capsys.readouterr().err
     assert not out.exists()
-    assert dashboards_k8s.main(["--overlay", str(overlay), "--out", str(out / "d.yaml")]) \
-        == (0 if case == "unknown selector" else 2)  # the dashboards read no selectors
 
 
 def test_load_reports_a_file_it_cannot_parse(tmp_path: Path) -> None:

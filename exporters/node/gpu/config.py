@@ -36,6 +36,12 @@ class ConfigError(ValueError):
     """A bad flag or config file; the CLI prints it and exits 2."""
 
 
+class ScenarioError(ValueError):
+    """The fake NVML's scenario (`--simulate`, $TRAINWATCH_FAKE_NVML) is malformed; the message
+    names the offending key. Defined here, not beside the fake, so that the exporter catches
+    it without importing the fake (exporters/node/gpu/nvml_source.py)."""
+
+
 @dataclass(frozen=True)
 class Settings:
     bind: str = "0.0.0.0"  # noqa: S104 - an exporter serves the network by design

@@ -20,9 +20,10 @@ A scenario is a JSON-compatible dict (see `simulated_scenario` and docs/gpu_expo
                "mig": {"enabled": true, "devices": [{"uuid": ..., "memory_total": ...}]},
                "gpm": {"supported": true, "metrics": {"SM_UTIL": 62.27, ...}}, ...}]}
 
-`TRAINWATCH_FAKE_NVML=/path/scenario.json` makes `load_nvml()` return a file-backed fake that
-re-reads the file when it changes and writes power-limit changes back to it, so several
-processes (exporter, power-limit tool, remediation tests) share one simulated machine.
+`TRAINWATCH_FAKE_NVML=/path/scenario.json` makes `load_nvml()` (exporters/node/gpu/nvml_source.py)
+return a file-backed fake that re-reads the file when it changes and writes power-limit changes
+back to it, so several processes (exporter, power-limit tool, remediation tests) share one
+simulated machine.
 """
 
 from __future__ import annotations
@@ -43,9 +44,7 @@ from typing import Any
 import pynvml
 
 from exporters.contract import catalog
-
-# Defined beside load_nvml (a real host never imports this module); re-exported here.
-from exporters.node.gpu.nvml_source import ENV_FAKE_NVML, ScenarioError, load_nvml  # noqa: F401
+from exporters.node.gpu.config import ScenarioError
 
 # The NVML calls the metric table names (Metric.nvml), by function name: the fake answers every
 # one it has no code for with the scenario's gpus[i].nvml[call], else the row's `simulated`.

@@ -2,7 +2,8 @@
 
 Kept apart from exporters/node/gpu/fake_nvml.py so that a real host never imports the fake (about
 1.7 MiB of the exporter's RSS with the json/tempfile/queue modules it uses): the fake is
-imported only when $TRAINWATCH_FAKE_NVML or `--simulate` asks for it.
+imported only when $TRAINWATCH_FAKE_NVML or `--simulate` asks for it. The fake imports nothing
+from here (no import cycle); its ScenarioError is exporters/node/gpu/config.py's.
 """
 
 from __future__ import annotations
@@ -13,10 +14,6 @@ from typing import Any
 import pynvml
 
 ENV_FAKE_NVML = "TRAINWATCH_FAKE_NVML"
-
-
-class ScenarioError(ValueError):
-    """The scenario is malformed; the message names the offending key."""
 
 
 def load_nvml(simulate: int | None = None) -> tuple[Any, bool]:

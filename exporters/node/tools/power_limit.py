@@ -37,7 +37,8 @@ from typing import Any
 import pynvml
 
 from exporters.contract.atomic_file import atomic_write_json
-from exporters.node.gpu.nvml_source import ENV_FAKE_NVML, ScenarioError, load_nvml
+from exporters.node.gpu.config import ScenarioError
+from exporters.node.gpu.nvml_source import ENV_FAKE_NVML, load_nvml
 from exporters.node.gpu.reader import error_name, text
 
 ENV_STATE_FILE = "TRAINWATCH_POWER_LIMIT_STATE"
