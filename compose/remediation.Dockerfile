@@ -4,7 +4,7 @@ WORKDIR /src
 COPY pyproject.toml ./
 COPY exporters ./exporters
 COPY remediation ./remediation
-COPY ansible/remediation /opt/trainwatch/ansible/remediation
+COPY ansible/playbooks/remediation /opt/trainwatch/ansible/remediation
 RUN pip install --no-cache-dir '.[stack]' && useradd --system --uid 10001 --home /var/lib/trainwatch trainwatch \
     && mkdir -p /var/lib/trainwatch && chown trainwatch /var/lib/trainwatch
 USER 10001

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,9 +16,35 @@ from remediation.durations import seconds
 from remediation.schemas import first_error
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_DIR = PACKAGE_DIR.parent
 DEFAULT_PLAYBOOKS_DIR = PACKAGE_DIR / "playbooks"
-DEFAULT_ANSIBLE_DIR = REPO_DIR / "ansible" / "remediation"
+# The host actions' playbooks inside an installed trainwatch.stack collection.
+COLLECTION_PLAYBOOKS = Path("ansible_collections", "trainwatch", "stack", "playbooks",
+                            "remediation")
+
+
+def collections_paths() -> list[Path]:
+    """Where Ansible looks for installed collections, in its order: its configured paths
+    (ANSIBLE_COLLECTIONS_PATH, ansible.cfg's collections_path, else ~/.ansible/collections and
+    /usr/share/ansible/collections), then the Python path (collections installed with pip)."""
+    try:
+        from ansible import constants
+
+        configured = [Path(p) for p in constants.COLLECTIONS_PATHS]
+    except ImportError:  # no ansible-core here: its defaults, and the variable it reads first
+        env = os.environ.get("ANSIBLE_COLLECTIONS_PATH", "")
+        configured = ([Path(p) for p in env.split(os.pathsep) if p] if env else
+                      [Path.home() / ".ansible" / "collections",
+                       Path("/usr/share/ansible/collections")])
+    return [p.expanduser() for p in configured] + [Path(p) for p in sys.path if p]
+
+
+def default_ansible_playbooks_dir() -> Path:
+    """`ansible_playbooks_dir` when the config names none: the playbooks of the first
+    installed trainwatch.stack collection Ansible would use (the deployment configures the
+    folder it copies them to instead). When none is installed, where Ansible would look first,
+    so that the error names a real place."""
+    candidates = [path / COLLECTION_PLAYBOOKS for path in collections_paths()]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 class ConfigError(ValueError):
@@ -68,7 +96,7 @@ class Config:
     bind: str = "127.0.0.1"
     port: int = PORTS["remediation"]
     playbooks_dir: Path = DEFAULT_PLAYBOOKS_DIR
-    ansible_playbooks_dir: Path = DEFAULT_ANSIBLE_DIR
+    ansible_playbooks_dir: Path = field(default_factory=default_ansible_playbooks_dir)
     ansible_inventory: Path | None = None
     dry_run: bool = False
     pager_url: str | None = None

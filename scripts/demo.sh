@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-echo "==> deploying the local stack (ansible-playbook -i ansible/inventories/local ansible/deploy.yml)"
-.venv/bin/ansible-playbook -i ansible/inventories/local ansible/deploy.yml
+echo "==> building the trainwatch.stack collection (ansible/) and installing it into .stack/collections"
+.venv/bin/python -m scripts.collection install --path .stack/collections
+export ANSIBLE_COLLECTIONS_PATH="$PWD/.stack/collections"
+echo "==> deploying the local stack (ansible-playbook -i ansible/inventories/local trainwatch.stack.site)"
+.venv/bin/ansible-playbook -i ansible/inventories/local trainwatch.stack.site
 echo "==> running the demo job"
 exec .venv/bin/python scripts/demo_timeline.py --prefix .stack "$@"

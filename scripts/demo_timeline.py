@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in (webhook_token, control_token):
         if not path.is_file():
             parser.error(f"{path} not found: deploy the stack first "
-                         "(ansible-playbook -i ansible/inventories/local ansible/deploy.yml)")
+                         "(bash scripts/demo.sh)")
     endpoints = Endpoints(
         prometheus=args.prometheus, alertmanager=args.alertmanager,
         training_exporter=args.training_exporter, remediation=args.remediation,

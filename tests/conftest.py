@@ -43,3 +43,13 @@ def compose_rendered(tmp_path_factory: pytest.TempPathFactory,
     proc = render(out, GPU_NODES)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr
     return out
+
+
+@pytest.fixture(scope="session")
+def ansible_collection() -> Path:
+    """The trainwatch.stack collection built from ansible/ and installed into a temporary
+    collections path, once per test process; every ansible-playbook run of the suite
+    (tests/ansible/runner.py) uses it through ANSIBLE_COLLECTIONS_PATH."""
+    from tests.ansible.runner import installed_collection
+
+    return installed_collection()

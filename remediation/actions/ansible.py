@@ -1,4 +1,5 @@
-"""`ansible`: run a playbook from ansible/remediation/ through ansible-runner, on exactly the
+"""`ansible`: run a playbook of the trainwatch.stack collection (ansible/playbooks/remediation/,
+copied to the configured ansible_playbooks_dir) through ansible-runner, on exactly the
 inventory hosts the alert names.
 
 No shell anywhere: ansible-runner execs ansible-playbook with an argv; the alert's labels

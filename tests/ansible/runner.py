@@ -1,24 +1,37 @@
 """Run the real ansible-playbook against localhost and read its PLAY RECAP.
 
 Tests call the same command the README gives; only the prefix and the ports are overridden
-(extra-vars), so a test never collides with a demo stack or another test.
+(extra-vars), so a test never collides with a demo stack or another test. The roles and
+playbooks are those of the trainwatch.stack collection as users get it: built from ansible/
+with `ansible-galaxy collection build` and installed into a temporary collections path, once
+per test process (installed_collection; the `ansible_collection` fixture), which every run
+here finds through ANSIBLE_COLLECTIONS_PATH.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from scripts import collection
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE = REPO / "ansible"
 VENV_BIN = Path(sys.executable).parent
 LOCAL_INVENTORY = ANSIBLE / "inventories" / "local"
+# The collection's playbooks, by the names users run them with.
+SITE = "trainwatch.stack.site"
+STOP = "trainwatch.stack.stop"
 RECAP_LINE = re.compile(r"^(?P<host>\S+)\s*:\s*(?P<counts>(?:\w+=\d+\s*)+)$")
 
 
@@ -53,6 +66,15 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
     return recap
 
 
+@functools.cache
+def installed_collection() -> Path:
+    """Build the collection and install it into a temporary collections path (removed when
+    the process exits); that path, for ANSIBLE_COLLECTIONS_PATH."""
+    root = Path(tempfile.mkdtemp(prefix="trainwatch-collection-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return collection.install(collection.build(root / "dist"), root / "collections")
+
+
 def ansible_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update({
@@ -62,7 +84,7 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_RETRY_FILES_ENABLED": "0",
         "ANSIBLE_STDOUT_CALLBACK": "default",
         "ANSIBLE_LOCALHOST_WARNING": "0",
-        "ANSIBLE_ROLES_PATH": str(ANSIBLE / "roles"),
+        "ANSIBLE_COLLECTIONS_PATH": str(installed_collection()),
     })
     return env
 
@@ -72,12 +94,13 @@ def run_playbook(playbook: str | Path, extra_vars: dict, workdir: Path, *,
                  limit: str | None = None, timeout: float = 600) -> PlaybookRun:
     """ansible-playbook -i <inventory> <playbook> -e @<vars file> [--check].
 
-    A relative `playbook` is under ansible/; roles always come from ansible/roles.
+    `playbook` is a file (a test's own playbook) or a playbook of the collection by name
+    (SITE, STOP); the roles always come from the installed collection.
     """
-    path = ANSIBLE / playbook
-    vars_file = workdir / f"extra-vars-{path.stem}.yml"
+    path = Path(playbook)
+    vars_file = workdir / f"extra-vars-{path.stem if path.suffix else path.name}.yml"
     vars_file.write_text(yaml.safe_dump(extra_vars))
-    argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(path),
+    argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory), str(playbook),
             "-e", f"@{vars_file}"]
     if check:
         argv.append("--check")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ansible.runner import run_playbook
+from tests.ansible.runner import STOP, run_playbook
 from tests.support.net import wait_until
 
 pytestmark = pytest.mark.slow  # four ansible-playbook runs
@@ -47,5 +47,5 @@ def test_no_reload_right_after_a_start_or_restart(tmp_path: Path,
         wait_until(lambda: events(log)[2:] == ["start"], timeout=30, what="the restart")
         assert events(log) == ["start", "hup", "start"]
     finally:
-        stop = run_playbook("stop.yml", base, tmp_path)
+        stop = run_playbook(STOP, base, tmp_path)
         assert stop.rc == 0, stop.describe()

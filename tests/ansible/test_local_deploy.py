@@ -2,7 +2,7 @@
 tests share.
 
 The real deployment of the local inventory (converged twice, the second run changing
-nothing, verified through the services' own APIs, stopped with ansible/stop.yml leaving no
+nothing, verified through the services' own APIs, stopped with trainwatch.stack.stop leaving no
 process behind) is the molecule scenario ansible/molecule/stack, run by
 tests/field_checks/test_molecule.py: one pair of converges for the suite, not two.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ansible.runner import run_playbook
+from tests.ansible.runner import SITE, run_playbook
 from tests.support.net import free_port
 
 pytestmark = pytest.mark.slow
@@ -51,7 +51,7 @@ def test_check_mode_against_a_fresh_host_succeeds(tmp_path: Path,
                                                     real_binaries: dict[str, str]) -> None:
     prefix = tmp_path / "fresh"
     ports = {name: free_port() for name in PORT_VARS}
-    run = run_playbook("deploy.yml", {"trainwatch_prefix": str(prefix), **ports}, tmp_path,
+    run = run_playbook(SITE, {"trainwatch_prefix": str(prefix), **ports}, tmp_path,
                        check=True)
     assert run.rc == 0 and run.total("failed") == 0, run.describe()
     assert run.total("changed") > 0, run.describe()  # it would create the whole stack

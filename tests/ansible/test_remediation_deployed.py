@@ -118,6 +118,11 @@ def test_deployed_service_runs_a_host_playbook_with_a_read_only_home(tmp_path: P
     assert run.rc == 0 and run.total("failed") == 0, run.describe()
 
     config = yaml.safe_load((prefix / "etc" / "remediation.yml").read_text())
+    # the host actions' playbooks: the collection's, copied onto the host by the role
+    playbooks = Path(config["ansible_playbooks_dir"])
+    assert playbooks == prefix / "etc" / "remediation-playbooks"
+    assert sorted(p.name for p in playbooks.glob("*.yml")) == sorted(
+        p.name for p in (REPO / "ansible" / "playbooks" / "remediation").glob("*.yml"))
     inventory = yaml.safe_load(Path(config["ansible_inventory"]).read_text())
     assert set(inventory["all"]["hosts"]) == set(NODES)  # named as alerts name them
     assert inventory["all"]["hosts"]["node-b"]["ansible_host"] == NODES["node-b"]

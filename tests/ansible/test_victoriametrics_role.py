@@ -10,7 +10,7 @@ import pytest
 import requests
 import yaml
 
-from tests.ansible.runner import run_playbook
+from tests.ansible.runner import STOP, run_playbook
 from tests.ansible.test_local_deploy import processes_under
 from tests.support.net import free_port, wait_until
 from tests.support.procs import prometheus
@@ -52,7 +52,7 @@ def test_victoriametrics_role_converges_and_receives_remote_write(
                 return bool(body["data"]["result"])
             wait_until(stored, timeout=60, interval=1, what="a remote-written sample")
     finally:
-        stop = run_playbook("stop.yml", extra, tmp_path)
+        stop = run_playbook(STOP, extra, tmp_path)
         assert stop.rc == 0, stop.describe()
         wait_until(lambda: not processes_under(prefix), timeout=30,
                    what="every process under the prefix to exit")

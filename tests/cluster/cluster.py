@@ -20,7 +20,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from tests.ansible.runner import ANSIBLE, PlaybookRun, run_playbook
+from tests.ansible.runner import ANSIBLE, SITE, PlaybookRun, run_playbook
 from tests.ansible.test_local_deploy import processes_under
 from tests.support.net import free_port, wait_until
 
@@ -80,7 +80,7 @@ class Cluster:
         return {"trainwatch_cluster_root": str(self.root), **self.ports}
 
     def converge(self, workdir: Path) -> PlaybookRun:
-        run = run_playbook("deploy.yml", self.extra_vars(), workdir, inventory=INVENTORY,
+        run = run_playbook(SITE, self.extra_vars(), workdir, inventory=INVENTORY,
                            timeout=1200)
         self.runs.append(run)
         return run

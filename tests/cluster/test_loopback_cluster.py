@@ -1,11 +1,11 @@
 """Issue 14, acceptance 1 and 2: the multi-host cluster converged and exercised on this machine.
 
-ansible/inventories/loopback-cluster is deployed by ansible/deploy.yml, as a real cluster is:
-five hosts, each its own loopback address (127.0.0.x), its own prefix and its own dedicated
-supervisord: mon-01 and mon-02 (an HA pair: Prometheus, Alertmanager cluster peers, a
-remediation replica each), db-01 (the replicas' PostgreSQL store), gpu-01 and gpu-02 (node,
-simulated GPU, training and log exporters). Plain processes per host, not containers: see
-docs/deploy.md ("The loopback cluster").
+ansible/inventories/loopback-cluster is deployed by the installed collection's
+trainwatch.stack.site, as a real cluster is: five hosts, each its own loopback address
+(127.0.0.x), its own prefix and its own dedicated supervisord: mon-01 and mon-02 (an HA pair:
+Prometheus, Alertmanager cluster peers, a remediation replica each), db-01 (the replicas'
+PostgreSQL store), gpu-01 and gpu-02 (node, simulated GPU, training and log exporters). Plain
+processes per host, not containers: see docs/deploy.md ("The loopback cluster").
 
 One cluster serves the module: converge, converge again (changed=0), the checks, then the
 end-to-end run, which kills mon-01 (kill -9: its supervisord, Alertmanager, remediation

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.ansible.runner import ANSIBLE, VENV_BIN, ansible_env, run_playbook
+from tests.ansible.runner import ANSIBLE, STOP, VENV_BIN, ansible_env, run_playbook
 from tests.ansible.test_local_deploy import processes_under
 from tests.support.net import free_port, wait_until
 
@@ -46,7 +46,7 @@ def test_molecule_stack_scenario(tmp_path: Path, real_binaries: dict[str, str]) 
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         # molecule's destroy never ran: stop what the converge started
-        stop = run_playbook("stop.yml", extra_vars, tmp_path)
+        stop = run_playbook(STOP, extra_vars, tmp_path)
         pytest.fail(f"molecule test ran past {TIMEOUT} s (stop.yml rc={stop.rc})")
     output = ANSI.sub("", output)
     assert proc.returncode == 0, output[-8000:]

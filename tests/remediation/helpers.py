@@ -46,6 +46,9 @@ def auth(token: str = TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
+ANSIBLE_PLAYBOOKS = Path(__file__).resolve().parents[2] / "ansible" / "playbooks" / "remediation"
+
+
 def write_config(workdir: Path, **overrides: Any) -> Path:
     """A complete service config in `workdir` with token files mode 0600."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -67,6 +70,8 @@ def write_config(workdir: Path, **overrides: Any) -> Path:
         "alertmanager_url": "http://127.0.0.1:1",
         "training_exporter_token_file": str(control),
         "approvers_file": str(approvers),
+        # the collection's source: the service's default is an installed collection
+        "ansible_playbooks_dir": str(ANSIBLE_PLAYBOOKS),
         "poll_interval_seconds": 0.05,
         "retry_backoff_seconds": 0.2,
         **overrides,

@@ -220,7 +220,7 @@ def test_shipped_playbooks_validate_and_cover_the_contract() -> None:
     for book in books.values():
         for step in (*book.steps, *book.on_resolve):
             if step["action"] == "ansible":
-                assert (REPO / "ansible" / "remediation" / step["playbook"]).is_file()
+                assert (REPO / "ansible" / "playbooks" / "remediation" / step["playbook"]).is_file()
 
 
 def test_bad_playbook_names_file_and_key(tmp_path: Path) -> None:

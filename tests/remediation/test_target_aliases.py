@@ -32,7 +32,7 @@ from tests.remediation.helpers import REPO, alert, auth, payload
 
 BOOKS = load_playbooks(REPO / "remediation" / "playbooks")
 GPU_BOOK = BOOKS["gpu_power_limit"]
-PLAYBOOK = REPO / "ansible" / "remediation" / "gpu_power_limit.yml"
+PLAYBOOK = REPO / "ansible" / "playbooks" / "remediation" / "gpu_power_limit.yml"
 
 # Decorations that Python's int(), Jinja's `| int` or a `$`-anchored regex let through.
 PREFIXES = st.sampled_from(["", "", "0", "00", " ", "\t", "+", "0_", "\n"])

@@ -1,4 +1,5 @@
-"""`trainwatch_bcrypt`: the bcrypt hash Alertmanager's web config (exporter-toolkit) expects.
+"""`trainwatch.stack.bcrypt_hash`: the bcrypt hash Alertmanager's web config (exporter-toolkit)
+expects.
 
 Ansible's own password_hash needs passlib; this uses the `bcrypt` package on the controller.
 A fresh salt would change web.yml (and restart Alertmanager) on every run, so the hash already
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def trainwatch_bcrypt(password: str, current: str = "") -> str:
+def bcrypt_hash(password: str, current: str = "") -> str:
     import bcrypt
 
     secret = str(password).encode()
@@ -25,4 +26,4 @@ def trainwatch_bcrypt(password: str, current: str = "") -> str:
 
 class FilterModule:
     def filters(self) -> dict[str, Any]:
-        return {"trainwatch_bcrypt": trainwatch_bcrypt}
+        return {"bcrypt_hash": bcrypt_hash}

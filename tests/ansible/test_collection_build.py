@@ -1,0 +1,60 @@
+"""The trainwatch.stack collection as `ansible-galaxy collection build` packs it and
+`ansible-galaxy collection install` installs it (the suite's one build, the
+`ansible_collection` fixture): the version is the Python package's, what the repository
+generates is inside it byte for byte from its one source, and the repository's own
+inventories and scenario are not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import exporters
+from scripts import collection
+from tests.ansible.runner import ANSIBLE, REPO
+
+
+def installed(path: Path) -> Path:
+    return path / "ansible_collections" / "trainwatch" / "stack"
+
+
+def test_the_collection_carries_the_packages_version(ansible_collection: Path) -> None:
+    manifest = json.loads((installed(ansible_collection) / "MANIFEST.json").read_text())
+    assert manifest["collection_info"]["namespace"] == "trainwatch"
+    assert manifest["collection_info"]["name"] == "stack"
+    assert manifest["collection_info"]["version"] == exporters.__version__
+    assert yaml.safe_load((ANSIBLE / "galaxy.yml").read_text())["version"] == \
+        exporters.__version__
+
+
+def test_the_build_refuses_a_galaxy_version_other_than_the_packages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(collection, "__version__", "99.0.0")
+    with pytest.raises(collection.BuildError, match=r"99\.0\.0"):
+        collection.build(tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_generated_files_are_inside_it_from_their_one_source(ansible_collection: Path) -> None:
+    root = installed(ansible_collection)
+    pairs = [(REPO / "exporters/contract/contract.json", "plugins/lookup/contract.json"),
+             (REPO / "alert_rules/alertmanager.yml.j2",
+              "roles/alertmanager/templates/alertmanager.yml.j2")]
+    for profile in ("demo", "dcgm", "production"):
+        pairs += [(p, f"roles/prometheus/files/rules/{profile}/{p.name}")
+                  for p in (REPO / "alert_rules/generated" / profile).glob("*.yml")]
+    pairs += [(p, f"roles/grafana/files/dashboards/{p.name}")
+              for p in (REPO / "dashboards/generated").glob("*.json")]
+    pairs += [(p, f"roles/remediation/files/playbooks/{p.name}")
+              for p in (ANSIBLE / "playbooks/remediation").glob("*.yml")]
+    assert len(pairs) > 20
+    for source, inside in pairs:
+        assert (root / inside).read_bytes() == source.read_bytes(), inside
+    # the repository's own inventories and test scenario stay out
+    assert not (root / "inventories").exists() and not (root / "molecule").exists()
+    # and nothing generated is copied into the source tree
+    assert not (ANSIBLE / "plugins/lookup/contract.json").exists()
+    assert not (ANSIBLE / "roles/prometheus/files").exists()
