@@ -55,9 +55,9 @@ BENCHMARKS: dict[str, tuple[str, list[str], dict[str, tuple[str, bool, bool]]]] 
                {"report_median_us": ("report.median_us", False, True),
                 "report_p99_us": ("report.p99_us", False, False)}),
     "webhook": ("benchmarks/webhook.py", ["--seconds", "5", "--slow", "0"],
-                {"webhook_p50_ms": ("trainwatch.latency.p50_ms", False, True),
-                 "webhook_p99_ms": ("trainwatch.latency.p99_ms", False, False),
-                 "webhook_alerts_per_s": ("trainwatch.throughput.alerts_per_s", True, True)}),
+                {"webhook_p50_ms": ("p50_ms", False, True),
+                 "webhook_p99_ms": ("p99_ms", False, False),
+                 "webhook_alerts_per_s": ("accepted_alerts_per_s", True, True)}),
     "scrape": ("benchmarks/gpu_exporter.py",
                ["--scrapes", "300", "--window", "5", "--cycles", "10"],
                {"scrape_p50_ms": ("trainwatch.scrape_p50_ms", False, True),
@@ -104,7 +104,7 @@ def run_json(python: Path, tree: Path, argv: list[str]) -> dict[str, Any]:
                           text=True, timeout=1800, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{argv[0]} in {tree} exited {done.returncode}:\n"
-                           f"{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+                           f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -26,6 +26,8 @@ import yaml
 
 from exporters import __version__
 
+OUTPUT_TAIL = 4000  # characters of a failed command's output shown in the error
+
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "ansible"
 NAMESPACE, NAME = "trainwatch", "stack"
@@ -61,7 +63,7 @@ def _run(argv: list[str]) -> str:
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise BuildError(f"{' '.join(argv)} failed ({proc.returncode}):\n"
-                         f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+                         f"{proc.stdout[-OUTPUT_TAIL:]}{proc.stderr[-OUTPUT_TAIL:]}")
     return proc.stdout
 
 

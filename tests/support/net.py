@@ -2,30 +2,69 @@
 
 from __future__ import annotations
 
+import os
+import random
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
 
 
 _issued: set[int] = set()
+# Below this, no port is ever handed out as the source port of an outgoing connection
+# (net.ipv4.ip_local_port_range starts at 32768 by default).
+_FLOOR = 10000
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _worker_slice(low: int, high: int) -> range:
+    """This pytest-xdist worker's share of [low, high): two workers never pick the same port."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    index = int(worker) if worker.isdigit() else 0
+    width = (high - low) // max(count, 1)
+    return range(low + index * width, low + (index + 1) * width)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to 0, read it back).
+    """A TCP port on 127.0.0.1 that was free a moment ago, for a server the test starts.
 
-    The kernel may hand the same ephemeral port to two binds in a row once the first socket
-    is closed, so ports already given out in this test process are never returned again:
-    otherwise two servers of one stack could be told to share a port, and a readiness probe
-    would be answered by the wrong one.
+    Chosen below the kernel's ephemeral range, in this xdist worker's own slice of it: a port
+    from the ephemeral range (bind to 0) can be taken as the source port of any outgoing
+    connection on the machine between this call and the server's bind, which made torchrun's
+    rendezvous fail with EADDRINUSE under a loaded suite. Ports already given out in this test
+    process are never returned again, so two servers of one stack are never told to share one.
     """
+    candidates = _worker_slice(_FLOOR, _ephemeral_start())
+    if len(candidates) < 100:  # an unusual port range: fall back to the kernel's choice
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = int(sock.getsockname()[1])
+            if port not in _issued:
+                _issued.add(port)
+                return port
     while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if port not in _issued:
+        port = random.choice(candidates)  # spreading, not secrecy
+        if port not in _issued and _bindable(port):
             _issued.add(port)
             return port
 
