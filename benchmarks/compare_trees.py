@@ -165,7 +165,9 @@ def main() -> int:
             worse_pct = (1 - ratio) * 100 if higher_better else (ratio - 1) * 100
             result[name] = {"base": round(base, 4), "new": round(new, 4),
                             "new_over_base": round(ratio, 4),
-                            "worse_pct": round(worse_pct, 2), "judged": judged}
+                            "worse_pct": round(worse_pct, 2), "judged": judged,
+                            "base_by_round": [round(x, 4) for x in figures["base"][name]],
+                            "new_by_round": [round(x, 4) for x in figures["new"][name]]}
             mark = ("ok" if worse_pct <= GOAL_PCT else "OVER") if judged else "-"
             print(f"{name:22s} base {base:10.4g}  new {new:10.4g}  new/base {ratio:6.3f}  "
                   f"{'worse' if worse_pct > 0 else 'better'} {abs(worse_pct):5.1f} %  {mark}")
