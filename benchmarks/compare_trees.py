@@ -78,8 +78,12 @@ def log(message: str) -> None:
 
 def export(ref: str, into: Path) -> Path:
     """`git archive ref` unpacked into `into`: the base tree, without the working tree's files."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref],
-                             capture_output=True, check=True).stdout
+    done = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "--", ref],
+                          capture_output=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"--base {ref!r}: not a commit of this repository "
+                         f"({done.stderr.decode(errors='replace').strip()})")
+    archive = done.stdout
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     return into
