@@ -25,26 +25,38 @@ plus SGD momentum) through the same CheckpointManager:
      average; the share of time the training thread was blocked inside save(); and the
      seconds per chunk it was off a core without waiting for one (GIL, waits).
   3. (issue 28, `--runs 400,2000`, or `--only runs`) whole runs, each in a fresh process:
-     the same loop of `--run-width` wide layers without Trainwatch ("plain") and with it
-     ("trainwatch": TrainingMonitor reporting to a real training-exporter every step, its
-     sync step every step's end, an asynchronous checkpoint every `--every` steps, the
-     manager and monitor created in the process, so the writer process's start-up is
-     paid there), alternating plain/trainwatch over `--run-rounds`; reported per length:
-     the start-up (creating the manager and the monitor, until the writer is warm), the
-     loop's wall time and its first 100 steps, overhead of the loop and of start-up + loop.
+     the same loop of `--run-width` wide layers (default 1024: 33.6 MB of state) without
+     Trainwatch ("plain") and with it ("trainwatch": TrainingMonitor reporting to a real
+     training-exporter every step, its sync step every step's end, an asynchronous
+     checkpoint every `--every` steps, the manager and monitor created in the process, so
+     the writer process's start-up is paid there), in `--run-rounds` rounds of three runs
+     (plain-Trainwatch-plain, then Trainwatch-plain-Trainwatch), the training thread bound
+     to `--run-cores` (default: the core serving the fewest device interrupts) and every
+     other thread and the writer process to the rest, glibc's allocator thresholds fixed in
+     both modes (FIXED_MALLOC says why); reported per length: the start-up (creating the
+     manager and the monitor, until the writer is warm) apart, the loop's overhead per
+     round (mean of a round's Trainwatch runs against the mean of its plain runs) on the
+     wall clock, without waits for a core, in CPU used (writer process included) and in
+     the typical 100 steps; the median over rounds with its bootstrap 90 % interval; the
+     noise floor (a round's two same-mode runs against each other); the first 100 steps.
+  Usage for part 3 alone:
+      PYTHONPATH=$PWD .venv/bin/python -u benchmarks/checkpoint.py --only runs \\
+          --runs 400,2000 [--run-rounds 8] [--run-width 1024] [--run-cores auto]
 Also measured in part 1 (issue 28, point 10): the blocking of an asynchronous save that makes
 its copy before `save()` returns (`staging="on_save"`), against the synchronous save of the
 same run: the rule for the save contract (docs/training.md) is "if within 10 % of a
 synchronous save, copy before returning by default; else copy in the background and guard
 what Trainwatch drives".
 Goals (issue 12): asynchronous blocking <= 10 % of synchronous; overhead <= 2 % (judged on
-the first writer listed); issue 28: whole-run overhead of the 2,000-step run <= 2 %.
+the first writer listed); issue 28: whole-run overhead of the 2,000-step run <= 2 %, judged
+on the upper end of the median's 90 % interval.
 The last line printed is a JSON object with every figure and ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -53,6 +65,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -282,10 +295,64 @@ def _writer_cpu() -> float:
 
 # --- part 3: whole runs, plain vs Trainwatch, each in a fresh process --------------------------
 RUN_BATCH = 8
+# glibc's allocator raises its mmap threshold to the size of each large block freed, so a
+# process's step time depends on which frees came first: the same plain run took 815 to 3,666
+# page faults per step (12 to 21 ms) between fresh processes, and the Trainwatch runs, whose
+# staging frees large blocks early, came out 20 % "faster" than the plain ones. Both modes run
+# with the thresholds fixed (32 MB is glibc's largest mmap threshold): 34-49 faults per step.
+FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+RUN_WIDTH = 1024  # 33.6 MB of state per save: about the bytes per second of training the
+#                  2500-wide model writes, at a step short enough for 2,000 steps in ~30 s
+
+
+class CoreBinding:
+    """The training thread on the cores chosen for this round, every other thread of the
+    process (and of the checkpoint writer process) on the rest, as a launcher's core binding
+    leaves a GPU job's spare host cores to its helpers. Why bind at all: the two vCPUs of a
+    shared VM can run at different speeds for minutes (one measured 40 % slower than the
+    other, same work), and the scheduler puts a process on either; pairing runs on the same
+    core is what makes them comparable. Threads are created inside Trainwatch after the
+    binding (a save's commit thread, DCP's staging thread) and inherit the training cores,
+    so a keeper thread moves each new one to the rest within 10 ms."""
+
+    def __init__(self, training: set[int]) -> None:
+        allowed = os.sched_getaffinity(0)
+        self.training = training & allowed
+        self.rest = (allowed - self.training) or allowed
+        self._main = threading.get_native_id()
+        self._done: set[tuple[int, int]] = set()
+        self._stop = threading.Event()
+        self._keeper = threading.Thread(target=self._keep, name="bench-core-keeper",
+                                        daemon=True)
+        self._keeper.start()  # created before the binding: it keeps the whole mask
+        os.sched_setaffinity(0, self.training)  # this thread only (Linux: pid 0 = caller)
+
+    def _move(self, pid: int) -> None:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            return
+        for tid in tids:
+            if tid != self._main and (pid, tid) not in self._done:
+                with contextlib.suppress(OSError):  # a thread that already ended
+                    os.sched_setaffinity(tid, self.rest)
+                self._done.add((pid, tid))
+
+    def _keep(self) -> None:
+        while not self._stop.wait(0.01):
+            self._move(os.getpid())
+            writer = shared_writer_pid()
+            if writer is not None:
+                self._move(writer)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._keeper.join(5)
 
 
 def run_child(mode: str, steps: int, width: int, threads: int, every: int,
-              workdir: Path, socket_path: str | None) -> dict[str, Any]:
+              workdir: Path, socket_path: str | None,
+              cores: set[int] | None = None) -> dict[str, Any]:
     """One whole run in this (fresh) process: the loop without Trainwatch, or with the client
     and asynchronous checkpoints; start-up (manager + monitor, writer warm) timed apart."""
     torch.set_num_threads(threads)
@@ -305,10 +372,12 @@ def run_child(mode: str, steps: int, width: int, threads: int, every: int,
                                   optimizer=optimizer, checkpoints=manager,
                                   socket_path=socket_path, control=False)
     startup = time.perf_counter() - started
+    binding = CoreBinding(cores) if cores else None
     marks = []
     begin = time.perf_counter()
     begin_unqueued = _wall_not_queued()
     begin_cpu = time.process_time() + _writer_cpu()
+    begin_thread = time.thread_time()
     for step in range(steps):
         index = monitor.next_batch() if monitor is not None else step
         loss = model(batches[index % len(batches)]).pow(2).mean()
@@ -331,10 +400,21 @@ def run_child(mode: str, steps: int, width: int, threads: int, every: int,
     # (this process's threads and the checkpoint writer process)
     loop_unqueued = _wall_not_queued() - begin_unqueued
     loop_cpu = time.process_time() + _writer_cpu() - begin_cpu
+    # the training thread's own CPU: if it grows with Trainwatch, the thread did more (or ran
+    # slower beside the writer); if only the wall clock grows, it waited (the GIL, a copy)
+    loop_thread = time.thread_time() - begin_thread
+    if binding is not None:
+        binding.close()
     result = {"mode": mode, "steps": steps, "startup_s": round(startup, 4),
+              "cores": sorted(binding.training) if binding else None,
               "loop_s": round(loop, 4), "loop_unqueued_s": round(loop_unqueued, 4),
-              "loop_cpu_s": round(loop_cpu, 4),
+              "loop_cpu_s": round(loop_cpu, 4), "loop_thread_cpu_s": round(loop_thread, 4),
+              "final_loss": value,
               "first_100_s": round(marks[0], 4) if marks else None,
+              # the typical 100 steps (each holds two saves at the default --every 50): a
+              # minute-long slow phase of the host moves it less than the run's total
+              "median_100_s": round(statistics.median(b - a for a, b in zip(
+                  [0.0, *marks[:-1]], marks, strict=True)), 4) if marks else None,
               "per_100_s": [round(b - a, 4) for a, b in zip([0.0, *marks[:-1]], marks,
                                                              strict=True)]}
     if monitor is not None and manager is not None:
@@ -345,104 +425,192 @@ def run_child(mode: str, steps: int, width: int, threads: int, every: int,
     return result
 
 
+def device_interrupt_counts(text: str | None = None) -> dict[int, int]:
+    """Per CPU, the device interrupts it has served since boot (the numbered lines of
+    /proc/interrupts: disks, NICs; not timers or IPIs)."""
+    if text is None:
+        try:
+            text = Path("/proc/interrupts").read_text()
+        except OSError:
+            return {}
+    lines = text.splitlines()
+    if not lines:
+        return {}
+    cpus = [int(name[3:]) for name in lines[0].split() if name.startswith("CPU")]
+    counts = dict.fromkeys(cpus, 0)
+    for line in lines[1:]:
+        label, _, rest = line.partition(":")
+        if not label.strip().isdigit():
+            continue
+        for cpu, field in zip(cpus, rest.split(), strict=False):
+            if field.isdigit():
+                counts[cpu] += int(field)
+    return counts
+
+
+def training_cores(threads: int, choice: str = "auto",
+                   interrupts: dict[int, int] | None = None) -> list[set[int]] | None:
+    """The cores the training thread is bound to: "auto", the `threads` allowed cores that
+    served the fewest device interrupts, for every round (an operator binds ranks away from
+    the cores that take the storage's interrupts; here the virtio disk's completions all land
+    on one vCPU, and a training thread bound there paid the checkpoint writes' interrupts:
+    about 6 points more overhead than on the other vCPU); "rotate", every core in turn, round
+    by round; "none", unbound; or a comma-separated list. A list of choices, used round by
+    round in turn (None: unbound)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    want = max(1, min(threads, len(allowed)))
+    if choice == "none":
+        return None
+    if choice == "rotate":
+        return [set((allowed[i:] + allowed[:i])[:want]) for i in range(len(allowed))]
+    if choice == "auto":
+        counts = device_interrupt_counts() if interrupts is None else interrupts
+        quiet = sorted(allowed, key=lambda cpu: (counts.get(cpu, 0), cpu))
+        return [set(quiet[:want])]
+    chosen = {int(c) for c in choice.split(",") if c.strip()}
+    if not chosen or not chosen <= set(allowed):
+        raise SystemExit(f"--run-cores {choice!r}: not a subset of the allowed cores {allowed}")
+    return [chosen]
+
+
+def _round_plan(rounds: int, cores: list[set[int]] | None
+                ) -> list[tuple[tuple[str, ...], set[int] | None]]:
+    """Per round: the order of its three runs (plain-Trainwatch-plain, then
+    Trainwatch-plain-Trainwatch: each mode's drift over the round falls on both sides of the
+    other) and the cores its training thread is bound to (see `training_cores`)."""
+    plan = []
+    for i in range(rounds):
+        order = ("plain", "trainwatch", "plain") if i % 2 == 0 else \
+            ("trainwatch", "plain", "trainwatch")
+        plan.append((order, cores[i % len(cores)] if cores else None))
+    return plan
+
+
 def bench_runs(lengths: list[int], rounds: int, width: int, threads: int,
-               every: int) -> dict[str, Any]:
-    """Per run length: `rounds` pairs of fresh processes, plain then trainwatch, the order
-    swapped every round; medians and the paired overheads."""
+               every: int, cores: str = "auto") -> dict[str, Any]:
+    """Per run length: `rounds` rounds of three fresh processes (plain and Trainwatch
+    sandwiched, see `_round_plan`), the training thread bound to the same cores within a
+    round; the paired overheads, their median, its bootstrap interval, and the same-mode pair
+    of each round as the noise floor."""
     from benchmarks.training_client import start_exporter
 
+    binding = training_cores(threads, cores)
     results: dict[str, Any] = {"width": width, "threads": threads, "every": every,
-                               "rounds": rounds}
+                               "rounds": rounds, "cores": cores,
+                               "training_cores": [sorted(c) for c in binding or []],
+                               "device_interrupts_per_cpu": device_interrupt_counts()}
     with tempfile.TemporaryDirectory(prefix="ckpt-runs-") as tmp:
         workdir = Path(tmp)
         exporter, sock = start_exporter(workdir)
         try:
             for steps in lengths:
-                runs: dict[str, list[dict[str, Any]]] = {"plain": [], "trainwatch": []}
-                for i in range(rounds):
-                    order = ("plain", "trainwatch") if i % 2 == 0 else ("trainwatch", "plain")
-                    for mode in order:
+                rows: list[dict[str, list[dict[str, Any]]]] = []
+                for i, (order, bound) in enumerate(_round_plan(rounds, binding)):
+                    row: dict[str, list[dict[str, Any]]] = {"plain": [], "trainwatch": []}
+                    for j, mode in enumerate(order):
                         # progress on stderr: a whole benchmark takes over ten minutes
-                        print(f"[checkpoint runs] {steps} steps, round {i + 1}/{rounds}: {mode}",
+                        print(f"[checkpoint runs] {steps} steps, round {i + 1}/{rounds} "
+                              f"(cores {sorted(bound) if bound else 'any'}): {mode}",
                               file=sys.stderr, flush=True)
-                        run_dir = workdir / f"{mode}-{steps}-{i}"
+                        run_dir = workdir / f"{steps}-{i}-{j}-{mode}"
                         run_dir.mkdir()
                         done = subprocess.run(
                             [sys.executable, str(Path(__file__).resolve()), "--child", mode,
                              "--child-steps", str(steps), "--run-width", str(width),
                              "--threads", str(threads), "--every", str(every),
-                             "--child-dir", str(run_dir), "--child-socket", str(sock)],
-                            capture_output=True, text=True, timeout=3600, check=False)
+                             "--child-dir", str(run_dir), "--child-socket", str(sock),
+                             *(["--child-cores", ",".join(map(str, sorted(bound)))]
+                               if bound else [])],
+                            capture_output=True, text=True, timeout=3600, check=False,
+                            env={**os.environ, **FIXED_MALLOC})
                         if done.returncode != 0:
                             raise SystemExit(f"{mode} run failed: {done.stderr[-2000:]}")
-                        runs[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
-                results[f"steps_{steps}"] = _summarise_runs(runs)
+                        row[mode].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                    rows.append(row)
+                results[f"steps_{steps}"] = _summarise_runs(rows)
         finally:
             exporter.terminate()
             exporter.wait(15)
     return results
 
 
-def _summarise_runs(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    plain, tw = runs["plain"], runs["trainwatch"]
+def _summarise_runs(rows: list[dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Each round's overhead is the mean of its Trainwatch runs against the mean of its plain
+    runs, on each clock; its noise floor is its two same-mode runs against each other (what
+    the same work moved within the round). The median over rounds is judged, with its
+    bootstrap 90 % interval."""
+    def mean_of(runs: list[dict[str, Any]], key: str) -> float:
+        return statistics.fmean(r[key] for r in runs)
 
-    def med(rows: list[dict[str, Any]], key: str) -> float:
-        return statistics.median(r[key] for r in rows)
+    def over(key: str) -> list[float]:
+        return [100 * (mean_of(r["trainwatch"], key) - mean_of(r["plain"], key))
+                / mean_of(r["plain"], key) for r in rows]
 
-    loop_over = [100 * (t["loop_s"] - p["loop_s"]) / p["loop_s"]
-                 for p, t in zip(plain, tw, strict=True)]
-    total_over = [100 * (t["loop_s"] + t["startup_s"] - p["loop_s"] - p["startup_s"])
-                  / (p["loop_s"] + p["startup_s"]) for p, t in zip(plain, tw, strict=True)]
-    first_ratio = [t["first_100_s"] / p["first_100_s"] for p, t in zip(plain, tw, strict=True)
-                   if p["first_100_s"] and t["first_100_s"]]
+    def noise(key: str) -> list[float]:
+        floor = []
+        for r in rows:
+            twice = r["plain"] if len(r["plain"]) == 2 else r["trainwatch"]
+            floor.append(100 * (twice[1][key] - twice[0][key]) / twice[0][key])
+        return floor
 
-    def paired_pct(key: str) -> list[float]:
-        return [100 * (t[key] - p[key]) / p[key] for p, t in zip(plain, tw, strict=True)]
+    def figures(key: str) -> dict[str, Any]:
+        values = over(key)
+        return {"median_pct": round(statistics.median(values), 2),
+                "by_round_pct": [round(v, 2) for v in values],
+                "ci90_pct": _ci90(values),
+                "noise_floor_pct": round(statistics.median(noise(key)), 2),
+                "noise_floor_by_round_pct": [round(v, 2) for v in noise(key)]}
 
-    walls = [r["loop_s"] for r in plain]
-    plain_spread = 100 * (max(walls) - min(walls)) / min(walls) if len(walls) > 1 else None
-    return {"plain_loop_s": round(med(plain, "loop_s"), 3),
-            "trainwatch_loop_s": round(med(tw, "loop_s"), 3),
-            "trainwatch_startup_s": round(med(tw, "startup_s"), 3),
-            "loop_overhead_pct": round(statistics.median(loop_over), 2),
-            "loop_overhead_pct_by_round": [round(x, 2) for x in loop_over],
-            # the same run on the clocks a shared machine moves less (see run_child)
-            "loop_overhead_unqueued_pct": round(statistics.median(
-                paired_pct("loop_unqueued_s")), 2),
-            "loop_overhead_unqueued_pct_by_round": [round(x, 2)
-                                                    for x in paired_pct("loop_unqueued_s")],
-            "loop_cpu_overhead_pct": round(statistics.median(paired_pct("loop_cpu_s")), 2),
-            "loop_cpu_overhead_pct_by_round": [round(x, 2) for x in paired_pct("loop_cpu_s")],
-            # how much the same plain run moved between rounds: the wall clock's noise here
-            "plain_loop_spread_pct": None if plain_spread is None else round(plain_spread, 2),
-            "startup_plus_loop_overhead_pct": round(statistics.median(total_over), 2),
-            "first_100_steps_ratio": (round(statistics.median(first_ratio), 3)
-                                      if first_ratio else None),
-            "plain_first_100_s": round(med(plain, "first_100_s"), 3) if plain[0]["first_100_s"]
-            else None,
-            "trainwatch_first_100_s": round(med(tw, "first_100_s"), 3)
-            if tw[0]["first_100_s"] else None,
+    plain = [run for r in rows for run in r["plain"]]
+    tw = [run for r in rows for run in r["trainwatch"]]
+    with_startup = [100 * (mean_of(r["trainwatch"], "loop_s")
+                           + mean_of(r["trainwatch"], "startup_s")
+                           - mean_of(r["plain"], "loop_s")) / mean_of(r["plain"], "loop_s")
+                    for r in rows]
+    first = [mean_of(r["trainwatch"], "first_100_s") / mean_of(r["plain"], "first_100_s")
+             for r in rows if all(run["first_100_s"] for run in r["plain"] + r["trainwatch"])]
+    losses = {run["final_loss"] for run in plain + tw}
+    return {"plain_loop_s": round(statistics.median(r["loop_s"] for r in plain), 3),
+            "trainwatch_loop_s": round(statistics.median(r["loop_s"] for r in tw), 3),
+            "trainwatch_startup_s": round(statistics.median(r["startup_s"] for r in tw), 3),
+            "wall": figures("loop_s"),
+            # the same runs on the clocks a shared machine moves less (see run_child)
+            "wall_without_core_waits": figures("loop_unqueued_s"),
+            "cpu": figures("loop_cpu_s"),
+            "training_thread_cpu": figures("loop_thread_cpu_s"),
+            "median_100_steps": figures("median_100_s"),
+            "startup_plus_loop_overhead_pct": round(statistics.median(with_startup), 2),
+            "first_100_steps_ratio": round(statistics.median(first), 3) if first else None,
+            "plain_first_100_s": round(statistics.median(r["first_100_s"] for r in plain), 3)
+            if first else None,
+            "trainwatch_first_100_s": round(statistics.median(r["first_100_s"] for r in tw), 3)
+            if first else None,
+            # every run did the same arithmetic: one final loss, or the comparison is void
+            "same_work": len(losses) == 1,
             "failed_saves": sum(r.get("failed_saves", 0) for r in tw),
-            "runs": runs}
+            "dropped": sum(r.get("dropped", 0) for r in tw),
+            "rounds": rows}
 
 
 def print_runs(runs: dict[str, Any]) -> None:
-    print(f"whole runs ({runs['rounds']} rounds, layers {LAYERS} x {runs['width']}, torch on "
-          f"{runs['threads']} thread(s), a save every {runs['every']} steps):")
+    print(f"whole runs ({runs['rounds']} rounds of three, layers {LAYERS} x {runs['width']}, "
+          f"torch on {runs['threads']} thread(s) bound to cores {runs['training_cores']} "
+          f"({runs['cores']}; device interrupts per CPU {runs['device_interrupts_per_cpu']}), "
+          f"a save every {runs['every']} steps):")
     for key, fig in runs.items():
-        if key.startswith("steps_"):
-            print(f"  {key[6:]} steps: loop plain {fig['plain_loop_s']} s, Trainwatch "
-                  f"{fig['trainwatch_loop_s']} s: overhead {fig['loop_overhead_pct']:+.2f} % "
-                  f"(by round {fig['loop_overhead_pct_by_round']}; plain runs moved "
-                  f"{fig['plain_loop_spread_pct']} % between rounds); without waits for a "
-                  f"core {fig['loop_overhead_unqueued_pct']:+.2f} % "
-                  f"(by round {fig['loop_overhead_unqueued_pct_by_round']}); CPU used "
-                  f"{fig['loop_cpu_overhead_pct']:+.2f} % "
-                  f"(by round {fig['loop_cpu_overhead_pct_by_round']}); start-up "
-                  f"{fig['trainwatch_startup_s']} s (with it "
-                  f"{fig['startup_plus_loop_overhead_pct']:+.2f} %); "
-                  f"first 100 steps {fig['plain_first_100_s']} s vs "
-                  f"{fig['trainwatch_first_100_s']} s ({fig['first_100_steps_ratio']}x)")
+        if not key.startswith("steps_"):
+            continue
+        print(f"  {key[6:]} steps: loop plain {fig['plain_loop_s']} s, Trainwatch "
+              f"{fig['trainwatch_loop_s']} s; start-up apart {fig['trainwatch_startup_s']} s "
+              f"(with it {fig['startup_plus_loop_overhead_pct']:+.2f} %); first 100 steps "
+              f"{fig['plain_first_100_s']} s vs {fig['trainwatch_first_100_s']} s "
+              f"({fig['first_100_steps_ratio']}x); same work: {fig['same_work']}")
+        for clock in ("wall", "wall_without_core_waits", "cpu", "training_thread_cpu",
+                      "median_100_steps"):
+            c = fig[clock]
+            print(f"    {clock:24} overhead {c['median_pct']:+.2f} % (90 % interval "
+                  f"{c['ci90_pct']}; by round {c['by_round_pct']}); noise floor "
+                  f"{c['noise_floor_pct']:+.2f} % (by round {c['noise_floor_by_round_pct']})")
 
 
 def main() -> int:
@@ -458,22 +626,29 @@ def main() -> int:
                              "leaving the writer the core a GPU host leaves it)")
     parser.add_argument("--runs", default="400,2000",
                         help="whole-run lengths in steps for part 3 ('' skips it)")
-    parser.add_argument("--run-rounds", type=int, default=2)
-    parser.add_argument("--run-width", type=int, default=WIDTH)
+    parser.add_argument("--run-rounds", type=int, default=8)
+    parser.add_argument("--run-width", type=int, default=RUN_WIDTH)
+    parser.add_argument("--run-cores", default="auto",
+                        help="training thread's cores in part 3: auto (those serving the "
+                             "fewest device interrupts), rotate, none, or a list like 0,1")
     parser.add_argument("--only", choices=("runs", "blocking"), default=None)
     parser.add_argument("--child", choices=("plain", "trainwatch"), help=argparse.SUPPRESS)
     parser.add_argument("--child-steps", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child-dir", help=argparse.SUPPRESS)
     parser.add_argument("--child-socket", help=argparse.SUPPRESS)
+    parser.add_argument("--child-cores", help=argparse.SUPPRESS)
     args = parser.parse_args()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     if args.child:
         print(json.dumps(run_child(args.child, args.child_steps, args.run_width, args.threads,
-                                   args.every, Path(args.child_dir), args.child_socket)))
+                                   args.every, Path(args.child_dir), args.child_socket,
+                                   {int(c) for c in args.child_cores.split(",")}
+                                   if args.child_cores else None)))
         return 0
     lengths = [int(n) for n in args.runs.split(",") if n.strip()]
     if args.only == "runs":
-        runs = bench_runs(lengths, args.run_rounds, args.run_width, args.threads, args.every)
+        runs = bench_runs(lengths, args.run_rounds, args.run_width, args.threads, args.every,
+                          args.run_cores)
         print_runs(runs)
         print(json.dumps({"benchmark": "checkpoint.runs", "machine": _machine(),
                           "runs": runs, "goals_met": run_goals(runs, lengths)}))
@@ -496,7 +671,8 @@ def main() -> int:
                               "blocking": blocking}))
             return 0
         loop = bench_loop(Path(tmp), model, optimizer, args.rounds, args.every, writers)
-    runs = (bench_runs(lengths, args.run_rounds, args.run_width, args.threads, args.every)
+    runs = (bench_runs(lengths, args.run_rounds, args.run_width, args.threads, args.every,
+                          args.run_cores)
             if lengths else None)
     judged = loop[f"on_{writers[0]}"]
     result = {
@@ -557,15 +733,15 @@ def _machine() -> str:
 
 
 def run_goals(runs: dict[str, Any], lengths: list[int]) -> dict[str, bool]:
-    """Issue 28, acceptance 4: the longest run's overhead (loop) <= 2 %, on the wall clock and
-    without the waits for a core; and whether the wall clock could resolve 2 % at all here (the
-    plain runs moved less than that between rounds)."""
+    """Issue 28, acceptance 4: the longest run's overhead <= 2 % on the wall clock, judged on
+    the upper end of the median's 90 % interval (a median under 2 % whose interval reaches
+    past it is not a result), with the method's own noise floor within 1 % (the same work
+    against itself comes out even, so the pairing is not biased)."""
     longest = runs[f"steps_{max(lengths)}"]
-    return {"long_run_overhead_le_2pct": longest["loop_overhead_pct"] <= 2,
-            "long_run_overhead_le_2pct_without_core_waits":
-                longest["loop_overhead_unqueued_pct"] <= 2,
-            "wall_clock_resolves_2pct": longest["plain_loop_spread_pct"] is not None
-            and longest["plain_loop_spread_pct"] < 2}
+    wall = longest["wall"]
+    return {"long_run_overhead_le_2pct": wall["median_pct"] <= 2 and wall["ci90_pct"][1] <= 2,
+            "long_run_noise_floor_within_1pct": abs(wall["noise_floor_pct"]) <= 1,
+            "long_run_same_work": longest["same_work"]}
 
 
 if __name__ == "__main__":

@@ -301,7 +301,8 @@ def whole_runs(lengths: list[int], args: argparse.Namespace) -> dict[str, Any]:
     """benchmarks/checkpoint.py's whole-run comparison (one implementation), printed."""
     from benchmarks.checkpoint import bench_runs, print_runs, run_goals
 
-    runs = bench_runs(lengths, args.run_rounds, args.run_width, args.run_threads, every=50)
+    runs = bench_runs(lengths, args.run_rounds, args.run_width, args.run_threads, every=50,
+                      cores=args.run_cores)
     print_runs(runs)
     runs.update(run_goals(runs, lengths))
     return runs
@@ -317,10 +318,14 @@ def main() -> int:
     parser.add_argument("--only", choices=("sync", "runs"), default=None)
     parser.add_argument("--runs", default="400,2000",
                         help="whole-run lengths (client + async checkpoints vs none); '' skips")
-    parser.add_argument("--run-rounds", type=int, default=2)
-    parser.add_argument("--run-width", type=int, default=2500,
-                        help="width of the 4 layers of the runs' model (2500: 200 MB state)")
+    parser.add_argument("--run-rounds", type=int, default=8,
+                        help="rounds of three runs (plain and Trainwatch sandwiched)")
+    parser.add_argument("--run-width", type=int, default=1024,
+                        help="width of the 4 layers of the runs' model (1024: 33.6 MB state)")
     parser.add_argument("--run-threads", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    parser.add_argument("--run-cores", default="auto",
+                        help="training thread's cores: auto, rotate, none or a list (see "
+                             "benchmarks/checkpoint.py)")
     args = parser.parse_args()
     lengths = [int(n) for n in args.runs.split(",") if n.strip()]
     if args.only == "runs":
