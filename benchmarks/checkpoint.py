@@ -76,6 +76,9 @@ import torch
 from exporters.rank.checkpoint import WRITERS, CheckpointManager
 from exporters.rank.checkpoint_writer import shared_writer_pid
 
+# run as a script, the whole-run part imports its sibling benchmark module
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 WIDTH = 2500
 LAYERS = 4  # 4 x 2500 x 2500 = 25 M parameters: 100 MB of weights + 100 MB of momentum
 

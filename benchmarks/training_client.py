@@ -43,6 +43,9 @@ from prometheus_client import CollectorRegistry, Gauge
 from exporters.contract.launcher import RankInfo
 from exporters.rank.client import TrainingMonitor
 
+# run as a script, the whole-run part imports its sibling benchmark module
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 INFO = RankInfo("bench", 0, 0, 1, 0)
 
 
