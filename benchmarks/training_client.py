@@ -300,12 +300,22 @@ def print_sync(result: dict[str, Any]) -> None:
               f"all-reduce {result['growth_all_reduce']}x")
 
 
-def whole_runs(lengths: list[int], args: argparse.Namespace) -> dict[str, Any]:
-    """benchmarks/checkpoint.py's whole-run comparison (one implementation), printed."""
-    from benchmarks.checkpoint import bench_runs, print_runs, run_goals
+def whole_runs(args: argparse.Namespace) -> dict[str, Any]:
+    """benchmarks/checkpoint.py's whole-run comparison (one implementation, its defaults),
+    printed. Imported here: it loads torch, which the other parts do not need."""
+    from benchmarks.checkpoint import (
+        RUN_ROUNDS,
+        RUN_WIDTH,
+        bench_runs,
+        print_runs,
+        run_goals,
+        run_lengths,
+    )
 
-    runs = bench_runs(lengths, args.run_rounds, args.run_width, args.run_threads, every=50,
-                      cores=args.run_cores)
+    lengths = run_lengths(args.runs)
+    runs = bench_runs(lengths, RUN_ROUNDS if args.run_rounds is None else args.run_rounds,
+                      RUN_WIDTH if args.run_width is None else args.run_width,
+                      args.run_threads, every=50, cores=args.run_cores)
     print_runs(runs)
     runs.update(run_goals(runs, lengths))
     return runs
@@ -321,18 +331,19 @@ def main() -> int:
     parser.add_argument("--only", choices=("sync", "runs"), default=None)
     parser.add_argument("--runs", default="400,2000",
                         help="whole-run lengths (client + async checkpoints vs none); '' skips")
-    parser.add_argument("--run-rounds", type=int, default=8,
-                        help="rounds of three runs (plain and Trainwatch sandwiched)")
-    parser.add_argument("--run-width", type=int, default=1024,
-                        help="width of the 4 layers of the runs' model (1024: 33.6 MB state)")
+    parser.add_argument("--run-rounds", type=int, default=None,
+                        help="rounds of three runs, plain and Trainwatch sandwiched "
+                             "(default: benchmarks/checkpoint.py's)")
+    parser.add_argument("--run-width", type=int, default=None,
+                        help="width of the 4 layers of the runs' model "
+                             "(default: benchmarks/checkpoint.py's)")
     parser.add_argument("--run-threads", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     parser.add_argument("--run-cores", default="auto",
                         help="training thread's cores: auto, rotate, none or a list (see "
                              "benchmarks/checkpoint.py)")
     args = parser.parse_args()
-    lengths = [int(n) for n in args.runs.split(",") if n.strip()]
     if args.only == "runs":
-        runs = whole_runs(lengths, args)
+        runs = whole_runs(args)
         print(json.dumps({"benchmark": "training_client.runs", "runs": runs}))
         return 0
     sync_result = bench_sync((2, 4), args.sync_iters, args.sync_rounds)
@@ -370,7 +381,7 @@ def main() -> int:
         "gauge_set_over_report_median": round(calls["gauge_set"]["median_us"] / report_median, 2),
         "loop_10ms": loop,
         "sync": sync_result,
-        "runs": whole_runs(lengths, args) if lengths else None,
+        "runs": whole_runs(args) if args.runs.strip() else None,
     }
     result["goals_met"] = {
         "median_le_5us": report_median <= 5,

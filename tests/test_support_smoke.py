@@ -33,3 +33,20 @@ def test_free_ports_are_never_ones_an_outgoing_connection_could_take() -> None:
     ports = [net.free_port() for _ in range(20)]
     assert len(set(ports)) == 20
     assert all(1024 <= port < start for port in ports), (start, ports)
+
+
+def test_free_port_falls_back_to_the_kernel_when_its_slice_is_used_up(monkeypatch) -> None:
+    """A worker whose slice is all given out must still get a port, not loop forever."""
+    import threading
+
+    from tests.support import net
+
+    small = range(20000, 20100)
+    monkeypatch.setattr(net, "_worker_slice", lambda low, high: small)
+    monkeypatch.setattr(net, "_issued", set(small))
+    got: list[int] = []
+    worker = threading.Thread(target=lambda: got.append(net.free_port()), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "free_port kept looping over a used-up slice"
+    assert got and got[0] not in small

@@ -29,9 +29,12 @@ def _ephemeral_start() -> int:
 def _worker_slice(low: int, high: int) -> range:
     """This pytest-xdist worker's share of [low, high): two workers never pick the same port."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-    index = int(worker) if worker.isdigit() else 0
-    width = (high - low) // max(count, 1)
+    try:
+        count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    except ValueError:
+        count = 1
+    index = int(worker) % count if worker.isdigit() else 0
+    width = (high - low) // count
     return range(low + index * width, low + (index + 1) * width)
 
 
@@ -44,6 +47,17 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _kernel_port() -> int:
+    """The kernel's choice (bind to 0), never one this process gave out before."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _issued:
+            _issued.add(port)
+            return port
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago, for a server the test starts.
 
@@ -52,21 +66,17 @@ def free_port() -> int:
     connection on the machine between this call and the server's bind, which made torchrun's
     rendezvous fail with EADDRINUSE under a loaded suite. Ports already given out in this test
     process are never returned again, so two servers of one stack are never told to share one.
+    A slice that is too small or used up falls back to the kernel's choice instead of looping.
     """
     candidates = _worker_slice(_FLOOR, _ephemeral_start())
-    if len(candidates) < 100:  # an unusual port range: fall back to the kernel's choice
-        while True:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = int(sock.getsockname()[1])
-            if port not in _issued:
+    if len(candidates) >= 100:
+        start = random.randrange(len(candidates))  # spreading, not secrecy
+        for i in range(len(candidates)):  # each candidate once, from a random start
+            port = candidates[(start + i) % len(candidates)]
+            if port not in _issued and _bindable(port):
                 _issued.add(port)
                 return port
-    while True:
-        port = random.choice(candidates)  # spreading, not secrecy
-        if port not in _issued and _bindable(port):
-            _issued.add(port)
-            return port
+    return _kernel_port()
 
 
 class Abort(Exception):

@@ -16,8 +16,10 @@ import pytest
 from benchmarks.checkpoint import (
     _round_plan,
     _summarise_runs,
+    bench_runs,
     device_interrupt_counts,
     run_goals,
+    run_lengths,
     training_cores,
 )
 
@@ -63,11 +65,28 @@ def test_the_training_thread_goes_to_the_core_that_serves_the_fewest_device_inte
     allowed = sorted(os.sched_getaffinity(0))
     if set(allowed) >= {0, 1}:
         assert training_cores(1, "auto", counts) == [{0}]
-        assert training_cores(1, "rotate") == [{c} for c in allowed[:1]] + [
-            {c} for c in allowed[1:]]
+        assert training_cores(1, "rotate") == [{c} for c in allowed]
     assert training_cores(1, "none") is None
-    with pytest.raises(SystemExit, match="not a subset"):
-        training_cores(1, "9999")
+    for bad in ("9999", "a,b", ","):
+        with pytest.raises(SystemExit, match="subset of the allowed cores"):
+            training_cores(1, bad)
+
+
+@pytest.mark.parametrize(("runs", "message"), [("400,abc", "comma-separated step counts"),
+                                               ("400,50", "at least 100 steps")])
+def test_run_lengths_that_cannot_be_timed_get_a_clear_error(runs: str, message: str) -> None:
+    with pytest.raises(SystemExit, match=message):
+        run_lengths(runs)
+    assert run_lengths("400, 2000") == [400, 2000]
+
+
+def test_no_runs_or_no_rounds_is_refused_before_any_process_starts() -> None:
+    with pytest.raises(SystemExit, match="no run lengths"):
+        bench_runs([], 8, 1024, 1, 50)
+    with pytest.raises(SystemExit, match="at least 1"):
+        bench_runs([400], 0, 1024, 1, 50)
+    with pytest.raises(SystemExit, match="each at least 1"):
+        bench_runs([400], 8, 0, 1, 50)
 
 
 def test_the_overhead_is_each_rounds_mean_against_mean_and_the_noise_floor_its_same_mode_pair(
@@ -93,6 +112,10 @@ def test_the_goal_is_judged_on_the_upper_end_of_the_interval_not_the_median() ->
     scattered = [_round([10.0, 10.0], [x]) for x in (10.1, 10.6, 9.7, 10.1, 10.6, 9.6)]
     goals = run_goals({"steps_2000": _summarise_runs(scattered)}, [2000])
     assert goals["long_run_overhead_le_2pct"] is False
+    # one round's interval is the round itself: reported, not judged
+    one = [_round([10.0, 10.0], [10.1])]
+    assert run_goals({"steps_2000": _summarise_runs(one)}, [2000])[
+        "long_run_overhead_le_2pct"] is False
 
 
 def test_runs_that_did_different_arithmetic_void_the_comparison() -> None:
