@@ -76,6 +76,7 @@ from exporters.contract.goodput import RESTORE, SAVE, blocking
 from exporters.rank import train_state as ts
 from exporters.rank.checkpoint_writer import WriterError, WriterProcess, shared_writer
 from exporters.rank.counters import RankCounters
+from exporters.rank.serial_thread import SerialThread
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"
@@ -307,7 +308,10 @@ class CheckpointManager:
         self.world_size = dist.get_world_size(process_group) if self._distributed else 1
         self._saves = 0
         self._lock = threading.Lock()  # manifest updates (committer thread vs training thread)
-        self._inflight: threading.Thread | None = None
+        self._inflight: Future[Any] | None = None
+        # the background half of every asynchronous save runs on this one thread, started
+        # here rather than at each save (see serial_thread)
+        self._committer = SerialThread("trainwatch-checkpoint-commit")
         # One stager for the manager's life: it keeps the CPU copy's storage and copies into
         # it again at the next save (a fresh one per save pays allocation and page faults on
         # every save). Reuse is safe because a save waits for the one before it.
@@ -328,6 +332,8 @@ class CheckpointManager:
                                                      self._async_staging, False))
                         if asynchronous else None)
         self._staging: Future[Any] | None = None
+        if self._stager is not None:
+            self._committer.start()
         if self._async_staging:
             hook_target.register_step_pre_hook(lambda *_: self.wait_staged())
         # DCP's collectives (and the commit all-reduce) run on a group of their own, so a
@@ -512,12 +518,9 @@ class CheckpointManager:
             staged = self._stager.stage(state)
             if isinstance(staged, Future):
                 self._staging = staged
-            thread = threading.Thread(
-                target=self._finish, name="trainwatch-checkpoint-commit", daemon=True,
-                args=(lambda: self._write_staged(staged, target), target, job, rng, entry,
-                      mine_healthy))
-            self._inflight = thread
-            thread.start()
+            self._inflight = self._committer.submit(
+                self._finish, lambda: self._write_staged(staged, target), target, job, rng,
+                entry, mine_healthy)
         else:
             self._finish(lambda: dcp.save(state, checkpoint_id=str(target),
                                           process_group=self._group),
@@ -587,12 +590,16 @@ class CheckpointManager:
     def wait(self) -> None:
         """Block until the save in flight (if any) is committed or has failed."""
         self.wait_staged()
-        thread, self._inflight = self._inflight, None
-        if thread is not None:
-            thread.join()
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            try:
+                inflight.result()
+            except Exception:  # _finish reports its own failures; this is a bug in it
+                log.exception("checkpoint commit raised")
 
     def close(self) -> None:
         self.wait()
+        self._committer.close()
         if self._stager is not None:
             self._stager.close()
             self._stager = None

@@ -276,12 +276,16 @@ class TrainingMonitor:
     def _drained(self, timeout: float = 10.0) -> bool:
         """Wait until the shipper has looked at every report made so far (losses given as
         tensors are only recognised as non-finite there)."""
+        shipper = self._shipper
         deadline = time.monotonic() + timeout
-        while self._shipper.is_alive() and self._shipper.seen_seq < self._seq:
-            if time.monotonic() > deadline:
-                return False
-            self._shipper.wake.set()
-            time.sleep(0.001)
+        with shipper.caught_up:  # held from the check to the wait: no notify is missed
+            while shipper.is_alive() and shipper.seen_seq < self._seq:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                shipper.wake.set()
+                # woken when the shipper drained; the short cap notices a shipper that died
+                shipper.caught_up.wait(min(remaining, 0.05))
         return True
 
     def _healthy_since_last_save(self) -> bool:
