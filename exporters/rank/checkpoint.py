@@ -51,6 +51,7 @@ import secrets
 import shutil
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -312,6 +313,9 @@ class CheckpointManager:
         # the background half of every asynchronous save runs on this one thread, started
         # here rather than at each save (see serial_thread)
         self._committer = SerialThread("trainwatch-checkpoint-commit")
+        # a manager dropped without close() lets its thread end too (the thread holds no
+        # reference to the manager, only to the calls queued on it)
+        weakref.finalize(self, self._committer.close)
         # One stager for the manager's life: it keeps the CPU copy's storage and copies into
         # it again at the next save (a fresh one per save pays allocation and page faults on
         # every save). Reuse is safe because a save waits for the one before it.

@@ -55,14 +55,15 @@ _Calls = queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...
 
 
 def _run(calls: _Calls) -> None:
-    while True:
-        item = calls.get()
-        if item is None:
-            return
-        future, call, args = item
-        if not future.set_running_or_notify_cancel():
-            continue
-        try:
-            future.set_result(call(*args))
-        except BaseException as exc:  # handed to whoever waits on the future
-            future.set_exception(exc)
+    while (item := calls.get()) is not None:
+        _call(*item)
+        del item  # holds the call (a manager's bound method) while the queue is empty
+
+
+def _call(future: Future[Any], call: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(call(*args))
+    except BaseException as exc:  # handed to whoever waits on the future
+        future.set_exception(exc)

@@ -106,3 +106,19 @@ def test_the_save_health_check_waits_for_the_shipper_without_polling(
         assert monitor._healthy_since_last_save()  # counted once
     finally:
         monitor.close()
+
+
+def test_a_manager_dropped_without_close_lets_its_commit_thread_end(tmp_path: Path) -> None:
+    import gc
+
+    model, optimizer = _model()
+    manager = CheckpointManager(tmp_path / "ckpt", model, optimizer, keep=1,
+                                asynchronous=True, writer="thread", staging="on_save")
+    manager.save(1, loss=1.0)
+    manager.wait()
+    thread = manager._committer._thread
+    assert thread is not None and thread.is_alive()
+    del manager
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive(), "a dropped manager left its commit thread behind"
