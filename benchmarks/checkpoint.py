@@ -330,7 +330,7 @@ class CoreBinding:
     shared VM can run at different speeds for minutes (one measured 40 % slower than the
     other, same work), and the scheduler puts a process on either; pairing runs on the same
     core is what makes them comparable. Threads are created inside Trainwatch after the
-    binding (a save's commit thread, DCP's staging thread) and inherit the training cores,
+    binding (DCP's staging thread, at the first save) and inherit the training cores,
     so a keeper thread moves each new one to the rest within 10 ms."""
 
     def __init__(self, training: set[int]) -> None:

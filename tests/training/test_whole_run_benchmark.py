@@ -127,7 +127,7 @@ def test_runs_that_did_different_arithmetic_void_the_comparison() -> None:
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to bind one")
 def test_the_training_thread_keeps_its_core_and_threads_started_later_are_moved_off_it() -> None:
-    """Trainwatch starts threads after the binding (a save's commit thread, DCP's staging
+    """Trainwatch starts threads after the binding (DCP's staging
     thread); they inherit the training core and must leave it, or the benchmark would charge
     Trainwatch for sharing a core that a real job leaves spare."""
     script = textwrap.dedent("""
