@@ -12,8 +12,8 @@ from __future__ import annotations
 from alert_rules.config import Profile, seconds
 from alert_rules.model import Alert, Group, Record, alert_groups
 from alert_rules.promql import sel
-from exporters.contract import catalog
-from exporters.contract.goodput import PRODUCTIVE
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract.goodput import PRODUCTIVE
 
 WALL_RATE = "training_job:training_wall_seconds:rate"
 GOODPUT_RATE = "training_job:training_goodput_seconds:rate"

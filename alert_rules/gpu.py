@@ -6,7 +6,7 @@ from alert_rules import gpu_source, recording
 from alert_rules.config import Profile
 from alert_rules.model import Alert, Group, alert_groups
 from alert_rules.promql import new_events, sel, with_host, with_node, without_host
-from exporters.contract import catalog
+from trainwatch.exporters.contract import catalog
 
 # uncorrectable errors since the driver loaded (the aggregate counter repeats the same events
 # and is not supported everywhere)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from alert_rules.config import ConfigError, Profile
 from alert_rules.model import Group, Record
 from alert_rules.promql import sel
-from exporters.contract import catalog as c
+from trainwatch.exporters.contract import catalog as c
 
 TRAINWATCH, DCGM = "trainwatch", "dcgm"
 

@@ -6,7 +6,7 @@ from alert_rules import recording
 from alert_rules.config import Profile
 from alert_rules.model import Alert, Group, alert_groups
 from alert_rules.promql import sel, with_node
-from exporters.contract import catalog
+from trainwatch.exporters.contract import catalog
 
 FS = "{{ $labels.mountpoint }} on {{ $labels.node }}"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alert_rules.config import Profile, seconds
 from alert_rules.model import Group, Record
 from alert_rules.promql import sel
-from exporters.contract import catalog
+from trainwatch.exporters.contract import catalog
 
 STEP_TIME_PER_RANK = "training_job_rank:training_step_duration_seconds:rate_mean"
 STEP_TIME_MEDIAN_RANK = "training_job:training_step_duration_seconds:median_over_ranks"

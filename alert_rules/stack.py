@@ -5,7 +5,7 @@ from __future__ import annotations
 from alert_rules.config import Profile
 from alert_rules.model import Alert, Group, alert_groups
 from alert_rules.promql import new_events, sel, with_node
-from exporters.contract import catalog
+from trainwatch.exporters.contract import catalog
 
 ACTION_FAILED = 'result="failed"'
 

@@ -12,7 +12,7 @@ from alert_rules import recording
 from alert_rules.config import Profile, seconds
 from alert_rules.model import Alert, Group, Record, alert_groups
 from alert_rules.promql import new_events, sel
-from exporters.contract import catalog
+from trainwatch.exporters.contract import catalog
 
 JOB_RANK = "job {{ $labels.training_job }} rank {{ $labels.rank }}"
 

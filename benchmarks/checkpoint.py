@@ -73,8 +73,8 @@ from typing import Any
 
 import torch
 
-from exporters.rank.checkpoint import WRITERS, CheckpointManager
-from exporters.rank.checkpoint_writer import shared_writer_pid
+from trainwatch.exporters.rank.checkpoint import WRITERS, CheckpointManager
+from trainwatch.exporters.rank.checkpoint_writer import shared_writer_pid
 
 # run as a script, the whole-run part imports its sibling benchmark module
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -382,8 +382,8 @@ def run_child(mode: str, steps: int, width: int, threads: int, every: int,
     monitor = manager = None
     started = time.perf_counter()
     if mode == "trainwatch":
-        from exporters.contract.launcher import RankInfo
-        from exporters.rank.client import TrainingMonitor
+        from trainwatch.exporters.contract.launcher import RankInfo
+        from trainwatch.exporters.rank.client import TrainingMonitor
 
         manager = CheckpointManager(workdir / "ckpt", model, optimizer, keep=1)
         monitor = TrainingMonitor(rank_info=RankInfo("bench-run", 0, 0, 1, 0),

@@ -127,8 +127,13 @@ def dig(data: dict[str, Any], path: str) -> float:
 
 def check_isolation(trees: dict[str, tuple[Path, Path]]) -> None:
     """Each tree's python imports that tree's packages, never the other's."""
-    probe = ("import exporters, remediation, json; "
-             "print(json.dumps([exporters.__file__, remediation.__file__]))")
+    # a base from before the one namespace (ad1fd2a and older) imports `exporters` and
+    # `remediation` from its own tree; the working tree's `trainwatch.*` comes from the
+    # virtualenv's editable install, which points at this checkout
+    probe = ("import json\n"
+             "try:\n    import trainwatch.exporters as e, trainwatch.remediation as r\n"
+             "except ImportError:\n    import exporters as e, remediation as r\n"
+             "print(json.dumps([e.__file__, r.__file__]))")
     for name, (tree, python) in trees.items():
         env = {**os.environ, "PYTHONPATH": str(tree)}
         paths = json.loads(subprocess.run([str(python), "-c", probe], cwd=tree, env=env,

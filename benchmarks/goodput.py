@@ -34,7 +34,7 @@ from benchmarks.training_client import (
     thread_cpu_seconds,
     time_calls,
 )
-from exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.rank.client import TrainingMonitor
 
 
 class NoAccount:

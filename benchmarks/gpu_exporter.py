@@ -76,9 +76,13 @@ def floor_rss_mib() -> tuple[float, float]:
 
 def cycle_ms(gpus: int, gpm: bool, latency: bool, cycles: int) -> float:
     """Median wall time of one collection cycle, in process (no HTTP)."""
-    from exporters.node.gpu.collector_loop import CollectionLoop
-    from exporters.node.gpu.fake_nvml import H100_CALL_LATENCY_MS, FakeNvml, simulated_scenario
-    from exporters.node.gpu.processes import ProcessAttributor
+    from trainwatch.exporters.node.gpu.collector_loop import CollectionLoop
+    from trainwatch.exporters.node.gpu.fake_nvml import (
+        H100_CALL_LATENCY_MS,
+        FakeNvml,
+        simulated_scenario,
+    )
+    from trainwatch.exporters.node.gpu.processes import ProcessAttributor
 
     scenario = simulated_scenario(gpus, dynamic=False)
     if latency:
@@ -106,10 +110,10 @@ def serve_baseline(port: int, gpus: int) -> None:
     """The naive exporter: a collect() that runs a full NVML cycle per scrape."""
     from prometheus_client import REGISTRY, start_http_server
 
-    from exporters.node.gpu.collector_loop import CollectionLoop
-    from exporters.node.gpu.exposition import snapshot_families
-    from exporters.node.gpu.fake_nvml import FakeNvml, simulated_scenario
-    from exporters.node.gpu.processes import ProcessAttributor
+    from trainwatch.exporters.node.gpu.collector_loop import CollectionLoop
+    from trainwatch.exporters.node.gpu.exposition import snapshot_families
+    from trainwatch.exporters.node.gpu.fake_nvml import FakeNvml, simulated_scenario
+    from trainwatch.exporters.node.gpu.processes import ProcessAttributor
 
     fake = FakeNvml(simulated_scenario(gpus))
     loop = CollectionLoop(fake, interval=1.0, attributor=ProcessAttributor(fake.process_environ),

@@ -28,9 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from remediation.app import create_app  # noqa: E402
-from remediation.config import load_config  # noqa: E402
 from tests.remediation.helpers import alert, auth, payload, write_config, write_playbook  # noqa: E402
+from trainwatch.remediation.app import create_app  # noqa: E402
+from trainwatch.remediation.config import load_config  # noqa: E402
 
 
 def main() -> int:

@@ -12,7 +12,8 @@ One command, all designs in the same run on the same machine:
 * `baseline_queue_per_record`: the design from the articles Trainwatch started from, rebuilt
   here: an unbounded queue.Queue drained by a thread that calls FileHandler.emit per record.
   (Its second close() waits forever in the original; guarded here so the run can finish.)
-* `trainwatch_async`: exporters.rank.logs.handler.AsyncEcsHandler (ECS JSON lines, which are
+* `trainwatch_async`: trainwatch.exporters.rank.logs.handler.AsyncEcsHandler (ECS JSON lines, which
+are
   longer than the other designs' plain-text lines: it writes more bytes, not fewer). Its
   writer wakes on its timer (`flush_interval`) or when half the capacity waits.
 * `trainwatch_wake_per_16_batches`: the same handler with a wake-up per 16 batches
@@ -57,7 +58,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exporters.rank.logs.handler import AsyncEcsHandler
+from trainwatch.exporters.rank.logs.handler import AsyncEcsHandler
 
 KINDS = ("sync_file", "stdlib_queue", "baseline_queue_per_record", "trainwatch_writer_encodes",
          "trainwatch_wake_per_16_batches", "trainwatch_async")

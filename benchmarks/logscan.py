@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from exporters.node.logs.scanner import Scanner, Source
+from trainwatch.exporters.node.logs.scanner import Scanner, Source
 
 CHUNK = 1024 * 1024
 

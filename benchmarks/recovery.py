@@ -54,7 +54,7 @@ ALERTS = ("GpuXidErrors", "GpuLost")
 
 
 def _seconds(value: str) -> float:
-    from remediation.durations import seconds
+    from trainwatch.remediation.durations import seconds
 
     return seconds(value)
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import requests
 
 from benchmarks import remote_write
-from exporters.contract.catalog import PORTS
-from exporters.contract.goodput import DISCARD_CAUSES, KINDS
+from trainwatch.exporters.contract.catalog import PORTS
+from trainwatch.exporters.contract.goodput import DISCARD_CAUSES, KINDS
 
 GPUS_PER_NODE = 8
 BUCKETS = ("0.05", "0.1", "0.25", "0.5", "1.0", "2.5", "5.0", "+Inf")

@@ -13,7 +13,7 @@ Then a loop of ~10 ms steps (torch matmuls, single thread, like a small training
 report + step_end on and off in interleaved short chunks plus an off/off control for the
 noise floor, and the library's CPU accounted directly (see bench_loop for why).
 Then the cost of a sync step with no new commands (the in-band agreement's common path,
-exporters.rank.sync.Agreement.exchange) at 2 and 4 gloo ranks, next to a 1-float
+trainwatch.exporters.rank.sync.Agreement.exchange) at 2 and 4 gloo ranks, next to a 1-float
 all-reduce and the former unconditional all_gather_object, interleaved in the same run
 (`--only sync` runs just that part).
 Then (issue 28, `--runs 400,2000`; `--only runs` runs just that part) whole runs of a training
@@ -40,8 +40,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from exporters.contract.launcher import RankInfo
-from exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank.client import TrainingMonitor
 
 # run as a script, the whole-run part imports its sibling benchmark module
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -228,7 +228,7 @@ def _sync_rank(rank: int, world: int, port: int, iters: int, rounds: int, out: A
     import torch
     import torch.distributed as dist
 
-    from exporters.rank import sync
+    from trainwatch.exporters.rank import sync
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

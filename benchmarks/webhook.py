@@ -51,8 +51,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from exporters.contract.catalog import PORTS  # noqa: E402
 from tests.support.net import free_port, wait_until  # noqa: E402
+from trainwatch.exporters.contract.catalog import PORTS  # noqa: E402
 
 TOKEN = secrets.token_hex(16)
 ACTION_SECONDS = 0.02

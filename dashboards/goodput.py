@@ -18,8 +18,8 @@ from dashboards.panels import (
     stat_panel,
     timeseries_panel,
 )
-from exporters.contract import catalog as c
-from exporters.contract.goodput import PRODUCTIVE
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.contract.goodput import PRODUCTIVE
 
 UID = "trainwatch-goodput"
 J = 'training_job=~"$training_job"'

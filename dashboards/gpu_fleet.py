@@ -14,7 +14,7 @@ from dashboards.panels import (
     stat_panel,
     timeseries_panel,
 )
-from exporters.contract import catalog as c
+from trainwatch.exporters.contract import catalog as c
 
 UID = "trainwatch-gpu-fleet"
 G = f'{SCOPE},gpu=~"$gpu"'

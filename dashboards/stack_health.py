@@ -14,7 +14,7 @@ from dashboards.panels import (
     table_panel,
     timeseries_panel,
 )
-from exporters.contract import catalog as c
+from trainwatch.exporters.contract import catalog as c
 
 UID = "trainwatch-stack-health"
 S = SCOPE

@@ -21,7 +21,7 @@ from dashboards.panels import (
     timeseries_panel,
     top_ranks,
 )
-from exporters.contract import catalog as c
+from trainwatch.exporters.contract import catalog as c
 
 UID = "trainwatch-training-job"
 # training-exporter series

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from exporters.rank import FrameworkCallback
+from trainwatch.exporters.rank import FrameworkCallback
 
 
 class TrainwatchCallback(FrameworkCallback, TrainerCallback):

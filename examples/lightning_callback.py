@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from exporters.rank import FrameworkCallback
+from trainwatch.exporters.rank import FrameworkCallback
 
 
 class TrainwatchCallback(FrameworkCallback, Callback):

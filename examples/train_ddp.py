@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from exporters.rank import (
+from trainwatch.exporters.rank import (
     CheckpointManager,
     ModelFlops,
     TrainingMonitor,
@@ -61,7 +61,7 @@ def structured_logging(directory: str | None) -> None:
     directory is given by --log-dir or TRAINWATCH_LOG_DIR."""
     if not directory:
         return
-    from exporters.rank import AsyncEcsHandler
+    from trainwatch.exporters.rank import AsyncEcsHandler
 
     log.addHandler(AsyncEcsHandler(directory))
     log.setLevel(logging.INFO)

@@ -1,6 +1,7 @@
 """Flask application factory: webhook intake, audit/approval API, health and metrics.
 
-The webhook answers 200 only after the intents are committed to SQLite (remediation.committer
+The webhook answers 200 only after the intents are committed to SQLite
+(trainwatch.remediation.committer
 batches concurrent deliveries into one fsync), and 200 even if the
 actions later fail: Alertmanager retries 5xx (re-running the action is exactly what must not
 happen), while a 4xx is not retried, which is what garbage deserves. Order of checks:
@@ -8,10 +9,11 @@ happen), while a 4xx is not retried, which is what garbage deserves. Order of ch
 alert on its own, validated by the request thread before the store is touched (an invalid one
 is recorded with its reason; 200 when every alert was recorded) -> 503 only for a delivery
 that was not recorded (the store failed or stayed busy past the deadline; a large one
-recorded in part says how much), which is when a retry helps (remediation.committer).
+recorded in part says how much), which is when a retry helps (trainwatch.remediation.committer).
 
 Credentials: the webhook token posts alerts and reads the audit; approving or rejecting needs
-an approver token (remediation.approvers), and the audit records the approver's name bound to
+an approver token (trainwatch.remediation.approvers), and the audit records the approver's name
+bound to
 that token. The webhook token is refused there (403).
 """
 
@@ -28,17 +30,17 @@ from flask import Blueprint, Flask, Response, current_app, jsonify, request
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from exporters.contract.tokens import bearer, token_matches
-from remediation import lifecycle
-from remediation.approvers import ApproverFile
-from remediation.committer import CommitFailed, GroupCommitter
-from remediation.config import Config
-from remediation.ingest import printable
-from remediation.metrics import StoreCollector, WebhookMetrics
-from remediation.playbooks import Playbook, load_playbooks
-from remediation.schemas import first_error
-from remediation.store import Store
-from remediation.stores import open_store
+from trainwatch.exporters.contract.tokens import bearer, token_matches
+from trainwatch.remediation import lifecycle
+from trainwatch.remediation.approvers import ApproverFile
+from trainwatch.remediation.committer import CommitFailed, GroupCommitter
+from trainwatch.remediation.config import Config
+from trainwatch.remediation.ingest import printable
+from trainwatch.remediation.metrics import StoreCollector, WebhookMetrics
+from trainwatch.remediation.playbooks import Playbook, load_playbooks
+from trainwatch.remediation.schemas import first_error
+from trainwatch.remediation.store import Store
+from trainwatch.remediation.stores import open_store
 
 log = logging.getLogger(__name__)
 bp = Blueprint("remediation", __name__)

@@ -7,13 +7,15 @@ The approvers file names each approver with a SHA-256 digest of their bearer tok
 
 Only digests are stored, so the file (and its backups) cannot be used to approve. SHA-256
 rather than a slow hash (scrypt) because the tokens are 256-bit random strings made by
-`python -m remediation.approvers add`, never passwords a person chose: there is no dictionary
+`python -m trainwatch.remediation.approvers add`, never passwords a person chose: there is no
+dictionary
 to try, and every request is verified without a deliberate 50 ms delay. The identity recorded
 in the audit is the name bound to the token, never a header the caller sets. The webhook token
 is not an approver token (checked at load and per request), so whoever can post alerts cannot
 also approve what they caused.
 
-    python -m remediation.approvers add NAME --file APPROVERS   # prints the new token once
+    python -m trainwatch.remediation.approvers add NAME --file APPROVERS   # prints the new token
+    once
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporters.contract.atomic_file import atomic_write
+from trainwatch.exporters.contract.atomic_file import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +153,7 @@ class ApproverFile:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m remediation.approvers",
+    parser = argparse.ArgumentParser(prog="python -m trainwatch.remediation.approvers",
                                      description="Manage remediation approver credentials.")
     sub = parser.add_subparsers(dest="command", required=True)
     new = sub.add_parser("add", help="add an approver; prints their token once")
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         token = add(args.file, args.name)
     except (ApproverError, OSError) as exc:
-        print(f"remediation.approvers: {exc}", file=sys.stderr)
+        print(f"trainwatch.remediation.approvers: {exc}", file=sys.stderr)
         return 2
     print(token)
     return 0

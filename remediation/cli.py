@@ -1,7 +1,7 @@
 """`trainwatch-remediation --url URL --token-file F {actions,approve ID,reject ID}`.
 
 `actions` works with the webhook token or an approver token; `approve` and `reject` need an
-approver token (remediation.approvers): the server records the name bound to that token."""
+approver token (remediation/approvers.py): the server records the name bound to that token."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import requests
 
-from exporters import add_version_argument
-from exporters.contract.tokens import SecretFileError, read_secret_file
+from trainwatch.exporters import add_version_argument
+from trainwatch.exporters.contract.tokens import SecretFileError, read_secret_file
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,9 +34,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from remediation.ingest import IngestResult, alert_problems, ingest_in
-from remediation.playbooks import Playbook
-from remediation.store import Store, StoreGone
+from trainwatch.remediation.ingest import IngestResult, alert_problems, ingest_in
+from trainwatch.remediation.playbooks import Playbook
+from trainwatch.remediation.store import Store, StoreGone
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 256  # payloads in one transaction

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import yaml
 
-from exporters.contract.catalog import PORTS
-from exporters.contract.tokens import MIN_TOKEN_LENGTH, SecretFileError, read_secret_file
-from remediation.approvers import ApproverError, Approvers, load_approvers
-from remediation.durations import seconds
-from remediation.schemas import first_error
+from trainwatch.exporters.contract.catalog import PORTS
+from trainwatch.exporters.contract.tokens import MIN_TOKEN_LENGTH, SecretFileError, read_secret_file
+from trainwatch.remediation.approvers import ApproverError, Approvers, load_approvers
+from trainwatch.remediation.durations import seconds
+from trainwatch.remediation.schemas import first_error
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DEFAULT_PLAYBOOKS_DIR = PACKAGE_DIR / "playbooks"
@@ -72,7 +72,7 @@ class PgSettings:
 @dataclass(frozen=True)
 class SchedulerSettings:
     """Config `scheduler:` (issue 23): where the scheduler's commands are, and the rails of
-    the quarantine action (remediation.actions.quarantine)."""
+    the quarantine action (trainwatch.remediation.actions.quarantine)."""
 
     kind: str = "slurm"
     bin_dir: Path | None = None
@@ -122,7 +122,8 @@ class Config:
     alertmanager_auth: tuple[str, str] | None = field(default=None, repr=False)
     # per-priority limits (low / normal / high); a priority not named uses breaker_max_actions
     breaker_max_by_priority: tuple[tuple[str, int], ...] = ()
-    # None: SQLite at store_path (the single-host default); set: PostgreSQL (remediation.pgstore)
+    # None: SQLite at store_path (the single-host default); set: PostgreSQL
+    # (trainwatch.remediation.pgstore)
     postgresql: PgSettings | None = None
     # None: no scheduler actions (a quarantine step is refused)
     scheduler: SchedulerSettings | None = None
@@ -134,7 +135,7 @@ class Config:
 
     @property
     def marker_path(self) -> Path:
-        """The file outside the store that says a store existed here (remediation.marker)."""
+        """The file outside the store that says a store existed here (marker.py)."""
         return self.store_marker_path or self.store_path.with_name(self.store_path.name
                                                                    + ".marker")
 
@@ -225,7 +226,8 @@ def config_from_dict(raw: object, source: Path) -> Config:
             password=_read_secret(_resolve(base, store["password_file"]),
                                   "store.password_file", source),
             **{k: store[k] for k in ("port", "sslmode", "connect_timeout") if k in store})
-        # the marker (remediation.marker) stays on this host, next to the config by default
+        # the marker (trainwatch.remediation.marker) stays on this host, next to the config by
+        # default
         store_path = _resolve(base, raw.get("store_path", "remediation-store"))
     elif "store_path" in raw:
         store_path = _resolve(base, raw["store_path"])

@@ -23,19 +23,19 @@ from typing import Any
 
 import requests
 
-from remediation import lifecycle
-from remediation.actions import quarantine as quarantine_action
-from remediation.actions import silence as silence_action
-from remediation.actions.base import ActionContext, ActionError
-from remediation.actions.registry import ACTIONS, check_targets
-from remediation.config import Config
-from remediation.ingest import ESCALATION_PLAYBOOK
-from remediation.labels import LabelError, safe_labels
-from remediation.lifecycle import Grant, LostLease, cancel_if_resolved, hold
-from remediation.playbooks import Playbook
-from remediation.recovery import RecoveryTimes, unix_time
-from remediation.schedulers.base import SchedulerError
-from remediation.store import PRIORITIES, Intent, Store, Transaction
+from trainwatch.remediation import lifecycle
+from trainwatch.remediation.actions import quarantine as quarantine_action
+from trainwatch.remediation.actions import silence as silence_action
+from trainwatch.remediation.actions.base import ActionContext, ActionError
+from trainwatch.remediation.actions.registry import ACTIONS, check_targets
+from trainwatch.remediation.config import Config
+from trainwatch.remediation.ingest import ESCALATION_PLAYBOOK
+from trainwatch.remediation.labels import LabelError, safe_labels
+from trainwatch.remediation.lifecycle import Grant, LostLease, cancel_if_resolved, hold
+from trainwatch.remediation.playbooks import Playbook
+from trainwatch.remediation.recovery import RecoveryTimes, unix_time
+from trainwatch.remediation.schedulers.base import SchedulerError
+from trainwatch.remediation.store import PRIORITIES, Intent, Store, Transaction
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from remediation.labels import LabelError
+from trainwatch.remediation.labels import LabelError
 
 DEFAULT_TABLE = Path(__file__).resolve().parent / "fault_classes.yaml"
 ACTIONS = ("quarantine", "restart", "none")
@@ -148,7 +148,7 @@ def check_plain_name(name: object, what: str) -> str:
 class NodeMap:
     """Inventory host <-> scheduler node name, for the hosts of the scheduler pool.
 
-    Built from the Ansible inventory (remediation.inventory parses it with Ansible's own
+    Built from the Ansible inventory (trainwatch.remediation.inventory parses it with Ansible's own
     parser): a host is in the pool when it sets `scheduler_node_name` or is in the
     `scheduler_nodes` group; its node name is that variable, else its inventory name.
     """
@@ -183,7 +183,7 @@ class NodeMap:
 
     @classmethod
     def from_inventory(cls, inventory: Path | None, state: Path) -> NodeMap:
-        from remediation.inventory import TargetError, _load
+        from trainwatch.remediation.inventory import TargetError, _load
 
         if inventory is None:
             raise NodeNameError("no ansible_inventory is configured: no node mapping, "
@@ -333,7 +333,7 @@ def merge_records(by_host: Mapping[str, Mapping[str, str]]) -> StallRecord | Non
     """The stall record of a job from the `ansible` action's `captured_by_host` of the
     stalled_job_diagnostics playbook ({host: {task: stack_dump's JSON line}}); None when no
     host's record holds a rank process."""
-    from exporters.node.tools.stack_dump import analyse
+    from trainwatch.exporters.node.tools.stack_dump import analyse
 
     processes: list[dict[str, Any]] = []
     rank_hosts: dict[int, set[str]] = {}

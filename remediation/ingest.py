@@ -11,7 +11,7 @@ notification into a 4xx (which Alertmanager drops) or a 5xx (which it retries fo
 
 A resolved alert cancels its firing intent's steps that have not started (audited
 `cancelled`); a firing intent that is running notices the resolve at its next step boundary
-(remediation.engine).
+(trainwatch.remediation.engine).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from remediation import lifecycle
-from remediation.labels import LabelError, safe_labels
-from remediation.playbooks import Playbook, matching
-from remediation.schemas import first_error
-from remediation.store import NewIntent, Store, Transaction
+from trainwatch.remediation import lifecycle
+from trainwatch.remediation.labels import LabelError, safe_labels
+from trainwatch.remediation.playbooks import Playbook, matching
+from trainwatch.remediation.schemas import first_error
+from trainwatch.remediation.store import NewIntent, Store, Transaction
 
 log = logging.getLogger(__name__)
 ESCALATION_PLAYBOOK = "_truncated_alerts_escalation"

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from remediation.labels import LabelError
+from trainwatch.remediation.labels import LabelError
 
 # Every character that means something in an Ansible host pattern or a --limit value:
 # separators (`:` `,`), operators (`&` `!`), regex and glob (`~` `*` `?`), ranges (`[` `]`),

@@ -11,14 +11,15 @@ what acts on the target reads them its own way. The GPU power-limit playbook too
 and `7` followed by a newline as GPU 7 (Jinja's `| int`, Python's `int()`), while the service
 keyed them apart, so the limit was cut four times inside one cooldown. So every target label
 is brought to one spelling here, before any key, cooldown or command is made from it
-(remediation.ingest.target_key and the engine's action labels both come from
+(trainwatch.remediation.ingest.target_key and the engine's action labels both come from
 `safe_labels`), and the consumers accept only that spelling:
 
 - index labels (`gpu`, `rank`): a decimal integer in range; leading zeros are dropped
   ("007" -> "7"), anything else (sign, space, `_`, `.`, exponent) is refused;
-- `training_job`: the job-name shape the training exporter accepts (exporters.contract.identity);
+- `training_job`: the job-name shape the training exporter accepts
+(trainwatch.exporters.contract.identity);
 - `node` and every other label: the value exactly, which the host action then resolves
-  character for character against the inventory (remediation.inventory).
+  character for character against the inventory (trainwatch.remediation.inventory).
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Mapping
 
-from exporters.contract.catalog import LABEL_GPU, LABEL_JOB, LABEL_RANK
-from exporters.contract.identity import is_job_name
+from trainwatch.exporters.contract.catalog import LABEL_GPU, LABEL_JOB, LABEL_RANK
+from trainwatch.exporters.contract.identity import is_job_name
 
 SAFE_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:-]{0,127}")  # always used with fullmatch
 INDEX_VALUE = re.compile(r"[0-9]{1,16}")
-# index label -> its largest value (a GPU index as NVML and exporters.node.tools.power_limit take
+# index label -> its largest value (a GPU index as NVML and
+# trainwatch.exporters.node.tools.power_limit take
 # it;
 # a rank as the training exporter's wire format bounds it)
 INDEX_LABELS = {LABEL_GPU: 999, LABEL_RANK: 1 << 20}

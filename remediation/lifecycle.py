@@ -1,7 +1,8 @@
 """The intent lifecycle: every step an intent takes, each recorded in one place.
 
 Intake, the engine, the approval API and the worker move intents only through the functions
-here, inside the caller's store transaction (remediation.store.Transaction: the store owns the
+here, inside the caller's store transaction (trainwatch.remediation.store.Transaction: the store
+owns the
 SQL, this module owns which state follows which and what the audit says about it):
 
     received  (intake: `receive`)  -> pending, or finished at once: done (invalid, unmatched,
@@ -27,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from remediation.store import Intent, NewIntent, Seen, Transaction
+from trainwatch.remediation.store import Intent, NewIntent, Seen, Transaction
 
 
 class LostLease(RuntimeError):

@@ -17,9 +17,9 @@ import json
 import os
 import time
 
-from remediation.config import Config
-from remediation.store import Store
-from remediation.stores import existing_store_id
+from trainwatch.remediation.config import Config
+from trainwatch.remediation.store import Store
+from trainwatch.remediation.stores import existing_store_id
 
 
 class StoreResetError(RuntimeError):

@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from exporters.contract import catalog as c
-from remediation.config import Config
-from remediation.store import PRIORITIES, Store
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.remediation.config import Config
+from trainwatch.remediation.store import PRIORITIES, Store
 
 
 def _family(name: str, value: float | None = None) -> GaugeMetricFamily | CounterMetricFamily:

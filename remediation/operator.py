@@ -46,12 +46,12 @@ from typing import Any
 import requests
 import yaml
 
-from exporters import add_version_argument
-from exporters.contract.catalog import PORTS
-from exporters.contract.tokens import SecretFileError, read_secret_file
-from remediation import approvers as approver_file
-from remediation.durations import seconds
-from remediation.labels import LabelError, canonical
+from trainwatch.exporters import add_version_argument
+from trainwatch.exporters.contract.catalog import PORTS
+from trainwatch.exporters.contract.tokens import SecretFileError, read_secret_file
+from trainwatch.remediation import approvers as approver_file
+from trainwatch.remediation.durations import seconds
+from trainwatch.remediation.labels import LabelError, canonical
 
 PROG = "trainwatch"
 ENV_CONFIG = "TRAINWATCH_CONFIG"
@@ -351,7 +351,7 @@ def cmd_decide(args: argparse.Namespace, settings: Settings, out: Printer) -> No
 def cmd_silence(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
     """One exact-match silence (never a regex: a value cannot widen it to other jobs)."""
     name, value = ("training_job", args.job) if args.job else ("node", args.node)
-    try:  # the whole value, in its one spelling (remediation.labels): never a prefix match
+    try:  # the whole value, in its one spelling (labels.py): never a prefix match
         value = canonical(name, value)
     except LabelError as exc:
         raise UsageError(f"{name} {value!r} is not a label value Trainwatch uses") from exc

@@ -1,6 +1,7 @@
 """PostgreSQL store: the same Store, for remediation replicas on several hosts.
 
-Everything above the connection is Store's own code and SQL (remediation.store); this module
+Everything above the connection is Store's own code and SQL (trainwatch.remediation.store); this
+module
 holds only what PostgreSQL spells differently: the schema (identity columns, double precision
 times, PL/pgSQL triggers for the append-only audit, the retention horizon and the running
 counters), `?` placeholders translated to psycopg's `%s`, rows readable by position and by
@@ -31,16 +32,17 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from remediation.schema import POSTGRES_TYPES, added_columns, tables, terminal_list
-from remediation.store import TERMINAL_STATES, LeaseWatch, Store, StoreGone, Transaction
+from trainwatch.remediation.schema import POSTGRES_TYPES, added_columns, tables, terminal_list
+from trainwatch.remediation.store import TERMINAL_STATES, LeaseWatch, Store, StoreGone, Transaction
 
 if TYPE_CHECKING:
-    from remediation.config import PgSettings
+    from trainwatch.remediation.config import PgSettings
 
 # Any fixed 64-bit number; every Trainwatch store in one database shares it (one store per db).
 WRITE_LOCK = 7_461_100_214
 
-# The tables (remediation.schema) and what only PostgreSQL spells this way: PL/pgSQL triggers.
+# The tables (trainwatch.remediation.schema) and what only PostgreSQL spells this way: PL/pgSQL
+# triggers.
 SCHEMA = tables(POSTGRES_TYPES) + "".join(
     f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {definition};\n"
     for table, column, definition in added_columns(POSTGRES_TYPES)) + """

@@ -10,10 +10,10 @@ from typing import Any
 
 import yaml
 
-from exporters.contract import commands as training_commands
-from remediation.durations import seconds
-from remediation.schemas import first_error
-from remediation.templating import referenced_labels
+from trainwatch.exporters.contract import commands as training_commands
+from trainwatch.remediation.durations import seconds
+from trainwatch.remediation.schemas import first_error
+from trainwatch.remediation.templating import referenced_labels
 
 
 class PlaybookError(ValueError):

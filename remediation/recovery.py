@@ -29,8 +29,8 @@ from typing import Any
 import requests
 from prometheus_client import CollectorRegistry, Histogram
 
-from exporters.contract import catalog as c
-from remediation.actions.prometheus import PrometheusError, instant_query
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.remediation.actions.prometheus import PrometheusError, instant_query
 
 log = logging.getLogger(__name__)
 BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200)

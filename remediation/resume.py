@@ -28,17 +28,17 @@ from typing import Any
 
 import requests
 
-from exporters import add_version_argument
-from exporters.contract import catalog
-from remediation.actions import ansible as ansible_action
-from remediation.actions.base import ActionContext, ActionError
-from remediation.actions.prometheus import PrometheusError, instant_query
-from remediation.config import Config, ConfigError, load_config
-from remediation.faults import NodeMap
-from remediation.labels import LabelError
-from remediation.schedulers import for_config
-from remediation.schedulers.base import SchedulerError
-from remediation.stores import open_store
+from trainwatch.exporters import add_version_argument
+from trainwatch.exporters.contract import catalog
+from trainwatch.remediation.actions import ansible as ansible_action
+from trainwatch.remediation.actions.base import ActionContext, ActionError
+from trainwatch.remediation.actions.prometheus import PrometheusError, instant_query
+from trainwatch.remediation.config import Config, ConfigError, load_config
+from trainwatch.remediation.faults import NodeMap
+from trainwatch.remediation.labels import LabelError
+from trainwatch.remediation.schedulers import for_config
+from trainwatch.remediation.schedulers.base import SchedulerError
+from trainwatch.remediation.stores import open_store
 
 HEALTH_PLAYBOOK = "node_health_check.yml"
 

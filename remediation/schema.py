@@ -1,5 +1,5 @@
-"""The store's tables, described once for both dialects (remediation.store: SQLite,
-remediation.pgstore: PostgreSQL).
+"""The store's tables, described once for both dialects (trainwatch.remediation.store: SQLite,
+trainwatch.remediation.pgstore: PostgreSQL).
 
 Why one description: a column added to one dialect only would make the two stores disagree
 about what an intent is. The types that are spelled differently are placeholders filled per

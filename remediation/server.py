@@ -1,4 +1,5 @@
-"""`remediation-server --config FILE`: the app under exporters.contract.serving (waitress), with the
+"""`remediation-server --config FILE`: the app under trainwatch.exporters.contract.serving
+(waitress), with the
 worker threads that run actions in the same process (the store is shared with any other
 instance through SQLite on one host or PostgreSQL across hosts, so running two servers on one
 store is also safe). Why waitress, and the request and connection limits:
@@ -14,17 +15,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from exporters import add_version_argument
-from exporters.contract import serving
-from remediation.app import create_app
-from remediation.config import Config, ConfigError, load_config
-from remediation.marker import StoreResetError, check_store, write_marker
-from remediation.playbooks import PlaybookError, load_playbooks
-from remediation.recovery import RecoveryTimes
-from remediation.stores import open_store, store_errors
-from remediation.worker import Worker
+from trainwatch.exporters import add_version_argument
+from trainwatch.exporters.contract import serving
+from trainwatch.remediation.app import create_app
+from trainwatch.remediation.config import Config, ConfigError, load_config
+from trainwatch.remediation.marker import StoreResetError, check_store, write_marker
+from trainwatch.remediation.playbooks import PlaybookError, load_playbooks
+from trainwatch.remediation.recovery import RecoveryTimes
+from trainwatch.remediation.stores import open_store, store_errors
+from trainwatch.remediation.worker import Worker
 
-log = logging.getLogger("remediation.server")
+log = logging.getLogger("trainwatch.remediation.server")
 
 
 def make_server(app: Any, config: Config) -> serving.Server:

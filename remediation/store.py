@@ -1,5 +1,6 @@
 """The store, the single source of truth shared by every service process: SQLite here (the
-single-host default), PostgreSQL in remediation.pgstore (replicas on several hosts). Both run
+single-host default), PostgreSQL in trainwatch.remediation.pgstore (replicas on several hosts).
+Both run
 the same SQL below; the few dialect differences are the schema and the class attributes and
 methods PgStore overrides.
 
@@ -12,7 +13,7 @@ methods PgStore overrides.
 * counters: running totals kept by a trigger on every audit insert, so /metrics reads a few
   rows instead of scanning the audit table, and the totals survive audit retention.
 * meta: the store's identity (a random id written once); the marker file kept outside the
-  store (remediation.marker) names it, so a store that was reset is noticed at start.
+  store (trainwatch.remediation.marker) names it, so a store that was reset is noticed at start.
 
 Retention (`Store.prune`) deletes finished intents and audit rows older than the horizon;
 the audit triggers still refuse any delete of a row newer than the horizon or belonging to an
@@ -47,10 +48,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from remediation.schema import SQLITE_TYPES, added_columns, tables, terminal_list
+from trainwatch.remediation.schema import SQLITE_TYPES, added_columns, tables, terminal_list
 
 TERMINAL_STATES = ("done", "failed", "refused", "rejected", "cancelled")
-# The tables (remediation.schema) and what only SQLite spells this way: the triggers that keep
+# The tables (trainwatch.remediation.schema) and what only SQLite spells this way: the triggers
+# that keep
 # the audit append-only, the retention horizon forward-only and the running counters.
 SCHEMA = tables(SQLITE_TYPES) + """
 INSERT OR IGNORE INTO retention (id, horizon) VALUES (1, 0);
@@ -386,7 +388,8 @@ class Transaction:
                               limit: int = 20) -> list[Any]:
         """The firing intents of one playbook on one target created since `since`, newest
         first: the quarantine of a stalled job reads the results of the job's diagnostics
-        intent (remediation.actions.quarantine), which another alert of the same stall may
+        intent (trainwatch.remediation.actions.quarantine), which another alert of the same stall
+        may
         have created."""
         return list(self._conn.execute(
             "SELECT * FROM intents WHERE playbook=? AND target_key=? AND phase='fire'"

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import sqlite3
 
-from remediation.config import Config, ConfigError
-from remediation.store import Store, existing_id
+from trainwatch.remediation.config import Config, ConfigError
+from trainwatch.remediation.store import Store, existing_id
 
 
 def _pgstore():  # type: ignore[no-untyped-def]
     try:
-        from remediation import pgstore
+        from trainwatch.remediation import pgstore
     except ImportError as exc:
         raise ConfigError("store backend postgresql needs psycopg: install the 'postgresql' "
                           "extra (pip install 'trainwatch-gpu[postgresql]')") from exc

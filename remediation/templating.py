@@ -1,6 +1,7 @@
 """`${labels.NAME}` / `${config.NAME}` placeholders in playbook step parameters.
 
-Only allowlisted label values (remediation.labels) are ever substituted, and the result is
+Only allowlisted label values (trainwatch.remediation.labels) are ever substituted, and the result
+is
 data (a JSON value, a URL path segment after quoting, an Ansible extra var), never a shell line.
 """
 

@@ -15,12 +15,12 @@ import time
 import uuid
 from collections.abc import Mapping
 
-from remediation.config import Config
-from remediation.engine import Engine
-from remediation.lifecycle import LostLease
-from remediation.playbooks import Playbook
-from remediation.recovery import RecoveryTimes
-from remediation.store import ClockSuspect, Store
+from trainwatch.remediation.config import Config
+from trainwatch.remediation.engine import Engine
+from trainwatch.remediation.lifecycle import LostLease
+from trainwatch.remediation.playbooks import Playbook
+from trainwatch.remediation.recovery import RecoveryTimes
+from trainwatch.remediation.store import ClockSuspect, Store
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 3600.0  # seconds between retention passes

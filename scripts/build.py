@@ -37,8 +37,8 @@ from alert_rules import overlay as overlays
 from alert_rules.config import CONFIG_PATH, ConfigError, load_profiles
 from dashboards import generate as dashboards
 from dashboards import kubernetes as dashboard_maps
-from exporters.node.logs import logstash
 from scripts import doc_facts, metric_docs
+from trainwatch.exporters.node.logs import logstash
 
 ROOT = Path(__file__).resolve().parents[1]
 # Every generated file's place, relative to the repository root (or to --out): here only.

@@ -8,7 +8,8 @@
 The roles never read the repository: what the repository generates travels inside the
 collection, copied in here at build time from its one source (GENERATED below), so an
 installed collection is the deployment of the commit it was built from. The copies exist only
-in the staged tree and the archive, never in ansible/. The version is exporters.__version__;
+in the staged tree and the archive, never in ansible/. The version is
+trainwatch.exporters.__version__;
 ansible/galaxy.yml must carry the same one, and the build refuses to pack a different one.
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from exporters import __version__
+from trainwatch.exporters import __version__
 
 OUTPUT_TAIL = 4000  # characters of a failed command's output shown in the error
 
@@ -68,11 +69,12 @@ def _run(argv: list[str]) -> str:
 
 
 def check_version() -> str:
-    """ansible/galaxy.yml's version, which must be exporters.__version__ (the one place)."""
+    """ansible/galaxy.yml's version, which must be the package's __version__ (the one place)."""
     galaxy = yaml.safe_load((SOURCE / "galaxy.yml").read_text())
     if galaxy.get("version") != __version__:
         raise BuildError(f"ansible/galaxy.yml has version {galaxy.get('version')!r}, "
-                         f"exporters.__version__ is {__version__!r}: set galaxy.yml's to it")
+                         f"trainwatch.exporters.__version__ is {__version__!r}: "
+                         "set galaxy.yml's to it")
     return __version__
 
 

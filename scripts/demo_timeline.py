@@ -30,8 +30,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from exporters.contract.catalog import TOKEN_FILES  # noqa: E402 - after the repo is on the path
-from exporters.contract.tokens import read_secret_file  # noqa: E402
+from trainwatch.exporters.contract.catalog import TOKEN_FILES  # noqa: E402 - after the repo is on the path
+from trainwatch.exporters.contract.tokens import read_secret_file  # noqa: E402
 
 ALERT = "TrainingLossSpike"
 LOCAL_INVENTORY_VARS = REPO / "ansible" / "inventories" / "local" / "group_vars" / "all.yml"

@@ -50,7 +50,7 @@ def dashboard_queries() -> str:
 
 def step_duration_buckets() -> str:
     """Buckets of a rank's step-time histogram, +Inf included (what a rule reading it reads)."""
-    from exporters.node.training.store import STEP_DURATION_BUCKETS
+    from trainwatch.exporters.node.training.store import STEP_DURATION_BUCKETS
 
     return str(len(STEP_DURATION_BUCKETS) + 1)
 

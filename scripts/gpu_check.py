@@ -42,8 +42,8 @@ sys.path.insert(0, str(REPO))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from exporters.contract import catalog as c  # noqa: E402
-from exporters.node.gpu.gpm import GPM_NAMES  # noqa: E402
+from trainwatch.exporters.contract import catalog as c  # noqa: E402
+from trainwatch.exporters.node.gpu.gpm import GPM_NAMES  # noqa: E402
 
 Series = list[tuple[str, dict[str, str], float]]
 
@@ -176,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     scenario = work / "fake-nvml.json"
     exporter_env: dict[str, str] = {}
     if args.simulate:
-        from exporters.node.gpu.fake_nvml import simulated_scenario
-        from exporters.node.gpu.nvml_source import ENV_FAKE_NVML
+        from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
+        from trainwatch.exporters.node.gpu.nvml_source import ENV_FAKE_NVML
 
         fake = simulated_scenario(args.gpus, dynamic=False)
         for gpu in fake["gpus"]:
@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         gpu_port, train_port = free_port(), free_port()
         gpu_url = f"http://127.0.0.1:{gpu_port}/metrics"
         gpu_exporter = procs.start("gpu-exporter", [
-            python, "-m", "exporters.node.gpu.cli", "--bind", "127.0.0.1", "--port", str(gpu_port),
+            python, "-m",
+            "trainwatch.exporters.node.gpu.cli", "--bind", "127.0.0.1", "--port", str(gpu_port),
             "--interval", "1"],
                     env=exporter_env)
         checks["gpu_exporter_up"] = wait_for("gpu-exporter", lambda: any(
@@ -197,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.simulate:
             results["compare_nvidia_smi"] = "skipped (simulated: no nvidia-smi)"
         else:
-            compare = subprocess.run([python, "-m", "exporters.node.gpu.compare_nvidia_smi",
+            compare = subprocess.run([python, "-m",
+                                      "trainwatch.exporters.node.gpu.compare_nvidia_smi",
                                       "--url", gpu_url, "--json"], capture_output=True,
                                      text=True, cwd=REPO, timeout=120)
             print(compare.stdout.rstrip())
@@ -213,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         sock = work / "training.sock"
         train_url = f"http://127.0.0.1:{train_port}/metrics"
         training_exporter = procs.start("training-exporter", [
-            python, "-m", "exporters.node.training.server", "--bind", "127.0.0.1", "--port",
+            python, "-m",
+            "trainwatch.exporters.node.training.server", "--bind", "127.0.0.1", "--port",
             str(train_port), "--socket", str(sock), "--token-file", str(token),
             "--node", "gpu-check"])
         checks["training_exporter_up"] = wait_for("training exporter", sock.exists, 60,

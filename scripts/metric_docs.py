@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from alert_rules.config import load_raw
-from exporters.contract import catalog as c
+from trainwatch.exporters.contract import catalog as c
 
 EXPORTERS = {"training": "Training exporter (`training-exporter`)",
              "logscan": "Log scanner (`trainwatch-logscan`)",

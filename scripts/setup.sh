@@ -61,8 +61,18 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # PyTorch's CPU wheel index (PIP_EXTRA_INDEX_URL) where no local wheel is configured.
   .venv/bin/pip install -q "torch==2.13.0+cpu" 2>&1 | { grep -v '^WARNING: Location' || true; }
   .venv/bin/pip install -q -e ".[stack,dev,forwarders,fast,postgresql]" 2>&1 | { grep -v '^WARNING: Location' || true; }
-  .venv/bin/python -c "import torch, exporters, remediation, pytest, ansible_runner"
+  .venv/bin/python -c "import torch, trainwatch.exporters, trainwatch.remediation, pytest, ansible_runner"
   touch "$stamp"
+fi
+# The published distributions whose import names Trainwatch used to take (`exporters`,
+# `remediation`), as wheels: tests/packaging/test_namespace.py installs them beside Trainwatch,
+# offline.
+namesakes=.venv/namesakes
+if [ ! -f "$namesakes/.complete" ]; then
+  echo "==> downloading the namesake distributions for the namespace test"
+  .venv/bin/pip wheel -q --no-deps -w "$namesakes" exporters==0.7.0 remediation==0.1.0 \
+    2>&1 | { grep -v '^WARNING: Location' || true; }
+  touch "$namesakes/.complete"
 fi
 schema_lock=dashboards/schema/package-lock.json
 schema_stamp=dashboards/schema/node_modules/.trainwatch-installed

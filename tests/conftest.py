@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-# One pytest process imports both Ansible (remediation.inventory parses inventories in-process)
+# One pytest process imports both Ansible (trainwatch.remediation.inventory parses inventories
+# in-process)
 # and PyTorch. ansible-core replaces `sys.intern` with a callable object on import, and
 # torch._dynamo, imported lazily by torch.distributed.checkpoint, refuses to register its
 # polyfill for anything but a real function. No Trainwatch process imports both (the

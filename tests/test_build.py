@@ -100,8 +100,8 @@ def test_the_generators_have_no_command_of_their_own() -> None:
     from alert_rules import generate, kubernetes
     from dashboards import generate as dashboards
     from dashboards import kubernetes as dashboard_maps
-    from exporters.node.logs import logstash
     from scripts import doc_facts, metric_docs
+    from trainwatch.exporters.node.logs import logstash
 
     for module in (generate, kubernetes, dashboards, dashboard_maps, logstash, doc_facts,
                    metric_docs):

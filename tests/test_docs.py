@@ -74,7 +74,7 @@ def test_a_broken_command_is_caught(tmp_path: Path) -> None:
 
 def test_the_gpu_exporter_option_table_names_every_flag_and_config_key() -> None:
     """Issue 26: `--no-gpm` and the `gpm` config key were missing from the table."""
-    from exporters.node.gpu.config import CONFIG_SCHEMA, build_parser
+    from trainwatch.exporters.node.gpu.config import CONFIG_SCHEMA, build_parser
 
     text = (ROOT / "docs" / "gpu_exporter.md").read_text()
     table = text[text.index("| flag | default | meaning |"):]
@@ -90,7 +90,7 @@ def test_the_gpu_exporter_option_table_names_every_flag_and_config_key() -> None
 
 def test_the_logging_page_names_every_job_id_source() -> None:
     """Issue 26: docs/logging.md listed three of the launcher variables the job id comes from."""
-    from exporters.contract import identity
+    from trainwatch.exporters.contract import identity
 
     text = " ".join((ROOT / "docs" / "logging.md").read_text().split())
     for name in (*identity.JOB_ENV_VARIABLES, *identity.PLACEHOLDER_JOB_NAMES,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporters.contract import catalog
+from trainwatch.exporters.contract import catalog
 
 REPO = Path(__file__).resolve().parents[1]
 CONTRACT = REPO / "exporters" / "contract" / "contract.json"

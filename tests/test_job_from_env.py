@@ -1,5 +1,5 @@
 """Every part names a job the same way from the launcher's environment, and accepts the same
-job names (exporters.contract.identity: one job_from_env, one JOB_NAME_PATTERN)."""
+job names (trainwatch.exporters.contract.identity: one job_from_env, one JOB_NAME_PATTERN)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from exporters.contract import wire
-from exporters.contract.identity import detect_job, is_job_name, validate_job
-from exporters.contract.launcher import detect
-from exporters.node.gpu.processes import job_and_rank
-from exporters.node.logs import scanner_cli
-from exporters.node.logs.follower import source_for
+from trainwatch.exporters.contract import wire
+from trainwatch.exporters.contract.identity import detect_job, is_job_name, validate_job
+from trainwatch.exporters.contract.launcher import detect
+from trainwatch.exporters.node.gpu.processes import job_and_rank
+from trainwatch.exporters.node.logs import scanner_cli
+from trainwatch.exporters.node.logs.follower import source_for
 
 
 def test_torchrun_placeholder_run_id_is_not_a_job_name_anywhere() -> None:

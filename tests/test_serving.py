@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import requests
 
-from exporters.contract import serving
+from trainwatch.exporters.contract import serving
 
 
 def _hello(environ: dict, start_response) -> list[bytes]:  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""exporters.contract.tokens: the one reader of secret files and the one bearer check."""
+"""trainwatch.exporters.contract.tokens: the one reader of secret files and the one bearer check."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters.contract.tokens import (
+from trainwatch.exporters.contract.tokens import (
     MIN_TOKEN_LENGTH,
     SecretFileError,
     bearer,

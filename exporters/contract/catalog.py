@@ -21,7 +21,7 @@ PORTS: dict[str, int] = dict(_CONTRACT["ports"])
 # Token files, relative to the deployment's prefix (Ansible's trainwatch_prefix).
 TOKEN_FILES: dict[str, str] = dict(_CONTRACT["token_files"])
 # What a job name must look like: it becomes a label value, a path component (log files) and
-# part of control-API paths (exporters.contract.identity validates it).
+# part of control-API paths (trainwatch.exporters.contract.identity validates it).
 JOB_NAME_PATTERN: str = _CONTRACT["job_name_pattern"]
 
 # --- label names ----------------------------------------------------------------------------

@@ -16,8 +16,8 @@ from typing import Any
 import jsonschema
 import referencing.exceptions
 
-from exporters.contract.finite import first_non_finite
-from exporters.contract.identity import JOB_NAME_PATTERN
+from trainwatch.exporters.contract.finite import first_non_finite
+from trainwatch.exporters.contract.identity import JOB_NAME_PATTERN
 
 # A command id has a job name's shape: both are URL path segments and label-safe ids.
 COMMAND_ID_PATTERN = JOB_NAME_PATTERN

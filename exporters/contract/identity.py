@@ -1,11 +1,13 @@
 """Which job and rank a process belongs to: the one place every part derives them.
 
-The training client (exporters.contract.launcher), the logging handler and log scanner
-(exporters.rank.logs, exporters.node.logs), the GPU exporter's process attribution
-(exporters.node.gpu.processes) and the
+The training client (trainwatch.exporters.contract.launcher), the logging handler and log scanner
+(trainwatch.exporters.rank.logs, trainwatch.exporters.node.logs), the GPU exporter's process
+attribution
+(trainwatch.exporters.node.gpu.processes) and the
 remediation tools all name a job by `job_from_env` and accept it only if it matches
 JOB_NAME_PATTERN, so a job's training metrics, log files, GPU processes and remediation
-targets carry the same name. Kept dependency-free (stdlib and exporters.contract.catalog only): the
+targets carry the same name. Kept dependency-free (stdlib and trainwatch.exporters.contract.catalog
+only): the
 training client imports it on every rank.
 """
 
@@ -16,8 +18,8 @@ import re
 import socket
 from collections.abc import Mapping
 
-from exporters.contract.catalog import ENV_JOB
-from exporters.contract.catalog import JOB_NAME_PATTERN as _JOB_NAME_PATTERN
+from trainwatch.exporters.contract.catalog import ENV_JOB
+from trainwatch.exporters.contract.catalog import JOB_NAME_PATTERN as _JOB_NAME_PATTERN
 
 JOB_NAME_PATTERN = re.compile(_JOB_NAME_PATTERN)
 
@@ -67,7 +69,7 @@ def derived_job(env: Mapping[str, str]) -> str | None:
     round a new MASTER_PORT, so the endpoint is used only without it; a loopback endpoint then
     takes the host name too, since every node has its own 127.0.0.1). On several nodes the
     agents' directories differ, so the training client makes rank 0's id the job's
-    (exporters.rank.sync.Agreement); parts that only see the environment (log files,
+    (trainwatch.exporters.rank.sync.Agreement); parts that only see the environment (log files,
     GPU process attribution) name a multi-node unnamed job per node: give such jobs a name
     (--rdzv-id, TRAINWATCH_JOB).
     """

@@ -1,6 +1,7 @@
 """Who am I in the job? Rank, local rank, world size and restart count from the launcher.
 
-Launchers export these under different names (exporters.contract.identity.LAUNCHERS); reading them
+Launchers export these under different names (trainwatch.exporters.contract.identity.LAUNCHERS);
+reading them
 here means a training script never has to pass them by hand. Order of precedence:
 torchrun/torchelastic, Slurm, Open MPI (also what Horovod's mpirun sets), then a
 single-process default.
@@ -13,7 +14,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporters.contract.identity import LAUNCHERS, detect_job, validate_job
+from trainwatch.exporters.contract.identity import LAUNCHERS, detect_job, validate_job
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporters.contract import catalog
-from exporters.contract import goodput as gp
-from exporters.contract.commands import COMMAND_ID_PATTERN, COMMAND_TYPE_PATTERN
-from exporters.contract.identity import is_job_name
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract import goodput as gp
+from trainwatch.exporters.contract.commands import COMMAND_ID_PATTERN, COMMAND_TYPE_PATTERN
+from trainwatch.exporters.contract.identity import is_job_name
 
 VERSION = 1
 MAX_DATAGRAM_BYTES = 60_000  # below the default Unix socket send buffer with room to spare
@@ -69,7 +69,7 @@ class RankReport:
     # collective that raised because a peer died); a killed rank never sends one.
     exiting: bool = False
     # Own compute time (step time minus waiting in collectives) of the steps measured so far,
-    # and how many: cumulative (exporters.rank.collectives.OwnCompute); older clients
+    # and how many: cumulative (trainwatch.exporters.rank.collectives.OwnCompute); older clients
     # omit it.
     compute_seconds: float = 0.0
     compute_steps: int = 0

@@ -72,12 +72,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from exporters.contract.atomic_file import atomic_write
-from exporters.contract.goodput import RESTORE, SAVE, blocking
-from exporters.rank import train_state as ts
-from exporters.rank.checkpoint_writer import WriterError, WriterProcess, shared_writer
-from exporters.rank.counters import RankCounters
-from exporters.rank.serial_thread import SerialThread
+from trainwatch.exporters.contract.atomic_file import atomic_write
+from trainwatch.exporters.contract.goodput import RESTORE, SAVE, blocking
+from trainwatch.exporters.rank import train_state as ts
+from trainwatch.exporters.rank.checkpoint_writer import WriterError, WriterProcess, shared_writer
+from trainwatch.exporters.rank.counters import RankCounters
+from trainwatch.exporters.rank.serial_thread import SerialThread
 
 log = logging.getLogger(__name__)
 MANIFEST = "manifest.json"

@@ -26,7 +26,7 @@ writer's `write_data`, to a writer process:
     rank leaves no writer behind) and the training process starts a new one when its writer
     died (that save fails and is reported; the next one works).
 
-The writer is started with `python -m exporters.rank.checkpoint_writer` (not
+The writer is started with `python -m trainwatch.exporters.rank.checkpoint_writer` (not
 multiprocessing's spawn, which re-imports the training script as `__mp_main__`), with an
 environment of only what it needs to import this package: none of the training job's
 secrets. One writer serves every CheckpointManager of a process.

@@ -13,7 +13,7 @@
 `report` runs on the training thread and only appends a tuple to a bounded deque (about a
 microsecond); a background thread does everything else. `step_end` is where commands are
 agreed and applied: every `sync_every` steps all ranks exchange the commands they know over
-the job's process group and apply the union at that same step (see exporters.rank.sync).
+the job's process group and apply the union at that same step (see trainwatch.exporters.rank.sync).
 Nothing here raises into the loop except a failing collective, which means the job itself is
 broken (hiding it would leave ranks out of step).
 """
@@ -32,23 +32,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporters.contract import catalog, goodput, identity
-from exporters.contract import commands as cmd
-from exporters.contract.launcher import RankInfo, detect
-from exporters.rank import departure, sync
-from exporters.rank import flops as flops_table
-from exporters.rank.collectives import CollectiveWatch
-from exporters.rank.config import MonitorConfig
-from exporters.rank.counters import RankCounters, RankShared
-from exporters.rank.flops import ModelFlops
-from exporters.rank.forwarders import (
+from trainwatch.exporters.contract import catalog, goodput, identity
+from trainwatch.exporters.contract import commands as cmd
+from trainwatch.exporters.contract.launcher import RankInfo, detect
+from trainwatch.exporters.rank import departure, sync
+from trainwatch.exporters.rank import flops as flops_table
+from trainwatch.exporters.rank.collectives import CollectiveWatch
+from trainwatch.exporters.rank.config import MonitorConfig
+from trainwatch.exporters.rank.counters import RankCounters, RankShared
+from trainwatch.exporters.rank.flops import ModelFlops
+from trainwatch.exporters.rank.forwarders import (
     Forwarder,
     ForwarderThread,
     MlflowForwarder,
     TensorBoardForwarder,
 )
-from exporters.rank.shipper import ControlPoller, Shipper
-from exporters.rank.train_state import TrainState
+from trainwatch.exporters.rank.shipper import ControlPoller, Shipper
+from trainwatch.exporters.rank.train_state import TrainState
 
 log = logging.getLogger(__name__)
 CommandHandler = Callable[[dict[str, Any], int], Any]
@@ -103,7 +103,8 @@ class TrainingMonitor:
         # Collective when distributed: every rank constructs the monitor at the same point.
         self._agreement = sync.Agreement(process_group)
         # One identity and one incarnation for the whole launch, both rank 0's: a job id
-        # derived per node (exporters.contract.identity.job_from_env) becomes the job's, and the
+        # derived per node (trainwatch.exporters.contract.identity.job_from_env) becomes the job's,
+        # and the
         # exporter tells this launch's ranks from a previous launch's (a restart, another
         # world size) by the incarnation.
         job_id, self.incarnation = self._agreement.broadcast(

@@ -9,7 +9,7 @@ Two sources, best first:
   default 2000 entries; 0 turns it off). A dump of a full buffer costs about 1 ms plus JSON
   parsing, so it is read only while the rank has not reported a step for `idle_seconds`: a
   healthy job never pays for it, a stuck one is described within a heartbeat or two.
-- The client's own agreement collective (exporters.rank.sync.Agreement), always: its
+- The client's own agreement collective (trainwatch.exporters.rank.sync.Agreement), always: its
   sequence number and entry time.
 
 What this covers (docs/training.md "Hangs"): with the flight recorder, every c10d collective
@@ -19,7 +19,8 @@ agreement - a rank stuck before DDP's all-reduce then looks like its peers.
 Dump on stall: with TRAINWATCH_DIAGNOSTICS_DIR set, a rank idle for `dump_after` seconds
 writes its flight recorder trace to `<dir>/<job>/rank<N>.json` (atomically, at most every
 `dump_after` seconds while idle), where the stalled-job diagnostics
-(exporters.node.tools.stack_dump) read it. The dump happens in-process, on this thread, because
+(trainwatch.exporters.node.tools.stack_dump) read it. The dump happens in-process, on this thread,
+because
 nothing outside the process can read the recorder, and the main thread is blocked in C++ when
 it matters (a Python signal handler would never run).
 """
@@ -36,7 +37,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from exporters.contract.atomic_file import atomic_write
+from trainwatch.exporters.contract.atomic_file import atomic_write
 
 log = logging.getLogger(__name__)
 DEFAULT_GROUP = "0"  # the flight recorder's name of the default process group

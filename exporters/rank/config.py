@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporters.contract import catalog
-from exporters.contract.tokens import SecretFileError, read_secret_file
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract.tokens import SecretFileError, read_secret_file
 
 log = logging.getLogger(__name__)
 DEFAULT_EXPORTER_URL = f"http://127.0.0.1:{catalog.PORTS['training_exporter']}"

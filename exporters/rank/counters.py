@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporters.contract import catalog
-from exporters.contract.goodput import RankAccount
-from exporters.rank.collectives import CollectiveWatch
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract.goodput import RankAccount
+from trainwatch.exporters.rank.collectives import CollectiveWatch
 
 
 # slots: report() updates these on the training thread every step; a slot is the cheapest

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from exporters.rank.checkpoint import CheckpointManager
-from exporters.rank.client import Control, TrainingMonitor
-from exporters.rank.data import TrainwatchBatches
+from trainwatch.exporters.rank.checkpoint import CheckpointManager
+from trainwatch.exporters.rank.client import Control, TrainingMonitor
+from trainwatch.exporters.rank.data import TrainwatchBatches
 
 
 class FrameworkCallback:

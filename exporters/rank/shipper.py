@@ -19,11 +19,11 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from exporters.contract import commands as cmd
-from exporters.contract.launcher import RankInfo
-from exporters.contract.wire import MAX_STEPS_PER_DATAGRAM, VERSION, encode
-from exporters.rank.counters import RankShared
-from exporters.rank.forwarders import ForwarderThread, StepRow
+from trainwatch.exporters.contract import commands as cmd
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.contract.wire import MAX_STEPS_PER_DATAGRAM, VERSION, encode
+from trainwatch.exporters.rank.counters import RankShared
+from trainwatch.exporters.rank.forwarders import ForwarderThread, StepRow
 
 log = logging.getLogger(__name__)
 APPLIED_RESEND_SECONDS = 10.0  # applied reports ride along this long (datagrams may drop)

@@ -18,13 +18,13 @@ stream). Numbers: docs/performance.md ("Command agreement").
 
 The same all-reduce carries one more int64: the earliest batch any rank saw a non-finite loss
 at (`mark`, MIN as MAX of its negation), so every rank holds the same first bad batch and rank
-0 can journal it (exporters.rank.train_state) without a collective of its own. Every
+0 can journal it (trainwatch.exporters.rank.train_state) without a collective of its own. Every
 collective of the rollback path (`min_over_ranks`) runs on this object's group too: the side
 gloo group on NCCL, where a CPU tensor on the job's own group would raise.
 
 `Agreement` also counts its own collectives and records when it entered one (`seq`,
 `since`): the shipper reports them, so a rank blocked elsewhere while its peers wait in the
-agreement is visible from outside (exporters.rank.collectives adds PyTorch's flight
+agreement is visible from outside (trainwatch.exporters.rank.collectives adds PyTorch's flight
 recorder when it is on).
 """
 

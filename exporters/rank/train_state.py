@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporters.contract.atomic_file import atomic_write
+from trainwatch.exporters.contract.atomic_file import atomic_write
 
 MAX_APPLIED = 1000  # command outcomes remembered for exactly-once (oldest forgotten first)
 EFFECTS = "effects.json"

@@ -5,7 +5,7 @@ inventory hosts the alert names.
 No shell anywhere: ansible-runner execs ansible-playbook with an argv; the alert's labels
 arrive as extra vars (already allowlisted). The target is never a host pattern: the `node`
 label (or each node of the job) must name exactly one host of the configured inventory
-(remediation.inventory), so `all`, a group or `a:b` is refused before anything runs. Only
+(trainwatch.remediation.inventory), so `all`, a group or `a:b` is refused before anything runs. Only
 files directly inside the configured ansible_playbooks_dir can be run.
 
 Under the hardened unit the service's home is read-only, so every file ansible-runner and
@@ -26,12 +26,12 @@ from typing import Any
 
 import ansible_runner
 
-from exporters.contract.catalog import LABEL_JOB, LABEL_NODE
-from remediation.actions.base import ActionContext, ActionError, timeout_of
-from remediation.actions.prometheus import job_instances
-from remediation.config import Config
-from remediation.inventory import TargetError, resolve_hosts
-from remediation.templating import TemplateError, render
+from trainwatch.exporters.contract.catalog import LABEL_JOB, LABEL_NODE
+from trainwatch.remediation.actions.base import ActionContext, ActionError, timeout_of
+from trainwatch.remediation.actions.prometheus import job_instances
+from trainwatch.remediation.config import Config
+from trainwatch.remediation.inventory import TargetError, resolve_hosts
+from trainwatch.remediation.templating import TemplateError, render
 
 OUTPUT_LIMIT = 20000
 # hosts_from: job_nodes takes every node where a rank of the job heartbeated this recently, not

@@ -8,7 +8,7 @@ from typing import Any
 
 import requests
 
-from remediation.config import Config
+from trainwatch.remediation.config import Config
 
 
 class ActionError(RuntimeError):
@@ -18,11 +18,12 @@ class ActionError(RuntimeError):
 @dataclass
 class ActionContext:
     config: Config
-    labels: dict[str, str]  # only allowlisted values (remediation.labels.safe_labels)
+    labels: dict[str, str]  # only allowlisted values (trainwatch.remediation.labels.safe_labels)
     idempotency_key: str  # stable across retries and restarts of the same step
     session: requests.Session
     dry_run: bool = False
-    # what the engine decided before the steps (remediation.actions.quarantine.Plan), if any
+    # what the engine decided before the steps (trainwatch.remediation.actions.quarantine.Plan), if
+    # any
     plan: Any = None
 
     @property
@@ -37,6 +38,6 @@ class ActionContext:
 
 
 def timeout_of(step: dict[str, Any], default: float) -> float:
-    from remediation.durations import seconds
+    from trainwatch.remediation.durations import seconds
 
     return seconds(step["timeout"]) if "timeout" in step else default

@@ -7,8 +7,8 @@ from urllib.parse import urlsplit
 
 import requests
 
-from remediation.actions.base import ActionContext, ActionError, timeout_of
-from remediation.templating import TemplateError, render
+from trainwatch.remediation.actions.base import ActionContext, ActionError, timeout_of
+from trainwatch.remediation.templating import TemplateError, render
 
 
 def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:

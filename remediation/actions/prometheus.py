@@ -3,7 +3,8 @@ actions ask of it (the nodes where a job's ranks still heartbeat).
 
 Why here and not in one action: `ansible` (hosts_from: job_nodes) and `training_command` both
 find a job's nodes, and an error must name the action whose step failed, not the module the
-query happened to live in. Only allowlisted label values (remediation.labels) ever go into a
+query happened to live in. Only allowlisted label values (trainwatch.remediation.labels) ever go
+into a
 query, and every label read back is validated before it is used as a host or URL.
 """
 
@@ -14,12 +15,12 @@ from typing import Any
 
 import requests
 
-from exporters.contract.catalog import (
+from trainwatch.exporters.contract.catalog import (
     LABEL_JOB,
     RANK_DEPARTED_AFTER_SECONDS,
     TRAINING_NODE_HEARTBEAT_TIMESTAMP,
 )
-from remediation.actions.base import ActionContext, ActionError
+from trainwatch.remediation.actions.base import ActionContext, ActionError
 
 # host:port as a Prometheus target's `instance` label spells it (a name, or [IPv6])
 INSTANCE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]{0,252}|\[[0-9A-Fa-f:.]+\]):[0-9]{1,5}$")

@@ -3,7 +3,8 @@
 Three parts, in the engine's order (remediation/engine.py calls the first two):
 
 1. `plan_for` (before the decision, outside any transaction): classify the alert with the
-   fault-class table (remediation.faults), resolve the suspect through the inventory's node
+   fault-class table (trainwatch.remediation.faults), resolve the suspect through the inventory's
+   node
    mapping (a label that is a hostlist, a pattern or an unknown name raises LabelError: the
    intent is refused before any command runs) and read the pool's state from the scheduler.
 2. `decide` (inside the engine's decision transaction, so two replicas are serialised):
@@ -18,7 +19,7 @@ Three parts, in the engine's order (remediation/engine.py calls the first two):
    checkpoint on the nodes in service). For `restart` (the evidence names more than one
    node, or the fault is the job's), the jobs are requeued and nothing is drained.
 
-A node returns to service only through `remediation.cli resume-node` after the
+A node returns to service only through `trainwatch.remediation.cli resume-node` after the
 node_health_check playbook passed on it, never because an alert resolved (a lost GPU stops
 being scraped, so its alert resolves by itself): this action has no on_resolve.
 """
@@ -35,10 +36,10 @@ from typing import Any
 
 import requests
 
-from exporters.contract.catalog import LABEL_JOB
-from remediation.actions.base import ActionContext, ActionError
-from remediation.config import Config, SchedulerSettings
-from remediation.faults import (
+from trainwatch.exporters.contract.catalog import LABEL_JOB
+from trainwatch.remediation.actions.base import ActionContext, ActionError
+from trainwatch.remediation.config import Config, SchedulerSettings
+from trainwatch.remediation.faults import (
     DEFAULT_TABLE,
     Evidence,
     Fault,
@@ -49,10 +50,10 @@ from remediation.faults import (
     load_table,
     merge_records,
 )
-from remediation.labels import LabelError, safe_labels
-from remediation.schedulers import for_config
-from remediation.schedulers.base import SchedulerError
-from remediation.store import Transaction
+from trainwatch.remediation.labels import LabelError, safe_labels
+from trainwatch.remediation.schedulers import for_config
+from trainwatch.remediation.schedulers.base import SchedulerError
+from trainwatch.remediation.store import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,8 @@ CLASSIFY_LABELS = ("alertname", "node", "xid", "rank", "training_job", "gpu")
 
 
 # The playbook whose record names a stall's suspects (scope `suspects` in fault_classes.yaml):
-# its `ansible` step captures exporters.node.tools.stack_dump's record on every node of the job.
+# its `ansible` step captures trainwatch.exporters.node.tools.stack_dump's record on every node of
+# the job.
 DIAGNOSTICS_PLAYBOOK = "stalled_job_diagnostics"
 # How much earlier than the alert's startsAt a diagnostics intent of the same stall may have
 # been created (the service's clock against Prometheus's)
@@ -180,7 +182,7 @@ def plan_for(intent_id: int, labels: Mapping[str, str], config: Config,
              diagnostics: Diagnostics | None = None) -> Plan:
     """Classify and resolve (LabelError: refuse) and read the pool (SchedulerError: retry).
     A stall's suspects are the nodes of the ranks its diagnostics record blames."""
-    from remediation.actions.ansible import state_dir
+    from trainwatch.remediation.actions.ansible import state_dir
 
     settings = settings_of(config)
     table = _table(settings.fault_classes_file or DEFAULT_TABLE)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from remediation.actions import ansible, http, quarantine, silence, training_command
-from remediation.actions.base import ActionContext
-from remediation.config import Config
+from trainwatch.remediation.actions import ansible, http, quarantine, silence, training_command
+from trainwatch.remediation.actions.base import ActionContext
+from trainwatch.remediation.config import Config
 
 Runner = Callable[[dict[str, Any], ActionContext], dict[str, Any]]
 
@@ -26,7 +26,8 @@ ACTIONS: dict[str, Runner] = {
 }
 
 # Checks an action makes before anything is granted (e.g. that a host target names exactly one
-# inventory host). Each raises remediation.labels.LabelError: the engine refuses, audited, and
+# inventory host). Each raises trainwatch.remediation.labels.LabelError: the engine refuses,
+# audited, and
 # never retries, because the same alert can never pass.
 Check = Callable[[dict[str, Any], Mapping[str, str], Config], None]
 CHECKS: dict[str, Check] = {"ansible": ansible.check}

@@ -11,8 +11,8 @@ from typing import Any
 
 import requests
 
-from remediation.actions.base import ActionContext, ActionError
-from remediation.durations import seconds
+from trainwatch.remediation.actions.base import ActionContext, ActionError
+from trainwatch.remediation.durations import seconds
 
 
 def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:

@@ -26,11 +26,11 @@ from urllib.parse import quote
 
 import requests
 
-from exporters.contract.catalog import LABEL_JOB
-from exporters.contract.finite import NonFiniteError, require_finite
-from remediation.actions.base import ActionContext, ActionError, timeout_of
-from remediation.actions.prometheus import job_instances
-from remediation.templating import TemplateError, render
+from trainwatch.exporters.contract.catalog import LABEL_JOB
+from trainwatch.exporters.contract.finite import NonFiniteError, require_finite
+from trainwatch.remediation.actions.base import ActionContext, ActionError, timeout_of
+from trainwatch.remediation.actions.prometheus import job_instances
+from trainwatch.remediation.templating import TemplateError, render
 
 APPLY_TIMEOUT = 120.0  # seconds for every rank to apply, unless the step names a timeout
 POLL_INTERVAL = 1.0

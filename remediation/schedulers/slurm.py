@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from remediation.config import SchedulerSettings
-from remediation.faults import check_plain_name
-from remediation.schedulers.base import REASON_PREFIX, Job, NodeState, SchedulerError
+from trainwatch.remediation.config import SchedulerSettings
+from trainwatch.remediation.faults import check_plain_name
+from trainwatch.remediation.schedulers.base import REASON_PREFIX, Job, NodeState, SchedulerError
 
 JOB_ID = re.compile(r"^[0-9]{1,12}$")
 # What a drain reason may hold: it is one argv element, but also shown by sinfo and read by

@@ -4,12 +4,12 @@ A job launched with `torchrun --nnodes=MIN:MAX --rdzv-backend=c10d` on each node
 when one node's agent is gone: the other agents' workers fail their next collective, the
 agents restart their worker group and re-rendezvous with the nodes that are left (at least
 MIN), and the job resumes from its newest committed checkpoint, resharded to the smaller world
-(exporters.rank.checkpoint, torch.distributed.checkpoint). So "drain" is: stop the agent
+(trainwatch.exporters.rank.checkpoint, torch.distributed.checkpoint). So "drain" is: stop the agent
 on exactly that inventory host (the `stop_training_agent` Ansible playbook runs this module's
 `stop` there); there is nothing to requeue and nothing to resume (the node rejoins when an
 agent is started on it again, by a person, after its health check).
 
-On the host: `python -m remediation.schedulers.torchrun_elastic stop [--job J]
+On the host: `python -m trainwatch.remediation.schedulers.torchrun_elastic stop [--job J]
 [--exporter-socket S] --json` stops (SIGTERM, then SIGKILL after a grace period) every
 torchrun agent of this host, or of job J, whose ranks report to this host's training exporter
 (its socket: several test "hosts" share one machine in the loopback cluster). Processes are
@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exporters.contract.catalog import ENV_EXPORTER_SOCKET
-from exporters.contract.identity import job_from_env
-from remediation.schedulers.base import Job, NodeState
+from trainwatch.exporters.contract.catalog import ENV_EXPORTER_SOCKET
+from trainwatch.exporters.contract.identity import job_from_env
+from trainwatch.remediation.schedulers.base import Job, NodeState
 
 AGENT_MODULES = ("torch.distributed.run", "torchrun")
 GRACE_SECONDS = 15.0
@@ -98,7 +98,8 @@ class TorchrunElasticScheduler:
 
     def node_states(self, nodes: tuple[str, ...]) -> dict[str, NodeState]:
         # No scheduler keeps node state: every node of the pool counts as in service; the
-        # rails still count the quarantines of the window (remediation.actions.quarantine).
+        # rails still count the quarantines of the window
+        # (trainwatch.remediation.actions.quarantine).
         return {node: NodeState(node, "idle", "") for node in nodes}
 
     def jobs_on(self, node: str) -> list[Job]:
@@ -108,10 +109,10 @@ class TorchrunElasticScheduler:
         # imported here: the host-side `stop` command (this module's main) needs none of them
         import requests
 
-        from remediation.actions import ansible as ansible_action
-        from remediation.actions.base import ActionContext, ActionError
-        from remediation.faults import NodeMap, check_plain_name
-        from remediation.schedulers.base import SchedulerError
+        from trainwatch.remediation.actions import ansible as ansible_action
+        from trainwatch.remediation.actions.base import ActionContext, ActionError
+        from trainwatch.remediation.faults import NodeMap, check_plain_name
+        from trainwatch.remediation.schedulers.base import SchedulerError
 
         nodes = NodeMap.from_inventory(self.config.ansible_inventory,
                                        ansible_action.state_dir(self.config))
@@ -134,7 +135,8 @@ class TorchrunElasticScheduler:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m remediation.schedulers.torchrun_elastic")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainwatch.remediation.schedulers.torchrun_elastic")
     sub = parser.add_subparsers(dest="command", required=True)
     cmd = sub.add_parser("stop", help="stop this host's torchrun agents")
     cmd.add_argument("--job", default=None)

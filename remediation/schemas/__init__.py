@@ -8,7 +8,7 @@ from importlib import resources
 
 from jsonschema import Draft202012Validator
 
-from exporters.contract.finite import first_non_finite
+from trainwatch.exporters.contract.finite import first_non_finite
 
 
 @cache

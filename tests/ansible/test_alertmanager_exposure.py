@@ -22,13 +22,13 @@ import pytest
 import requests
 import yaml
 
-from remediation.actions import silence
-from remediation.actions.base import ActionContext, ActionError
-from remediation.config import load_config
 from tests.ansible.runner import run_playbook
 from tests.remediation.helpers import write_config
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
+from trainwatch.remediation.actions import silence
+from trainwatch.remediation.actions.base import ActionContext, ActionError
+from trainwatch.remediation.config import load_config
 
 RENDER = Path(__file__).with_name("render_alerting.yml")
 PASSWORD = "alertmanager-test-password-" + "c" * 12

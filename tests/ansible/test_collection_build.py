@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import exporters
+import trainwatch.exporters
 from scripts import collection
 from tests.ansible.runner import ANSIBLE, REPO
 
@@ -25,9 +25,9 @@ def test_the_collection_carries_the_packages_version(ansible_collection: Path) -
     manifest = json.loads((installed(ansible_collection) / "MANIFEST.json").read_text())
     assert manifest["collection_info"]["namespace"] == "trainwatch"
     assert manifest["collection_info"]["name"] == "stack"
-    assert manifest["collection_info"]["version"] == exporters.__version__
+    assert manifest["collection_info"]["version"] == trainwatch.exporters.__version__
     assert yaml.safe_load((ANSIBLE / "galaxy.yml").read_text())["version"] == \
-        exporters.__version__
+        trainwatch.exporters.__version__
 
 
 def test_the_build_refuses_a_galaxy_version_other_than_the_packages(

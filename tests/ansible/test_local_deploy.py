@@ -21,9 +21,9 @@ from tests.support.net import free_port
 pytestmark = pytest.mark.slow
 
 # The console scripts the roles start (pyproject.toml [project.scripts]).
-ENTRY_MODULES = ("exporters.node.training.server", "exporters.node.gpu.cli",
-"exporters.node.logs.scanner_cli",
-                 "remediation.server")
+ENTRY_MODULES = ("trainwatch.exporters.node.training.server", "trainwatch.exporters.node.gpu.cli",
+"trainwatch.exporters.node.logs.scanner_cli",
+                 "trainwatch.remediation.server")
 PORT_VARS = ("prometheus_port", "alertmanager_port", "node_exporter_port", "gpu_exporter_port",
              "training_exporter_port", "log_scanner_port", "remediation_port")
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from remediation.config import load_config
-from remediation.stores import open_store
 from tests.ansible.runner import run_playbook
 from tests.support.net import free_port
 from tests.support.postgres import server_bin
+from trainwatch.remediation.config import load_config
+from trainwatch.remediation.stores import open_store
 
 CONVERGE = Path(__file__).with_name("converge_postgresql.yml")
 PG_ADDRESS = "127.0.0.7"  # the postgresql host's own loopback address

@@ -27,12 +27,12 @@ import pytest
 import requests
 import yaml
 
-from remediation.approvers import digest as approver_digest
-from remediation.approvers import load_approvers
 from tests.ansible.runner import REPO, VENV_BIN, run_playbook
 from tests.remediation.helpers import alert, payload
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
+from trainwatch.remediation.approvers import digest as approver_digest
+from trainwatch.remediation.approvers import load_approvers
 
 RENDER = Path(__file__).with_name("render_remediation.yml")
 NODES = {"node-a": "node-a.cluster.test", "node-b": "node-b.cluster.test"}

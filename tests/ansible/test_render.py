@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from dashboards.generate import DATASOURCE_UID
-from exporters.contract.catalog import LOG_EVENT_KINDS
 from tests.ansible.runner import ANSIBLE, REPO, PlaybookRun, run_playbook
+from trainwatch.exporters.contract.catalog import LOG_EVENT_KINDS
 
 EXAMPLE = ANSIBLE / "inventories" / "example-cluster"
 RENDER = Path(__file__).with_name("render.yml")

@@ -17,9 +17,9 @@ import jsonschema
 import pytest
 import yaml
 
-from exporters.contract import catalog
 from tests.ansible.runner import REPO
 from tests.support.compose import RENDER, render
+from trainwatch.exporters.contract import catalog
 
 COMPOSE_DIR = REPO / "compose"
 SCHEMA = Path(__file__).with_name("data") / "compose_spec.json"
@@ -257,7 +257,7 @@ def test_rendered_remediation_inventory_names_the_gpu_nodes_as_alerts_do(
         rendered: Path, tmp_path: Path) -> None:
     """Host actions need an inventory (issue 11 item 1): the GPU nodes under their short names,
     which is what the alerts' `node` label carries; only those resolve."""
-    from remediation.inventory import TargetError, resolve_hosts
+    from trainwatch.remediation.inventory import TargetError, resolve_hosts
 
     config = yaml.safe_load((rendered / "remediation/remediation.yml").read_text())
     assert config["ansible_inventory"] == "/etc/trainwatch/inventory.yml"  # the mounted dir

@@ -24,8 +24,8 @@ from tests.support.net import wait_until
 
 RANK_SCRIPT = """
 import math, sys, time
-from exporters.rank.client import TrainingMonitor
-from exporters.rank.flops import ModelFlops
+from trainwatch.exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.rank.flops import ModelFlops
 monitor = TrainingMonitor(control=False)
 monitor.set_model_flops(ModelFlops(per_token=6e6), peak_flops=1e12)  # MFU panels
 deadline = time.monotonic() + float(sys.argv[1])

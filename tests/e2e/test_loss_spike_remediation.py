@@ -20,10 +20,13 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboards.check import FAILURE_ONLY, panel_queries
-from exporters.contract.catalog import REMEDIATION_TIME_TO_DETECT, REMEDIATION_TIME_TO_RECOVER
 from scripts.demo_timeline import DemoResult, Endpoints, print_summary, run_spike_demo
 from tests.support.net import free_port, wait_until
 from tests.support.stack import Stack, running_stack
+from trainwatch.exporters.contract.catalog import (
+    REMEDIATION_TIME_TO_DETECT,
+    REMEDIATION_TIME_TO_RECOVER,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -18,10 +18,10 @@ import pytest
 import requests
 import yaml
 
-from exporters.contract.launcher import RankInfo
-from exporters.rank.client import TrainingMonitor
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank.client import TrainingMonitor
 
 REPO = Path(__file__).resolve().parents[2]
 GENERATED = REPO / "alert_rules" / "generated"

@@ -10,11 +10,11 @@ from contextlib import contextmanager
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.node.gpu.collector_loop import CollectionLoop
-from exporters.node.gpu.exposition import GpuCollector
-from exporters.node.gpu.fake_nvml import FakeNvml, simulated_scenario
-from exporters.node.gpu.http_server import ExpositionApp
-from exporters.node.gpu.processes import ProcessAttributor, read_proc_environ
+from trainwatch.exporters.node.gpu.collector_loop import CollectionLoop
+from trainwatch.exporters.node.gpu.exposition import GpuCollector
+from trainwatch.exporters.node.gpu.fake_nvml import FakeNvml, simulated_scenario
+from trainwatch.exporters.node.gpu.http_server import ExpositionApp
+from trainwatch.exporters.node.gpu.processes import ProcessAttributor, read_proc_environ
 
 Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -11,10 +11,6 @@ from pathlib import Path
 
 import requests
 
-from exporters.contract import catalog as c
-from exporters.node.gpu.collector_loop import CollectionLoop
-from exporters.node.gpu.exposition import GpuCollector
-from exporters.node.gpu.http_server import ExpositionApp, serve
 from tests.gpu.helpers import (
     Series,
     make_loop,
@@ -26,6 +22,10 @@ from tests.gpu.helpers import (
     values,
 )
 from tests.support.net import free_port, wait_until
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.node.gpu.collector_loop import CollectionLoop
+from trainwatch.exporters.node.gpu.exposition import GpuCollector
+from trainwatch.exporters.node.gpu.http_server import ExpositionApp, serve
 
 
 @contextmanager

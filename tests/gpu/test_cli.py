@@ -11,12 +11,12 @@ from pathlib import Path
 
 import requests
 
-from exporters.contract import catalog as c
-from exporters.node.gpu.fake_nvml import simulated_scenario
-from exporters.node.gpu.nvml_source import ENV_FAKE_NVML
 from tests.gpu.helpers import Series, parse, value, values
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
+from trainwatch.exporters.node.gpu.nvml_source import ENV_FAKE_NVML
 
 EXPORTER = str(Path(sys.executable).parent / "gpu-exporter")
 
@@ -89,7 +89,8 @@ def test_scenario_file_hang_power_limit_and_sigterm_while_hung(tmp_path: Path) -
         assert value(scrape(url), c.GPU_EXPORTER_SIMULATED) == 1
 
         tool = subprocess.run(
-            [sys.executable, "-m", "exporters.node.tools.power_limit", "--gpu", "1", "--watts",
+            [sys.executable, "-m",
+             "trainwatch.exporters.node.tools.power_limit", "--gpu", "1", "--watts",
             "450"],
             env={**os.environ, ENV_FAKE_NVML: str(path)}, capture_output=True, text=True,
             timeout=60)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporters.contract import catalog as c
 from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
+from trainwatch.exporters.contract import catalog as c
 
 
 @pytest.mark.parametrize("gpus", [1, 8])

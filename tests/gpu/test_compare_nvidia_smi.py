@@ -6,9 +6,9 @@ GPU, in its units (MiB, %, W, MHz).
 
 from __future__ import annotations
 
-from exporters.contract import catalog as c
-from exporters.node.gpu.compare_nvidia_smi import FIELDS, compare, per_gpu_values
 from tests.gpu.helpers import make_loop, render, static_fake
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.node.gpu.compare_nvidia_smi import FIELDS, compare, per_gpu_values
 
 SMI_ROW = {
     "index": "0", "uuid": "GPU-5a1e0000-0000-4000-8000-000000000000",

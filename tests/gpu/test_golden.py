@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from exporters.contract import catalog as c
 from tests.gpu.helpers import (
     make_loop,
     normalise,
@@ -22,6 +21,7 @@ from tests.gpu.helpers import (
     static_fake,
     value,
 )
+from trainwatch.exporters.contract import catalog as c
 
 GOLDEN = Path(__file__).parent / "golden" / "simulated_8_gpus.prom"
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from exporters.contract import catalog as c
-from exporters.node.gpu.fake_nvml import FakeNvml
-from exporters.node.gpu.gpm import GPM_METRICS, GPM_NAMES
 from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.node.gpu.fake_nvml import FakeNvml
+from trainwatch.exporters.node.gpu.gpm import GPM_METRICS, GPM_NAMES
 
 
 def scrape_after(fake: FakeNvml, cycles: int = 2) -> dict:
@@ -120,7 +120,7 @@ def test_request_is_built_on_the_real_pynvml_struct() -> None:
     """The real ctypes struct (no driver needed to build it): ids, count, version, samples."""
     import pynvml
 
-    from exporters.node.gpu.gpm import GpmReader
+    from trainwatch.exporters.node.gpu.gpm import GpmReader
 
     request = GpmReader(pynvml, lambda *a: None)._new_request()
     assert request.version == pynvml.NVML_GPM_METRICS_GET_VERSION
@@ -132,7 +132,7 @@ def test_request_is_built_on_the_real_pynvml_struct() -> None:
 
 
 def test_gpm_is_on_by_default_and_off_with_the_flag_or_config(tmp_path) -> None:
-    from exporters.node.gpu.config import build_parser, resolve
+    from trainwatch.exporters.node.gpu.config import build_parser, resolve
 
     assert resolve(build_parser().parse_args([])).gpm is True
     assert resolve(build_parser().parse_args(["--no-gpm"])).gpm is False

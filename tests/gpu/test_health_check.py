@@ -1,10 +1,11 @@
-"""exporters.node.gpu.health_check against the fake NVML (which raises pynvml's real errors): what
+"""trainwatch.exporters.node.gpu.health_check against the fake NVML (which raises pynvml's real
+errors): what
 keeps a drained node out of service."""
 
 from __future__ import annotations
 
-from exporters.node.gpu.fake_nvml import FakeNvml, simulated_scenario
-from exporters.node.gpu.health_check import check
+from trainwatch.exporters.node.gpu.fake_nvml import FakeNvml, simulated_scenario
+from trainwatch.exporters.node.gpu.health_check import check
 
 
 def _nvml(**gpu0: object) -> FakeNvml:

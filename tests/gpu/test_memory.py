@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pynvml
 
-from exporters.contract import catalog as c
-from exporters.node.gpu.compare_nvidia_smi import compare, per_gpu_values
 from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.node.gpu.compare_nvidia_smi import compare, per_gpu_values
 
 MIB = 2**20
 H100_TOTAL = 81559 * MIB  # nvidia-smi -q on the H100 (tests/gpu/fixtures/h100/)

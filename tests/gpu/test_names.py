@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from exporters.contract import catalog as c
-from exporters.node.gpu.config import ScenarioError
-from exporters.node.gpu.fake_nvml import FakeNvml
 from tests.gpu.helpers import make_loop, parse, render, static_fake, value, values
 from tests.support import metric_table
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.node.gpu.config import ScenarioError
+from trainwatch.exporters.node.gpu.fake_nvml import FakeNvml
 
 
 def test_served_families_are_the_tables_gpu_rows() -> None:

@@ -1,4 +1,5 @@
-"""`python -m exporters.node.tools.power_limit` against a file-backed fake NVML (no GPU here)."""
+"""`python -m trainwatch.exporters.node.tools.power_limit` against a file-backed fake NVML (no GPU
+here)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from exporters.node.gpu.fake_nvml import simulated_scenario
-from exporters.node.gpu.nvml_source import ENV_FAKE_NVML
-from exporters.node.tools import power_limit
+from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
+from trainwatch.exporters.node.gpu.nvml_source import ENV_FAKE_NVML
+from trainwatch.exporters.node.tools import power_limit
 
 UUID0 = "GPU-5a1e0000-0000-4000-8000-000000000000"
 
@@ -102,7 +103,7 @@ def test_unknown_gpu_and_nvml_failures_exit_1_with_a_reason(scenario_file: Path,
 
 def test_module_entry_point_runs_as_ansible_calls_it(scenario_file: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "exporters.node.tools.power_limit", "--gpu", "0",
+        [sys.executable, "-m", "trainwatch.exporters.node.tools.power_limit", "--gpu", "0",
          "--reduce-by-percent", "15"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "600 W -> 510 W" in proc.stdout
@@ -147,7 +148,7 @@ def test_a_run_killed_between_saving_and_setting_is_finished_by_the_rerun(
         scenario_file: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     """The state is written before the limit changes: a crash in between leaves the original
     saved, and the re-run completes the change from it (not from the current limit)."""
-    from exporters.node.gpu import fake_nvml
+    from trainwatch.exporters.node.gpu import fake_nvml
 
     def crash(*_args: object) -> None:
         raise SystemExit(137)

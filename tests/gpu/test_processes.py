@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from exporters.contract import identity
-from exporters.node.gpu.processes import (
+from trainwatch.exporters.contract import identity
+from trainwatch.exporters.node.gpu.processes import (
     MAX_ENVIRON_BYTES,
     ProcessAttributor,
     job_and_rank,

@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pynvml
 
-from exporters.contract import catalog as c
-from exporters.node.gpu.exposition import SPARSE
 from tests.gpu.helpers import (
     Series,
     make_loop,
@@ -31,6 +29,8 @@ from tests.gpu.helpers import (
     values,
 )
 from tests.support.net import wait_until
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.node.gpu.exposition import SPARSE
 
 HEALTHY_ECC = {"corrected_volatile": 0, "corrected_aggregate": 0,
                "uncorrected_volatile": 0, "uncorrected_aggregate": 0}

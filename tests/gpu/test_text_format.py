@@ -19,12 +19,12 @@ import requests
 from prometheus_client import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from exporters.node.gpu.exposition import GpuCollector
-from exporters.node.gpu.http_server import MAX_LINE, ExpositionApp, serve
-from exporters.node.gpu.process_metrics import ProcessMetrics
-from exporters.node.gpu.text_format import counter, gauge, render
 from tests.gpu.helpers import make_loop, static_fake
 from tests.support.net import free_port
+from trainwatch.exporters.node.gpu.exposition import GpuCollector
+from trainwatch.exporters.node.gpu.http_server import MAX_LINE, ExpositionApp, serve
+from trainwatch.exporters.node.gpu.process_metrics import ProcessMetrics
+from trainwatch.exporters.node.gpu.text_format import counter, gauge, render
 
 
 class _Families:
@@ -121,9 +121,9 @@ def test_serving_process_imports_neither_prometheus_client_nor_ssl(simulate: int
     script = f"""
 import json, os, sys
 os.environ.pop("TRAINWATCH_FAKE_NVML", None)
-from exporters.node.gpu.cli import build
-from exporters.node.gpu.config import build_parser, resolve
-from exporters.node.gpu.nvml_source import load_nvml
+from trainwatch.exporters.node.gpu.cli import build
+from trainwatch.exporters.node.gpu.config import build_parser, resolve
+from trainwatch.exporters.node.gpu.nvml_source import load_nvml
 settings = resolve(build_parser().parse_args(["--simulate", "{simulate}"] if {simulate} else []))
 nvml, simulated = load_nvml(settings.simulate)
 loop, app = build(settings, nvml, simulated)
@@ -137,4 +137,4 @@ print(json.dumps(sorted(sys.modules)))
     heavy = {"prometheus_client", "ssl", "_ssl", "http.client", "email", "hashlib", "_hashlib",
              "wsgiref", "yaml", "jsonschema"}
     assert not heavy & loaded
-    assert ("exporters.node.gpu.fake_nvml" in loaded) == bool(simulate)
+    assert ("trainwatch.exporters.node.gpu.fake_nvml" in loaded) == bool(simulate)

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from exporters.rank.logs.handler import AsyncEcsHandler
+from trainwatch.exporters.rank.logs.handler import AsyncEcsHandler
 
 
 def main() -> None:

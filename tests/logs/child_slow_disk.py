@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from exporters.rank.logs.handler import AsyncEcsHandler
-from exporters.rank.logs.rotating_writer import RotatingJsonlWriter
+from trainwatch.exporters.rank.logs.handler import AsyncEcsHandler
+from trainwatch.exporters.rank.logs.rotating_writer import RotatingJsonlWriter
 
 
 class SlowDisk(RotatingJsonlWriter):

@@ -12,7 +12,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from exporters.rank.logs.handler import AsyncEcsHandler
+from trainwatch.exporters.rank.logs.handler import AsyncEcsHandler
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from exporters.rank.logs.handler import AsyncEcsHandler
+from trainwatch.exporters.rank.logs.handler import AsyncEcsHandler
 
 SPEC = json.loads((Path(__file__).with_name("data") / "ecs_logging_spec.json").read_text())
 ISO_UTC_MILLIS = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")

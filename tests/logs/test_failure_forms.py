@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from exporters.node.logs.scanner import Scanner, Source
 from tests.logs.failure_forms import FORMS, FailureForm
 from tests.support.net import free_port
+from trainwatch.exporters.node.logs.scanner import Scanner, Source
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = Source(name="forms", job="forms-job", rank="0")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from exporters.node.logs.follower import FileFollower
-from exporters.node.logs.scanner import Scanner, Source
-from exporters.node.logs.state_file import load_state, save_state
-from exporters.rank.logs.handler import AsyncEcsHandler
+from trainwatch.exporters.node.logs.follower import FileFollower
+from trainwatch.exporters.node.logs.scanner import Scanner, Source
+from trainwatch.exporters.node.logs.state_file import load_state, save_state
+from trainwatch.exporters.rank.logs.handler import AsyncEcsHandler
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %d MiB"
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from exporters.rank.logs.handler import AsyncEcsHandler
 from tests.support.net import wait_until
+from trainwatch.exporters.rank.logs.handler import AsyncEcsHandler
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("child_logger.py")

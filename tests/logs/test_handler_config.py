@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters.rank import AsyncEcsHandler, HandlerConfig
+from trainwatch.exporters.rank import AsyncEcsHandler, HandlerConfig
 
 
 def _writer_threads() -> int:

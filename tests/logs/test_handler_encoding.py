@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporters.rank.logs.ecs import EcsFormatter
-from exporters.rank.logs.handler import AsyncEcsHandler
+from trainwatch.exporters.rank.logs.ecs import EcsFormatter
+from trainwatch.exporters.rank.logs.handler import AsyncEcsHandler
 
 
 def make_records() -> list[logging.LogRecord]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from exporters.rank.logs.handler import AsyncEcsHandler
+from trainwatch.exporters.rank.logs.handler import AsyncEcsHandler
 
 DATA = Path(__file__).with_name("data")
 

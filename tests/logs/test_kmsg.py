@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from exporters.node.logs.kmsg import KMSG_PATH, KmsgReader
-from exporters.node.logs.scanner import Scanner
+from trainwatch.exporters.node.logs.kmsg import KMSG_PATH, KmsgReader
+from trainwatch.exporters.node.logs.scanner import Scanner
 
 pytestmark = pytest.mark.skipif(not os.access(KMSG_PATH, os.R_OK),
                                 reason="/dev/kmsg not readable here")

@@ -17,11 +17,11 @@ import subprocess
 import pytest
 import yaml
 
-from exporters.node.logs import logstash
-from exporters.node.logs.patterns import XID, classify_text
 from scripts import build
 from tests.logs.failure_forms import FORMS
 from tests.logs.test_scanner import NEGATIVE, POSITIVE
+from trainwatch.exporters.node.logs import logstash
+from trainwatch.exporters.node.logs.patterns import XID, classify_text
 
 CORPUS = sorted({form.line for form in FORMS} | {line for _, line in POSITIVE}
                 | set(NEGATIVE) | {

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from exporters.contract.catalog import LOG_EVENT_KINDS
-from exporters.node.logs.scanner import Scanner, Source
+from trainwatch.exporters.contract.catalog import LOG_EVENT_KINDS
+from trainwatch.exporters.node.logs.scanner import Scanner, Source
 
 SOURCE = Source(name="test", job="llm", rank="0")
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.contract.catalog import LOG_EVENT_KINDS
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
+from trainwatch.exporters.contract.catalog import LOG_EVENT_KINDS
 
 SCRIPT = Path(sys.executable).with_name("trainwatch-logscan")
 ARGV0 = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m",
-                                               "exporters.node.logs.scanner_cli"]
+                                               "trainwatch.exporters.node.logs.scanner_cli"]
 
 LOG = """\
 2026-11-21 10:30:25 INFO Step 1: loss=1.234, lr=1e-4, time=0.5s
@@ -142,7 +142,7 @@ def test_exporter_serves_counters_and_resumes_after_restart(tmp_path: Path) -> N
 
 def test_once_reads_in_chunks_without_splitting_lines(monkeypatch, capsys,
                                                       tmp_path: Path) -> None:
-    from exporters.node.logs import scanner_cli
+    from trainwatch.exporters.node.logs import scanner_cli
 
     monkeypatch.setattr(scanner_cli, "_ONCE_CHUNK", 7)  # far shorter than a line
     log = tmp_path / "a.log"

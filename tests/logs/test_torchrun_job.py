@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from exporters.node.logs.follower import FileFollower
-from exporters.node.logs.scanner import Scanner, Source
+from trainwatch.exporters.node.logs.follower import FileFollower
+from trainwatch.exporters.node.logs.scanner import Scanner, Source
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("rank_script.py")
@@ -28,7 +28,8 @@ def test_two_rank_job_failure_is_classified_from_real_output(tmp_path: Path) -> 
     output.write_text(result.stdout + result.stderr)
     assert "ChildFailedError" in output.read_text()  # the real torchelastic text
 
-    once = subprocess.run([sys.executable, "-m", "exporters.node.logs.scanner_cli", "--once",
+    once = subprocess.run([sys.executable, "-m",
+                           "trainwatch.exporters.node.logs.scanner_cli", "--once",
                            "--json", str(output)], capture_output=True, text=True,
                           timeout=60, env=env, check=False)
     assert once.returncode == 0, once.stderr

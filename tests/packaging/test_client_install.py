@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from exporters import DISTRIBUTION
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
 from tests.training.support import exporter
+from trainwatch.exporters import DISTRIBUTION
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +41,8 @@ STEPS = 30
 
 JOB = """
 import os, sys, torch, torch.distributed as dist
-import exporters
-from exporters.rank import TrainingMonitor
+import trainwatch.exporters
+from trainwatch.exporters.rank import TrainingMonitor
 dist.init_process_group("gloo")
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -55,8 +55,8 @@ while step <= int(sys.argv[1]):
     tw.report(step, loss=float(loss), samples=8)
     step = tw.step_end(step).next_step
 tw.close()
-print("CLIENT_FROM", exporters.__file__, flush=True)
-NODE_SIDE = ("exporters.node", "remediation")
+print("CLIENT_FROM", trainwatch.exporters.__file__, flush=True)
+NODE_SIDE = ("trainwatch.exporters.node", "remediation")
 print("NODE_SIDE_LOADED", [m for m in sys.modules if m.startswith(NODE_SIDE)],
       flush=True)
 dist.destroy_process_group()
@@ -116,8 +116,8 @@ def test_the_client_installs_alone_and_a_two_rank_job_reports_through_it(tmp_pat
     assert not installed & FORBIDDEN, installed & FORBIDDEN
     assert not installed & SERVER_SIDE, installed & SERVER_SIDE
     pip(python, "check")
-    typed = subprocess.run([str(python), "-c", "import exporters, pathlib; print(pathlib.Path("
-                            "exporters.__file__).with_name('py.typed').is_file())"],
+    typed = subprocess.run([str(python), "-c", "import trainwatch.exporters, pathlib; "
+                            "print(pathlib.Path(trainwatch.exporters.__file__).with_name('py.typed').is_file())"],
                            capture_output=True, text=True, cwd=tmp_path, check=True)
     assert typed.stdout.strip() == "True"
 

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 SAVE_AND_RESTORE = """
 import sys, torch
-from exporters.rank.checkpoint import CheckpointManager, weights_digest
+from trainwatch.exporters.rank.checkpoint import CheckpointManager, weights_digest
 model = torch.nn.Linear(4, 2)
 manager = CheckpointManager(sys.argv[1], model, torch.optim.SGD(model.parameters(), lr=0.1))
 manager.save(1, loss=0.5)

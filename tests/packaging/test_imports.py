@@ -20,7 +20,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("exporters", "remediation", "alert_rules", "dashboards", "scripts")
-# The public API users import (`from exporters.rank import TrainingMonitor`), resolved lazily so
+# The folders the distribution installs under the one namespace (pyproject's package-dir).
+INSTALLED = {"exporters": "trainwatch.exporters", "remediation": "trainwatch.remediation"}
+# The public API users import (`from trainwatch.exporters.rank import TrainingMonitor`), resolved
+# lazily so
 # that importing one name does not load torch-side modules for the others (docs/training.md).
 FORWARDING_ALLOWED = {"exporters/rank/__init__.py"}
 
@@ -30,7 +33,8 @@ def modules(repo: Path = REPO) -> dict[str, Path]:
     out = {}
     for package in PACKAGES:
         for path in sorted((repo / package).rglob("*.py")):
-            parts = path.relative_to(repo).with_suffix("").parts
+            parts = list(path.relative_to(repo).with_suffix("").parts)
+            parts[0] = INSTALLED.get(parts[0], parts[0])
             out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
@@ -120,8 +124,9 @@ def test_no_import_cycles() -> None:
 
 # CONTRIBUTING.md's layout map, top to bottom: code imports only what is below it (what runs
 # later or elsewhere never reaches back up; `exporters` itself holds the version, used by all).
-LAYERS = ("scripts", "dashboards", "alert_rules", "remediation", "exporters.node",
-          "exporters.rank", "exporters.contract", "exporters")
+LAYERS = ("scripts", "dashboards", "alert_rules", "trainwatch.remediation",
+          "trainwatch.exporters.node", "trainwatch.exporters.rank", "trainwatch.exporters.contract",
+          "trainwatch.exporters")
 
 
 def layer(module: str) -> str:
@@ -135,11 +140,13 @@ def upward_imports(edges: dict[str, set[str]]) -> list[str]:
 
 def test_imports_point_down_the_layout_map() -> None:
     assert upward_imports(graph()) == []
-    assert upward_imports({"exporters.contract.catalog": {"remediation.store"},
+    assert upward_imports({"trainwatch.exporters.contract.catalog":
+                           {"trainwatch.remediation.store"},
                            "dashboards.panels": {"alert_rules.promql"}}) == [
-        "exporters.contract.catalog -> remediation.store"]
+        "trainwatch.exporters.contract.catalog -> trainwatch.remediation.store"]
     text = (REPO / "CONTRIBUTING.md").read_text()
-    rows = [f"| `{name.replace('.', '/')}/` |" for name in LAYERS[:-1]]
+    rows = [f"| `{name.removeprefix('trainwatch.').replace('.', '/')}/` |"
+            for name in LAYERS[:-1]]
     assert sorted(rows, key=text.index) == rows, "the map's rows are in LAYERS' order"
 
 
@@ -155,17 +162,17 @@ def test_the_cycle_check_sees_function_level_and_from_imports(tmp_path: Path) ->
     (tmp_path / "remediation" / "schedulers").mkdir()
     (tmp_path / "remediation" / "__init__.py").write_text("")
     (tmp_path / "remediation" / "actions" / "__init__.py").write_text(
-        "from remediation.actions import quarantine\n")
+        "from trainwatch.remediation.actions import quarantine\n")
     (tmp_path / "remediation" / "actions" / "quarantine.py").write_text(
-        "from remediation.schedulers import elastic\n")
+        "from trainwatch.remediation.schedulers import elastic\n")
     (tmp_path / "remediation" / "actions" / "ansible.py").write_text("")
     (tmp_path / "remediation" / "schedulers" / "__init__.py").write_text("")
     (tmp_path / "remediation" / "schedulers" / "elastic.py").write_text(
-        "def drain():\n    from remediation.actions import ansible\n")
+        "def drain():\n    from trainwatch.remediation.actions import ansible\n")
     assert cycles(graph(tmp_path)) == [
-        ["remediation.actions", "remediation.actions.quarantine",
-         "remediation.schedulers.elastic"],
-        ["scripts.a", "scripts.b"]]
+        ["scripts.a", "scripts.b"],
+        ["trainwatch.remediation.actions", "trainwatch.remediation.actions.quarantine",
+         "trainwatch.remediation.schedulers.elastic"]]
 
 
 def _is_import(node: ast.stmt) -> bool:
@@ -215,7 +222,7 @@ def forwarding(path: Path) -> list[str]:
     lines = source.splitlines()
     reexported = sorted(alias.asname or alias.name for n in tree.body
                         if isinstance(n, ast.ImportFrom) and n.module
-                        and n.module.split(".")[0] in PACKAGES
+                        and n.module.split(".")[0] in (*PACKAGES, "trainwatch")
                         and "noqa: F401" in lines[n.lineno - 1]
                         for alias in n.names)
     if reexported:
@@ -242,14 +249,17 @@ def test_the_forwarding_check_knows_a_forwarder_from_a_module(tmp_path: Path) ->
     cases = {
         "__init__.py": '"""A package with only a docstring forwards nothing."""\n',
         "names.py": '"""Old spelling."""\nfrom __future__ import annotations\n\n'
-                    "from exporters.contract.catalog import GPU_UP, GPU_TEMPERATURE\n",
-        "lazy.py": "X = 1\n\n\ndef __getattr__(name):\n    from exporters.contract import catalog\n"
+                    "from trainwatch.exporters.contract.catalog import GPU_UP, GPU_TEMPERATURE\n",
+        "lazy.py": "X = 1\n\n\ndef __getattr__(name):\n"
+                   "    from trainwatch.exporters.contract import catalog\n"
                    "    return getattr(catalog, name)\n",
-        "listed.py": "from exporters.contract.identity import detect_job\n\n\n"
+        "listed.py": "from trainwatch.exporters.contract.identity import detect_job\n\n\n"
                      "def rank_log_path():\n    return detect_job()\n\n\n"
                      '__all__ = ["detect_job", "rank_log_path"]\n',
-        "kept.py": "from exporters.node.gpu.nvml_source import load_nvml  # noqa: F401\n\nX = 1\n",
-        "real.py": "from exporters.contract import catalog\n\nUP = catalog.GPU_UP + '_x'\n"
+        "kept.py": "from trainwatch.exporters.node.gpu.nvml_source import load_nvml"
+                   "  # noqa: F401\n\nX = 1\n",
+        "real.py": "from trainwatch.exporters.contract import catalog\n\n"
+                   "UP = catalog.GPU_UP + '_x'\n"
                    '__all__ = ["UP"]\n',
     }
     for name, text in cases.items():
@@ -277,4 +287,4 @@ def test_the_rule_generator_loads_no_nvml_and_no_node_side_exporter() -> None:
         text=True, check=True, timeout=300).stdout)
     assert "alert_rules.gpu_source" in loaded
     assert [m for m in loaded if m.split(".")[0] == "pynvml"
-            or m == "exporters.node" or m.startswith("exporters.node.")] == []
+            or m == "trainwatch.exporters.node" or m.startswith("trainwatch.exporters.node.")] == []

@@ -1,7 +1,8 @@
 """Issue 27, acceptance 1: the tree shows where code runs.
 
-`exporters.rank` is the library inside every training process; `exporters.node` runs beside
-the job on the GPU node; `exporters.contract` is what both (and the generators and the
+`trainwatch.exporters.rank` is the library inside every training process;
+`trainwatch.exporters.node` runs beside
+the job on the GPU node; `trainwatch.exporters.contract` is what both (and the generators and the
 remediation service) share. The direction is one-way: rank and contract code never import
 node-side, remediation, generator or Ansible code, and the contract imports neither side.
 
@@ -22,19 +23,20 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-FIRST_PARTY_NODE_SIDE = ("exporters.node", "remediation", "ansible", "alert_rules", "dashboards")
+FIRST_PARTY_NODE_SIDE = ("trainwatch.exporters.node", "trainwatch.remediation", "ansible",
+                         "alert_rules", "dashboards")
 # the server-side packages the client install leaves out (issue 26); pynvml is not among them
 # at run time only because torch imports it itself when it is installed
 SERVER_SIDE = ("flask", "waitress", "werkzeug", "prometheus_client", "yaml", "requests",
                "ansible_runner", "bcrypt")
 NOT_FOR_RANKS = (*FIRST_PARTY_NODE_SIDE, *SERVER_SIDE)
 # serving.py (HTTP defaults every node-side server and remediation share) may use waitress
-NOT_FOR_THE_CONTRACT = (*FIRST_PARTY_NODE_SIDE, "exporters.rank", "torch")
+NOT_FOR_THE_CONTRACT = (*FIRST_PARTY_NODE_SIDE, "trainwatch.exporters.rank", "torch")
 
 LOAD_EVERY_RANK_MODULE = """
 import importlib, json, pkgutil, sys
-import exporters.rank
-for info in pkgutil.walk_packages(exporters.rank.__path__, "exporters.rank."):
+import trainwatch.exporters.rank
+for info in pkgutil.walk_packages(trainwatch.exporters.rank.__path__, "trainwatch.exporters.rank."):
     importlib.import_module(info.name)
 print(json.dumps(sorted(sys.modules)))
 """
@@ -67,7 +69,8 @@ def test_a_fresh_interpreter_loading_every_rank_module_loads_nothing_node_side()
     loaded = json.loads(subprocess.run(
         [sys.executable, "-c", LOAD_EVERY_RANK_MODULE], cwd=REPO, capture_output=True,
         text=True, check=True, timeout=300).stdout)
-    assert "exporters.rank.client" in loaded and "exporters.rank.logs.handler" in loaded
+    assert "trainwatch.exporters.rank.client" in loaded
+    assert "trainwatch.exporters.rank.logs.handler" in loaded
     assert [m for m in loaded if _matches(m, NOT_FOR_RANKS)] == []
 
 
@@ -78,7 +81,7 @@ def test_no_import_statement_points_the_wrong_way(package: str,
                                                   forbidden: tuple[str, ...]) -> None:
     wrong = {}
     for path in _sources(REPO / package):
-        dotted = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        dotted = "trainwatch." + ".".join(path.relative_to(REPO).with_suffix("").parts)
         pkg = dotted if path.name == "__init__.py" else dotted.rpartition(".")[0]
         bad = sorted(m for m in _imports(path, pkg.removesuffix(".__init__"))
                      if _matches(m, forbidden))
@@ -96,8 +99,8 @@ def test_every_module_of_exporters_lives_in_one_of_the_three_parts() -> None:
 
 
 def test_the_public_names_resolve_where_the_docs_import_them() -> None:
-    import exporters.rank as rank
+    import trainwatch.exporters.rank as rank
 
     for name in rank.__all__:
         value = getattr(rank, name)
-        assert value.__module__.startswith("exporters.rank."), (name, value.__module__)
+        assert value.__module__.startswith("trainwatch.exporters.rank."), (name, value.__module__)

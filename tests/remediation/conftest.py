@@ -12,15 +12,15 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from remediation.app import create_app
-from remediation.config import Config, load_config
-from remediation.playbooks import load_playbooks
-from remediation.store import Store
-from remediation.stores import open_store
-from remediation.worker import Worker
 from tests.remediation.helpers import write_config, write_playbook
 from tests.support.net import wait_until
 from tests.support.postgres import PgCluster, server_bin
+from trainwatch.remediation.app import create_app
+from trainwatch.remediation.config import Config, load_config
+from trainwatch.remediation.playbooks import load_playbooks
+from trainwatch.remediation.store import Store
+from trainwatch.remediation.stores import open_store
+from trainwatch.remediation.worker import Worker
 
 
 @dataclass

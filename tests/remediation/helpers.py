@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 TOKEN = "test-webhook-token-" + "a" * 16
 CONTROL_TOKEN = "test-control-token-" + "b" * 16
-# approver credentials (remediation.approvers): name -> token; the file holds only digests
+# approver credentials (trainwatch.remediation.approvers): name -> token; the file holds only
+# digests
 APPROVERS = {"alice": "approver-alice-" + "c" * 24, "bob": "approver-bob-" + "d" * 24}
 
 

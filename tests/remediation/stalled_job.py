@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.rank.client import TrainingMonitor
 
 
 def main() -> None:

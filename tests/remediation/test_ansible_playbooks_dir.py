@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.ansible.runner import ANSIBLE, REPO
 
-PRINT_DEFAULT = ("from remediation.config import default_ansible_playbooks_dir\n"
+PRINT_DEFAULT = ("from trainwatch.remediation.config import default_ansible_playbooks_dir\n"
                  "print(default_ansible_playbooks_dir())")
 
 

@@ -13,7 +13,8 @@ from tests.remediation.helpers import write_config
 
 
 def check(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "remediation.server", "--config", str(config),
+    return subprocess.run([sys.executable, "-m",
+                           "trainwatch.remediation.server", "--config", str(config),
                            "--check-config"], capture_output=True, text=True, timeout=120,
                           check=False)
 

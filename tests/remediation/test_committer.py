@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from remediation.committer import CommitFailed, GroupCommitter, _Job
-from remediation.playbooks import parse_playbook
-from remediation.store import Store
 from tests.remediation.helpers import alert, payload
+from trainwatch.remediation.committer import CommitFailed, GroupCommitter, _Job
+from trainwatch.remediation.playbooks import parse_playbook
+from trainwatch.remediation.store import Store
 
 BOOK = parse_playbook({"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
                        "target": ["training_job"],
@@ -60,7 +60,7 @@ def test_a_large_delivery_moves_in_every_transaction_however_many_small_ones_arr
     """Small deliveries go first, up to BATCH_ALERTS alerts per transaction, but the oldest
     delivery gets a part of every transaction: a steady stream of small ones cannot starve
     a large one until its deadline."""
-    from remediation.committer import BATCH_ALERTS, MAX_BATCH
+    from trainwatch.remediation.committer import BATCH_ALERTS, MAX_BATCH
     store = Store(tmp_path / "s.sqlite")
     committer = GroupCommitter(store, {"page": BOOK}, escalate=False)
     big = _Job(payload(*[alert("TrainingLossSpike", {"training_job": f"b{i}"})

@@ -16,10 +16,10 @@ from typing import Any
 
 import yaml
 
-from remediation.actions.registry import check_targets
-from remediation.labels import safe_labels
-from remediation.playbooks import load_playbooks
 from tests.remediation.helpers import REPO, alert, auth, payload
+from trainwatch.remediation.actions.registry import check_targets
+from trainwatch.remediation.labels import safe_labels
+from trainwatch.remediation.playbooks import load_playbooks
 
 CASES = REPO / "alert_rules" / "tests" / "dcgm" / "gpu_test.yml"
 CASE = "dcgm-exporter's Hostname names the node when the scrape address is an IP"

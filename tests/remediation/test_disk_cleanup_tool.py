@@ -1,4 +1,5 @@
-"""exporters.node.tools.disk_cleanup on real directory trees: retention, dry-run, symlinks,
+"""trainwatch.exporters.node.tools.disk_cleanup on real directory trees: retention, dry-run,
+symlinks,
 roots."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ DAY = 86400
 
 
 def run_tool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporters.node.tools.disk_cleanup", *args],
+    return subprocess.run([sys.executable, "-m",
+                           "trainwatch.exporters.node.tools.disk_cleanup", *args],
                           capture_output=True, text=True, timeout=60, check=False)
 
 
@@ -93,10 +95,10 @@ def test_symlinked_directory_escaping_the_root_is_refused(tmp_path: Path) -> Non
 
 
 def test_reads_and_rewrites_the_real_checkpoint_managers_manifest(tmp_path: Path) -> None:
-    """Against exporters.rank.checkpoint: after cleanup the manager still reads its
+    """Against trainwatch.exporters.rank.checkpoint: after cleanup the manager still reads its
     manifest, and its rollback target (the newest healthy checkpoint) is still there."""
     torch = pytest.importorskip("torch")
-    from exporters.rank.checkpoint import CheckpointManager
+    from trainwatch.exporters.rank.checkpoint import CheckpointManager
 
     ckpt = tmp_path / "ckpt"
     manager = CheckpointManager(ckpt, torch.nn.Linear(2, 2), keep=10, asynchronous=False)
@@ -141,7 +143,7 @@ def test_directory_swapped_for_a_symlink_after_planning_deletes_nothing_outside(
     replaced by a symlink to a tree outside every root holding files of the same names: apply
     walks down from the root with O_NOFOLLOW and stops there. On the code before the fix the
     deletion went by path and removed the files outside the root."""
-    from exporters.node.tools import disk_cleanup
+    from trainwatch.exporters.node.tools import disk_cleanup
 
     root = tmp_path / "root"
     outside = tmp_path / "outside"
@@ -178,7 +180,7 @@ def test_checkpoint_dir_swapped_for_a_symlink_after_planning_is_not_followed(
         tmp_path: Path) -> None:
     """The same race on the checkpoint side: neither the manifest rewrite nor the slot
     removal goes through the swapped directory."""
-    from exporters.node.tools import disk_cleanup
+    from trainwatch.exporters.node.tools import disk_cleanup
 
     root = tmp_path / "root"
     ckpt = checkpoints(root, [(1, False), (2, False), (3, False)])
@@ -202,7 +204,7 @@ def test_checkpoint_dir_swapped_for_a_symlink_after_planning_is_not_followed(
 def test_a_file_replaced_after_planning_is_not_deleted(tmp_path: Path) -> None:
     """Apply deletes only the entry the plan saw (device and inode), not a new file that
     took its name (a fresh log after rotation)."""
-    from exporters.node.tools import disk_cleanup
+    from trainwatch.exporters.node.tools import disk_cleanup
 
     logs = tmp_path / "logs"
     logs.mkdir()

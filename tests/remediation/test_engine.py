@@ -151,7 +151,7 @@ def test_cli_lists_and_approves(tmp_path: Path) -> None:
         wait_until(lambda: svc.actions(state="awaiting_approval")["actions"], timeout=20)
         token_file = tmp_path / "cli.token"
         token_file.write_text(TOKEN)
-        cli = [sys.executable, "-m", "remediation.cli", "--url", svc.url, "--token-file",
+        cli = [sys.executable, "-m", "trainwatch.remediation.cli", "--url", svc.url, "--token-file",
                str(token_file)]
         listed = subprocess.run([*cli, "actions", "--state", "awaiting_approval"],
                                 capture_output=True, text=True, timeout=30, check=True)
@@ -185,7 +185,7 @@ def test_truncated_alerts_page_a_human_once(service_factory) -> None:
 
 
 def test_store_files_are_private(tmp_path: Path) -> None:
-    from remediation.store import Store
+    from trainwatch.remediation.store import Store
 
     store = Store(tmp_path / "s.sqlite")
     assert store.ping()

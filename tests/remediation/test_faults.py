@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 import yaml
 
-from exporters.node.tools.stack_dump import analyse, fit, summarise_recorder
-from remediation.actions.quarantine import EvidencePending, find_diagnostics
-from remediation.faults import (
+from trainwatch.exporters.node.tools.stack_dump import analyse, fit, summarise_recorder
+from trainwatch.remediation.actions.quarantine import EvidencePending, find_diagnostics
+from trainwatch.remediation.faults import (
     DEFAULT_TABLE,
     Evidence,
     FaultTableError,
@@ -23,7 +23,7 @@ from remediation.faults import (
     merge_records,
     suspects_from_record,
 )
-from remediation.labels import LabelError
+from trainwatch.remediation.labels import LabelError
 
 TABLE = load_table()
 NODES = NodeMap({"node-a": "tw-gpu-01", "node-b": "tw-gpu-02", "node-c": "tw-gpu-03"})
@@ -198,7 +198,7 @@ def test_unreadable_records_name_nobody() -> None:
 def test_a_long_record_stays_one_parseable_line() -> None:
     """stack_dump cuts the py-spy dumps so the line fits the action's capture limit (which
     keeps the tail: a longer line would lose its start and not parse)."""
-    from remediation.actions.ansible import OUTPUT_LIMIT
+    from trainwatch.remediation.actions.ansible import OUTPUT_LIMIT
 
     procs = [dict(rank(n, WAITING), dump="frame\n" * 5000) for n in range(8)]
     line = node_record(*procs)
@@ -283,8 +283,8 @@ def test_stack_dump_sees_a_stopped_rank_and_only_its_nodes_ranks(tmp_path: Path)
     import subprocess
     import sys
 
-    from exporters.node.tools.stack_dump import rank_processes
     from tests.support.net import wait_until
+    from trainwatch.exporters.node.tools.stack_dump import rank_processes
 
     job = f"sd-{os.getpid()}"
     procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={

@@ -5,7 +5,8 @@ Issue 11 acceptance 2 adds: label values that are Ansible host patterns (every s
 knows: all, *, groups, unions, intersections, exclusions, regex, ranges, commas), text with
 lone surrogates (valid JSON escapes, invalid Unicode), and fields over the size limits. Host
 patterns go to the `node` label of a playbook with an `ansible` step against a real local
-inventory once host targeting resolves the label against it (remediation.inventory, issue 11
+inventory once host targeting resolves the label against it (trainwatch.remediation.inventory,
+issue 11
 item 1); until then they go to the http playbook only in forms its allowlist refuses."""
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def hostile_payload(draw: Any) -> bytes:
 
 # Host targeting against the inventory (issue 11 item 1) is what refuses an allowlisted pattern
 # such as `all`; the host playbook joins the fuzz where that exists.
-HOST_TARGETING = importlib.util.find_spec("remediation.inventory") is not None
+HOST_TARGETING = importlib.util.find_spec("trainwatch.remediation.inventory") is not None
 MARK = """\
 - name: Mark the host this play ran on
   hosts: all

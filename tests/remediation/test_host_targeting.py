@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import requests
 
-from remediation.inventory import TargetError, resolve_hosts
 from tests.remediation.helpers import (
     CONTROL_TOKEN,
     REPO,
@@ -39,6 +38,7 @@ from tests.remediation.host_inventory import (
 from tests.support.alertmanager_config import render_one
 from tests.support.net import free_port, wait_until
 from tests.support.procs import alertmanager, running
+from trainwatch.remediation.inventory import TargetError, resolve_hosts
 
 # Every host-pattern form Ansible knows, plus names that are not (only) one inventory host.
 PATTERNS = [

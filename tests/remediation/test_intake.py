@@ -10,9 +10,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from remediation.config import ConfigError, load_config
-from remediation.playbooks import PlaybookError, load_playbooks
-from remediation.store import Store
 from tests.remediation.helpers import (
     REPO,
     TOKEN,
@@ -22,6 +19,9 @@ from tests.remediation.helpers import (
     write_config,
     write_playbook,
 )
+from trainwatch.remediation.config import ConfigError, load_config
+from trainwatch.remediation.playbooks import PlaybookError, load_playbooks
+from trainwatch.remediation.store import Store
 
 PAGE = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
         "target": ["training_job"],
@@ -240,7 +240,8 @@ def test_bad_config_names_file_and_key(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="surprise"):
         load_config(path)
-    proc = subprocess.run([sys.executable, "-m", "remediation.server", "--config", str(path)],
+    proc = subprocess.run([sys.executable, "-m",
+                           "trainwatch.remediation.server", "--config", str(path)],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "surprise" in proc.stderr
 
@@ -298,7 +299,7 @@ def test_approver_file_holds_digests_and_refuses_the_webhook_token(tmp_path: Pat
     import hashlib
 
     approvers = tmp_path / "team-approvers"
-    made = subprocess.run([sys.executable, "-m", "remediation.approvers", "add", "carol",
+    made = subprocess.run([sys.executable, "-m", "trainwatch.remediation.approvers", "add", "carol",
                            "--file", str(approvers)], capture_output=True, text=True,
                           timeout=60, check=True, cwd=REPO)
     token = made.stdout.strip()

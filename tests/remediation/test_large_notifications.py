@@ -18,13 +18,13 @@ from typing import Any
 
 import pytest
 
-from remediation.committer import CommitFailed, GroupCommitter, _Job
-from remediation.config import Config, load_config
-from remediation.playbooks import parse_playbook
-from remediation.store import Store
-from remediation.stores import open_store
 from tests.remediation.helpers import alert, payload, write_config
 from tests.support.net import wait_until
+from trainwatch.remediation.committer import CommitFailed, GroupCommitter, _Job
+from trainwatch.remediation.config import Config, load_config
+from trainwatch.remediation.playbooks import parse_playbook
+from trainwatch.remediation.store import Store
+from trainwatch.remediation.stores import open_store
 
 BOOK = parse_playbook({"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
                        "target": ["training_job"],
@@ -45,7 +45,7 @@ def write_lock_held(config: Config) -> Iterator[None]:
             conn.execute("ROLLBACK")
             conn.close()
         return
-    from remediation.pgstore import WRITE_LOCK, connect
+    from trainwatch.remediation.pgstore import WRITE_LOCK, connect
     pg = connect(config.postgresql)
     pg.execute("BEGIN")
     pg.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))

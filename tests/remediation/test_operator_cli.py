@@ -22,7 +22,6 @@ import pytest
 import requests
 import yaml
 
-from remediation import approvers as approver_file
 from tests.remediation.helpers import (
     APPROVERS,
     REPO,
@@ -37,6 +36,7 @@ from tests.remediation.helpers import (
 )
 from tests.support.net import free_port, wait_until
 from tests.support.procs import alertmanager, running
+from trainwatch.remediation import approvers as approver_file
 
 CLI = str(VENV_BIN / "trainwatch")
 

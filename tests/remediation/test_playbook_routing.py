@@ -5,9 +5,9 @@ recorded as `unmatched`. So a playbook that needs no host work is one YAML file.
 from __future__ import annotations
 
 from alert_rules.config import load_raw
-from remediation.config import load_config
-from remediation.playbooks import load_playbooks
 from tests.remediation.helpers import alert, auth, payload, write_config
+from trainwatch.remediation.config import load_config
+from trainwatch.remediation.playbooks import load_playbooks
 
 
 def test_every_shipped_playbook_answers_alerts_the_rule_config_defines(tmp_path) -> None:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from remediation.metrics import StoreCollector
-from remediation.playbooks import load_playbooks
-from remediation.store import NewIntent, Store, Transaction
 from tests.remediation.helpers import REPO, alert, auth, payload, stub_server
+from trainwatch.remediation.metrics import StoreCollector
+from trainwatch.remediation.playbooks import load_playbooks
+from trainwatch.remediation.store import NewIntent, Store, Transaction
 
 
 def http_book(name: str, alertname: str, hostport: str, **extra: Any) -> dict[str, Any]:

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import requests
 
-from remediation.actions import ansible, training_command
-from remediation.actions.base import ActionContext, ActionError
-from remediation.config import Config
 from tests.remediation.helpers import stub_server
+from trainwatch.remediation.actions import ansible, training_command
+from trainwatch.remediation.actions.base import ActionContext, ActionError
+from trainwatch.remediation.config import Config
 
 
 def context(tmp_path: Path, prometheus: str) -> ActionContext:

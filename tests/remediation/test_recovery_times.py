@@ -9,10 +9,10 @@ from pathlib import Path
 import requests
 from prometheus_client import CollectorRegistry
 
-from exporters.contract import catalog as c
-from remediation.recovery import RecoveryTimes, first_evidence
 from tests.support.net import wait_until
 from tests.support.procs import prometheus
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.remediation.recovery import RecoveryTimes, first_evidence
 
 FOR_SECONDS = 3
 RULES = f"""

@@ -16,14 +16,14 @@ import psycopg
 import pytest
 import requests
 
-from remediation.config import Config, load_config
-from remediation.marker import StoreResetError, check_store, write_marker
-from remediation.store import NewIntent
-from remediation.stores import open_store
 from tests.remediation.helpers import alert, auth, payload, write_config
 from tests.remediation.processes import service_config, start_service
 from tests.support.net import free_port, wait_until
 from tests.support.postgres import PgCluster
+from trainwatch.remediation.config import Config, load_config
+from trainwatch.remediation.marker import StoreResetError, check_store, write_marker
+from trainwatch.remediation.store import NewIntent
+from trainwatch.remediation.stores import open_store
 
 REFUSED = (Exception,)  # sqlite3.IntegrityError or psycopg's RaiseException: the text matters
 
@@ -127,7 +127,7 @@ def test_a_wall_clock_jump_does_not_wipe_the_audit_or_the_cooldowns(
     monotonic clock since the previous prune) or moved backwards (before the previous prune,
     or before the newest recorded time), and a jump no check can see (the previous prune ran
     on another host) moves the horizon one bounded step only."""
-    import remediation.store
+    import trainwatch.remediation.store
     retention = 30 * 86400.0
     store = open_store(configured(tmp_path, store_section))
     with store.transaction() as tx:
@@ -163,7 +163,7 @@ def test_a_wall_clock_jump_does_not_wipe_the_audit_or_the_cooldowns(
     refused = prune_with_clock_off_by(-86400.0)
     intact()
     assert "backwards" in refused, refused
-    monkeypatch.setattr(remediation.store, "_boot_id", lambda: "another-host-or-boot")
+    monkeypatch.setattr(trainwatch.remediation.store, "_boot_id", lambda: "another-host-or-boot")
     monkeypatch.setattr(time, "time", lambda: real_time() + 100 * 86400.0)
     assert store.prune(time.time() - retention, max_step=retention / 10) == (0, 0)
     monkeypatch.setattr(time, "time", real_time)
@@ -266,7 +266,7 @@ def test_postgresql_restart_during_intake_loses_no_answered_alert(
 
 def test_store_config_errors_are_clear_and_the_password_stays_out_of_sight(
         tmp_path: Path) -> None:
-    from remediation.config import ConfigError
+    from trainwatch.remediation.config import ConfigError
     with pytest.raises(ConfigError, match="backend postgresql needs dbname, password_file"):
         configured(tmp_path, {"store": {"backend": "postgresql", "host": "db", "user": "u"}})
     with pytest.raises(ConfigError, match=r"store\.password_file: cannot read"):

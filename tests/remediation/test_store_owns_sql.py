@@ -12,11 +12,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from remediation.engine import Engine
-from remediation.ingest import ingest
-from remediation.playbooks import load_playbooks
 from tests.remediation.conftest import make_service
 from tests.remediation.helpers import REPO, alert, payload, stub_server
+from trainwatch.remediation.engine import Engine
+from trainwatch.remediation.ingest import ingest
+from trainwatch.remediation.playbooks import load_playbooks
 
 # Where SQL may be written: the remediation store (SQLite, PostgreSQL, the tables of both),
 # and the two other stores the project keeps, each one class owning its own SQLite file (the

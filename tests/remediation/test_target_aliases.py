@@ -22,13 +22,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from jinja2.filters import do_int
 
-from exporters.node.gpu.nvml_source import ENV_FAKE_NVML
-from exporters.node.tools import power_limit
-from remediation.ingest import target_key
-from remediation.labels import LabelError, canonical, safe_labels
-from remediation.playbooks import load_playbooks
 from tests.ansible.runner import VENV_BIN, ansible_env
 from tests.remediation.helpers import REPO, alert, auth, payload
+from trainwatch.exporters.node.gpu.nvml_source import ENV_FAKE_NVML
+from trainwatch.exporters.node.tools import power_limit
+from trainwatch.remediation.ingest import target_key
+from trainwatch.remediation.labels import LabelError, canonical, safe_labels
+from trainwatch.remediation.playbooks import load_playbooks
 
 BOOKS = load_playbooks(REPO / "remediation" / "playbooks")
 GPU_BOOK = BOOKS["gpu_power_limit"]
@@ -63,7 +63,8 @@ def lenient_index(value: str) -> int | None:
 
 
 def tool_index(value: str) -> int | None:
-    """The GPU index `python -m exporters.node.tools.power_limit --gpu VALUE` takes, or None."""
+    """The GPU index `python -m trainwatch.exporters.node.tools.power_limit --gpu VALUE` takes,
+    or None."""
     try:
         return power_limit.build_parser().parse_args(["--gpu", value, "--restore"]).gpu
     except SystemExit:

@@ -23,11 +23,11 @@ import yaml
 
 from alert_rules import generate
 from alert_rules.config import CONFIG_PATH, load_raw, resolve, seconds
-from exporters.node.training.collector import (
+from tests.rules.rulefiles import PROFILES
+from trainwatch.exporters.node.training.collector import (
     STALL_EVIDENCE_MIN_IDLE_SECONDS,
     STALL_EVIDENCE_STEP_FACTOR,
 )
-from tests.rules.rulefiles import PROFILES
 
 UNIT_TESTS = Path(__file__).resolve().parents[2] / "alert_rules" / "tests"
 

@@ -23,7 +23,7 @@ from tests.support.net import wait_until
 SPIKE_AFTER_S = 18.0  # demo baseline: 20 s window offset 3 s, at least 10 samples
 RANK_SCRIPT = """
 import math, os, sys, time
-from exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.rank.client import TrainingMonitor
 monitor = TrainingMonitor(control=False)
 spike_after, stop_after = float(sys.argv[1]), float(sys.argv[2])
 began = time.monotonic()

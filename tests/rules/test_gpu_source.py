@@ -16,7 +16,6 @@ import yaml
 from alert_rules import gpu_source
 from alert_rules.config import ConfigError, load_raw, resolve
 from dashboards import promql_text
-from exporters.contract import catalog
 from tests.rules import promtool_cases
 from tests.rules.rulefiles import (
     DCGM_COUNTERS_CSV,
@@ -27,6 +26,7 @@ from tests.rules.rulefiles import (
     exprs,
     rules,
 )
+from trainwatch.exporters.contract import catalog
 
 # a DCGM field the default file leaves out, which GpuThrottled needs (docs/adopt.md says so)
 NOT_DEFAULT_BUT_NEEDED = {gpu_source.CLOCKS_EVENT_REASONS}

@@ -41,7 +41,7 @@ STEP = 5
 EXTRAPOLATING = re.compile(r"\b(rate|increase|irate|delta|deriv|histogram_quantile)\(")
 RANK_SCRIPT = """
 import math, sys, time
-from exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.rank.client import TrainingMonitor
 monitor = TrainingMonitor(control=False)
 began, step = time.monotonic(), 0
 while time.monotonic() - began < float(sys.argv[1]):

@@ -24,8 +24,6 @@ import requests
 import torch
 from torch import nn
 
-from exporters.contract import catalog
-from exporters.rank.checkpoint import MANIFEST, CheckpointManager, weights_digest
 from tests.remediation.helpers import REPO, TOKEN, auth, stub_server
 from tests.remediation.processes import service_config, start_service
 from tests.slurm.cluster import SlurmCluster
@@ -35,6 +33,8 @@ from tests.support.alertmanager_config import render_one
 from tests.support.net import free_port, wait_until
 from tests.support.procs import alertmanager
 from tests.training.support import events_in, of
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.rank.checkpoint import MANIFEST, CheckpointManager, weights_digest
 
 FEATURES = 16  # examples/train_ddp.py's model
 JOB = "heal-e2e"

@@ -3,7 +3,7 @@ torchrun on each node, c10d rendezvous, gloo) is stopped with SIGSTOP. Real part
 one training exporter per node, Prometheus scraping them with the demo rule profile (it raises
 TrainingStalled naming the stopped rank), Alertmanager delivering to the remediation service
 (a real process), the stalled_job_diagnostics playbook (real Ansible running
-exporters.node.tools.stack_dump and py-spy on every node of the job) and the shipped
+trainwatch.exporters.node.tools.stack_dump and py-spy on every node of the job) and the shipped
 stalled_job_quarantine playbook on the shared Slurm cluster (tests/slurm/conftest.py).
 
 - one rank stopped: TrainingStalled names it, the diagnostics record names it, its node is
@@ -32,9 +32,6 @@ import pytest
 import requests
 import yaml
 
-from exporters.contract import catalog
-from exporters.node.tools.stack_dump import rank_processes
-from remediation.store import NewIntent
 from tests.remediation.helpers import REPO, TOKEN, alert, stub_server
 from tests.remediation.processes import RunningService, service_config, start_service
 from tests.remediation.test_faults import HANGS
@@ -46,6 +43,9 @@ from tests.support.alertmanager_config import render_one
 from tests.support.net import free_port, wait_until
 from tests.support.procs import alertmanager, prometheus
 from tests.training.support import Exporter, exporter, of, write_token
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.node.tools.stack_dump import rank_processes
+from trainwatch.remediation.store import NewIntent
 
 PLAYBOOKS = REPO / "remediation" / "playbooks"
 RULES = REPO / "alert_rules" / "generated" / "demo" / "training.yml"

@@ -13,9 +13,6 @@ from typing import Any
 
 import pytest
 
-from remediation.config import SchedulerSettings
-from remediation.schedulers.base import SchedulerError
-from remediation.schedulers.slurm import SlurmScheduler
 from tests.remediation.conftest import Service, make_service
 from tests.remediation.helpers import APPROVERS, alert, auth, payload, stub_server
 from tests.slurm.cluster import SlurmCluster
@@ -30,6 +27,9 @@ from tests.slurm.fixtures import (
     submit,
 )
 from tests.support.net import wait_until
+from trainwatch.remediation.config import SchedulerSettings
+from trainwatch.remediation.schedulers.base import SchedulerError
+from trainwatch.remediation.schedulers.slurm import SlurmScheduler
 
 NODE_HOST = {node: host for host, node in HOSTS.items()}
 

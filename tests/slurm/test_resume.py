@@ -1,7 +1,7 @@
 """A node comes back only through `trainwatch-resume-node` after its health check passes
 (issue 23): never one drained by someone else, never with a GPU lost or XIDs since the drain,
 never from a pattern. Real Slurm, real Ansible (node_health_check.yml runs
-exporters.node.gpu.health_check against the fake NVML), real Prometheus for the XID count."""
+the node health check against the fake NVML), real Prometheus for the XID count."""
 
 from __future__ import annotations
 
@@ -15,17 +15,17 @@ from typing import Any
 import pytest
 import requests
 
-from exporters.contract import catalog
-from exporters.node.gpu.fake_nvml import simulated_scenario
-from remediation.config import SchedulerSettings, load_config
-from remediation.resume import main as resume_main
-from remediation.schedulers.slurm import SlurmScheduler
-from remediation.stores import open_store
 from tests.remediation.helpers import StubState, stub_server, write_config
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.fixtures import HOSTS, calls, recording_bin, scontrol_calls, write_inventory
 from tests.support.net import wait_until
 from tests.support.procs import prometheus
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
+from trainwatch.remediation.config import SchedulerSettings, load_config
+from trainwatch.remediation.resume import main as resume_main
+from trainwatch.remediation.schedulers.slurm import SlurmScheduler
+from trainwatch.remediation.stores import open_store
 
 
 def _scenario(path: Path, *, lost: bool = False, pending_remap: bool = False) -> None:

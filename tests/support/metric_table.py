@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.contract import catalog
+from trainwatch.exporters.contract import catalog
 
 # Families prometheus_client's default collectors add (process, platform, GC): not ours.
 FOREIGN_PREFIXES = ("process_", "python_")

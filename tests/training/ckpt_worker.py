@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from exporters.rank.checkpoint import (
+from trainwatch.exporters.rank.checkpoint import (
     COMMITTED,
     JOB_FILE,
     MANIFEST,

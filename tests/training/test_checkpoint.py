@@ -12,17 +12,17 @@ import numpy
 import pytest
 import torch
 
-from exporters.contract import catalog, wire
-from exporters.contract.launcher import RankInfo
-from exporters.node.training.collector import TrainingCollector
-from exporters.node.training.store import Store
-from exporters.rank.checkpoint import (
+from trainwatch.exporters.contract import catalog, wire
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.node.training.collector import TrainingCollector
+from trainwatch.exporters.node.training.store import Store
+from trainwatch.exporters.rank.checkpoint import (
     COMMITTED,
     CheckpointManager,
     NoHealthyCheckpoint,
     weights_digest,
 )
-from exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.rank.client import TrainingMonitor
 
 INFO = RankInfo("ckpt-unit", rank=0, local_rank=0, world_size=1, restarts=0)
 

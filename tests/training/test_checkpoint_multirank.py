@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from exporters.rank.checkpoint import CheckpointManager, weights_digest
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
 from tests.training.ckpt_worker import complete
@@ -35,6 +34,7 @@ from tests.training.support import (
     events,
     of,
 )
+from trainwatch.exporters.rank.checkpoint import CheckpointManager, weights_digest
 
 WORKER = REPO / "tests" / "training" / "ckpt_worker.py"
 

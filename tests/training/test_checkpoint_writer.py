@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from exporters.rank.checkpoint import CheckpointManager, weights_digest
-from exporters.rank.checkpoint_writer import shared_writer
 from tests.support.net import wait_until
+from trainwatch.exporters.rank.checkpoint import CheckpointManager, weights_digest
+from trainwatch.exporters.rank.checkpoint_writer import shared_writer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,8 +100,8 @@ def test_a_writer_killed_during_a_save_fails_that_save_and_the_next_one_works(
 
 CHILD = """
 import sys, time, torch
-from exporters.rank.checkpoint import CheckpointManager
-from exporters.rank.checkpoint_writer import shared_writer
+from trainwatch.exporters.rank.checkpoint import CheckpointManager
+from trainwatch.exporters.rank.checkpoint_writer import shared_writer
 model = torch.nn.Linear(8, 8)
 manager = CheckpointManager(sys.argv[1], model, torch.optim.SGD(model.parameters(), lr=0.1))
 manager.save(1, loss=0.5)
@@ -130,8 +130,8 @@ def test_a_training_process_killed_with_sigkill_leaves_no_writer_behind(tmp_path
 
 WARM_AT_START = """
 import json, os, sys, torch
-from exporters.rank.checkpoint import CheckpointManager
-from exporters.rank.checkpoint_writer import shared_writer
+from trainwatch.exporters.rank.checkpoint import CheckpointManager
+from trainwatch.exporters.rank.checkpoint_writer import shared_writer
 model = torch.nn.Linear(4, 2)
 manager = CheckpointManager(sys.argv[1], model, torch.optim.SGD(model.parameters(), lr=0.1))
 writer = shared_writer()
@@ -159,7 +159,7 @@ def test_the_writer_is_warm_before_the_first_step_and_runs_at_idle_priority(
 
 
 def test_a_fresh_writer_is_at_idle_priority_while_it_starts() -> None:
-    from exporters.rank.checkpoint_writer import WriterProcess, priority_of
+    from trainwatch.exporters.rank.checkpoint_writer import WriterProcess, priority_of
 
     writer = WriterProcess()
     try:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from exporters.contract import catalog, wire
-from exporters.contract.launcher import RankInfo, detect
-from exporters.rank.client import TrainingMonitor
 from tests.support.net import wait_until
+from trainwatch.exporters.contract import catalog, wire
+from trainwatch.exporters.contract.launcher import RankInfo, detect
+from trainwatch.exporters.rank.client import TrainingMonitor
 
 INFO = RankInfo("unit-job", rank=0, local_rank=0, world_size=1, restarts=0)
 

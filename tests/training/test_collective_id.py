@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from exporters.rank.collectives import collective_key, summarise
+from trainwatch.exporters.rank.collectives import collective_key, summarise
 
 
 def entry(group: str, seq: int, op: str = "gloo:all_reduce", *, retired: bool = True,
@@ -48,7 +48,7 @@ def test_own_compute_is_the_time_before_entering_the_steps_last_collective() -> 
     them; tests/training/test_straggler.py reads the real recorder)."""
     import json
 
-    from exporters.rank.collectives import OwnCompute
+    from trainwatch.exporters.rank.collectives import OwnCompute
 
     base = 1_700_000_000.0
     # reports at 0, 1, 2, 3 s; entries: step 1 enters at 0.2 (agreement) and 0.7, step 2 at
@@ -70,10 +70,10 @@ def test_own_compute_is_the_time_before_entering_the_steps_last_collective() -> 
 def test_the_exporter_serves_each_ranks_mean_over_the_window_and_the_nodes_slowest() -> None:
     import json as _json
 
-    from exporters.contract import catalog
-    from exporters.contract.wire import decode
-    from exporters.node.training.collector import TrainingCollector
-    from exporters.node.training.store import COMPUTE_WINDOW_SECONDS, Store
+    from trainwatch.exporters.contract import catalog
+    from trainwatch.exporters.contract.wire import decode
+    from trainwatch.exporters.node.training.collector import TrainingCollector
+    from trainwatch.exporters.node.training.store import COMPUTE_WINDOW_SECONDS, Store
 
     now = [100.0]
     store = Store(600, clock=lambda: now[0])
@@ -100,10 +100,11 @@ def test_the_exporter_serves_each_ranks_mean_over_the_window_and_the_nodes_slowe
 
 
 def test_the_diagnostics_name_the_rank_inside_another_collective_on_any_group() -> None:
-    """The stalled-job diagnostics (exporters.node.tools.stack_dump) say the same as the alert:
+    """The stalled-job diagnostics (trainwatch.exporters.node.tools.stack_dump) say the same as the
+    alert:
     peers wait on group 1, rank 2 is inside nothing; the default group's sequence numbers are
     equal, so `not_entered` cannot tell."""
-    from exporters.node.tools.stack_dump import analyse, summarise_recorder
+    from trainwatch.exporters.node.tools.stack_dump import analyse, summarise_recorder
 
     def proc(rank: str, waiting: bool) -> dict[str, Any]:
         entries = [*DONE, *([entry("1", 2, retired=False)] if waiting else [])]
@@ -118,8 +119,8 @@ def test_the_diagnostics_name_the_rank_inside_another_collective_on_any_group() 
 
 SIGTERM_RANK = """
 import signal, sys, threading, time
-from exporters.rank.client import TrainingMonitor
-from exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.contract.launcher import RankInfo
 monitor = TrainingMonitor(rank_info=RankInfo("bye", rank=0, local_rank=0, world_size=1,
                                              restarts=0),
                           socket_path=sys.argv[1], control=False, flush_interval=0.05)
@@ -157,8 +158,8 @@ def test_sigterm_sends_a_last_datagram_and_still_kills_or_leaves_a_later_handler
     import subprocess
     import sys
 
-    from exporters.contract.wire import decode
     from tests.support.net import wait_until
+    from trainwatch.exporters.contract.wire import decode
 
     path = tmp_path / "exporter.sock"
     sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -14,14 +14,14 @@ import pytest
 import requests
 import torch
 
-from exporters.contract.launcher import RankInfo
-from exporters.rank.checkpoint import CheckpointManager
-from exporters.rank.client import TrainingMonitor
-from remediation.actions import training_command
-from remediation.actions.base import ActionContext, ActionError
-from remediation.config import Config
 from tests.support.net import free_port, wait_until
 from tests.training.support import exporter, write_token
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank.checkpoint import CheckpointManager
+from trainwatch.exporters.rank.client import TrainingMonitor
+from trainwatch.remediation.actions import training_command
+from trainwatch.remediation.actions.base import ActionContext, ActionError
+from trainwatch.remediation.config import Config
 
 JOB = "durable-job"
 INFO = RankInfo(JOB, rank=0, local_rank=0, world_size=1, restarts=0)

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import torch
 
-from exporters.contract import catalog
-from exporters.contract.launcher import RankInfo
-from exporters.rank.checkpoint import CheckpointManager
-from exporters.rank.client import Control, TrainingMonitor
 from tests.support.net import wait_until
 from tests.training.support import exporter
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank.checkpoint import CheckpointManager
+from trainwatch.exporters.rank.client import Control, TrainingMonitor
 
 JOB = "commands-job"
 
@@ -145,7 +145,7 @@ def test_ranks_refuse_non_finite_arguments_whatever_the_source(args: dict) -> No
     """Issue 25 item 5, rank side: a command learned from a peer rank (not through this
     node's exporter) is validated again before it is applied; NaN passed the schema's bounds
     on the code before the fix."""
-    from exporters.contract import commands as cmd
+    from trainwatch.exporters.contract import commands as cmd
 
     with pytest.raises(cmd.CommandError, match="finite"):
         cmd.validate({"id": "c1", "type": "scale_lr", "args": args}, cmd.BUILTIN_SCHEMAS)

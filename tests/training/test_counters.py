@@ -14,10 +14,10 @@ import io
 import tokenize
 from pathlib import Path
 
-from exporters.contract import catalog, wire
-from exporters.node.training.collector import TrainingCollector
-from exporters.node.training.store import Store
-from exporters.rank.counters import RankCounters
+from trainwatch.exporters.contract import catalog, wire
+from trainwatch.exporters.node.training.collector import TrainingCollector
+from trainwatch.exporters.node.training.store import Store
+from trainwatch.exporters.rank.counters import RankCounters
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPER = ROOT / "exporters/rank/shipper.py"

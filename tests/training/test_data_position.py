@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from exporters.contract.launcher import RankInfo
-from exporters.rank.checkpoint import CheckpointManager
-from exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank.checkpoint import CheckpointManager
+from trainwatch.exporters.rank.client import TrainingMonitor
 
 pytestmark = pytest.mark.slow
 

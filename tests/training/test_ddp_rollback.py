@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from exporters.contract import catalog
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
 from tests.training.support import JOB_BASE_ENV, events, exporter, of, torchrun, write_token
+from trainwatch.exporters.contract import catalog
 
 JOB = "rollback-job"
 NAN_AT = 60

@@ -11,10 +11,10 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from exporters.contract import catalog
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
 from tests.training.support import JOB_BASE_ENV, Exporter, events, exporter, of, torchrun
+from trainwatch.exporters.contract import catalog
 
 JOB = "two-nodes"
 SYNC_EVERY = 5

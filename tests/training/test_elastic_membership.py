@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from exporters.contract import catalog
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess, running
 from tests.training.support import JOB_BASE_ENV, Exporter, elastic_torchrun, events, exporter, of
 from tests.training.test_job_identity import WORKER, kill_whole, unnamed_env, worker_torchrun
+from trainwatch.exporters.contract import catalog
 
 
 def starts(proc: ManagedProcess, restarts: int) -> list[dict]:

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporters.contract import catalog
-from exporters.contract.launcher import RankInfo
-from exporters.rank.client import TrainingMonitor
 from tests.support.net import free_port, wait_until
 from tests.training.support import EXPORTER, Exporter, exporter
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank.client import TrainingMonitor
 
 JOB = "api-job"
 
@@ -277,7 +277,8 @@ def test_an_overlapping_restart_keeps_the_new_exporters_socket(tmp_path: Path) -
 
 def test_clients_that_never_finish_their_request_do_not_starve_scrapes(tmp_path: Path) -> None:
     """More clients than handler threads send half a request and stall: a scrape and a
-    control call are still answered (exporters.contract.serving reads requests in its I/O loop;
+    control call are still answered (trainwatch.exporters.contract.serving reads requests in its
+    I/O loop;
     under
     gunicorn's gthread worker each such client held a handler thread until it timed out)."""
     with exporter(tmp_path, extra=("--threads", "2")) as exp:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from exporters.contract.launcher import RankInfo
-from exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank.client import TrainingMonitor
 
 INFO = RankInfo("fwd-job", 0, 0, 1, 0)
 
@@ -55,8 +55,8 @@ def test_wandb_offline_run_receives_every_finite_value(tmp_path: Path,
     """The real wandb client in offline mode (no network): the run file on disk is read back
     record by record."""
     pytest.importorskip("wandb")
-    from exporters.rank.forwarders import WandbForwarder
     from tests.training.wandb_files import history_rows
+    from trainwatch.exporters.rank.forwarders import WandbForwarder
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

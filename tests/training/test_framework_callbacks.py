@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from exporters.contract.launcher import RankInfo
-from exporters.rank.checkpoint import weights_digest
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank.checkpoint import weights_digest
 
 pytestmark = pytest.mark.slow
 

@@ -27,11 +27,11 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.contract import catalog
-from exporters.contract import goodput as gp
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess
 from tests.training.support import JOB_BASE_ENV, events, exporter, of
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract import goodput as gp
 
 pytestmark = pytest.mark.slow
 WORKER = Path(__file__).with_name("jobs") / "goodput_worker.py"

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from exporters.contract import goodput as gp
-from exporters.contract.wire import WireError, decode, encode
+from trainwatch.exporters.contract import goodput as gp
+from trainwatch.exporters.contract.wire import WireError, decode, encode
 
 
 class Manager(SimpleNamespace):

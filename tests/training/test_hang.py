@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporters.contract import catalog
 from tests.support.net import free_port, wait_until
 from tests.support.procs import prometheus, running
 from tests.training.support import JOB_BASE_ENV, events, exporter, of
 from tests.training.test_job_identity import worker_torchrun
+from trainwatch.exporters.contract import catalog
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = "hang-job"
@@ -70,7 +70,8 @@ def test_blocked_rank_is_named_by_the_alert_and_the_diagnostics(tmp_path: Path) 
 
             wait_until(lambda: len(list((diagnostics / JOB).glob("rank*.json"))) == 4,
                        timeout=60, what="flight recorder dumps of all 4 ranks")
-            out = subprocess.run([sys.executable, "-m", "exporters.node.tools.stack_dump",
+            out = subprocess.run([sys.executable, "-m",
+                                  "trainwatch.exporters.node.tools.stack_dump",
                                   "--job", JOB], capture_output=True, text=True, timeout=180,
                                  check=False, cwd=REPO)
             assert out.returncode == 0, out.stderr

@@ -12,10 +12,10 @@ import signal
 import sys
 from pathlib import Path
 
-from exporters.contract import catalog, identity
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess, running
 from tests.training.support import JOB_BASE_ENV, Exporter, events, exporter, of
+from trainwatch.exporters.contract import catalog, identity
 
 WORKER = Path(__file__).with_name("jobs") / "worker.py"
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from exporters.contract.wire import RankReport, WireError, decode
-from exporters.node.training.store import Store
+from trainwatch.exporters.contract.wire import RankReport, WireError, decode
+from trainwatch.exporters.node.training.store import Store
 
 BASE: dict[str, Any] = {"v": 1, "job": "j", "rank": 0, "world_size": 4}
 
@@ -71,8 +71,8 @@ def test_ranks_without_a_process_group_agree_on_their_launch_id(tmp_path) -> Non
     broadcast rank 0's launch id: each rank derives the same one from its launch, so the
     exporter does not take every rank for a new launch and drop the others (a loss series
     that came and went, and no alert on it). A restart or another world size is another id."""
-    from exporters.contract.launcher import RankInfo
-    from exporters.rank.client import TrainingMonitor
+    from trainwatch.exporters.contract.launcher import RankInfo
+    from trainwatch.exporters.rank.client import TrainingMonitor
 
     def incarnation(rank: int, world: int = 2, restarts: int = 0) -> str:
         info = RankInfo("nogroup", rank=rank, local_rank=rank, world_size=world,
@@ -110,8 +110,8 @@ def test_a_finished_job_refuses_commands_and_its_pending_ones_are_not_inherited(
     with the reason); one accepted before and not applied is closed ("cancelled"), durably,
     and offered to no rank of the next launch of the same name. Old code: 202, and the next
     launch got both commands at its first poll."""
-    from exporters.node.training.command_log import CommandLog
-    from exporters.node.training.store import ApiError
+    from trainwatch.exporters.node.training.command_log import CommandLog
+    from trainwatch.exporters.node.training.store import ApiError
 
     log = CommandLog(tmp_path / "commands.db")
     store = Store(600, clock=Clock())

@@ -13,12 +13,12 @@ import requests
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.contract import catalog
-from exporters.contract.launcher import RankInfo
-from exporters.rank.client import TrainingMonitor
-from exporters.rank.flops import ModelFlops, count_parameters, dtype_name, peak_flops
 from tests.support.net import wait_until
 from tests.training.support import exporter
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.rank.flops import ModelFlops, count_parameters, dtype_name, peak_flops
 
 
 def test_six_n_per_token_and_per_sequence() -> None:

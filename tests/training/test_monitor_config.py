@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from exporters.contract import catalog
-from exporters.contract.launcher import RankInfo
-from exporters.rank import MonitorConfig, TrainingMonitor
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank import MonitorConfig, TrainingMonitor
 
 INFO = RankInfo("cfg-job", 0, 0, 1, 0)
 

@@ -6,14 +6,14 @@ of the test's (no network)."""
 
 from __future__ import annotations
 
-from exporters.contract import catalog
-from exporters.contract.wire import RankReport
-from exporters.node.training.collector import (
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract.wire import RankReport
+from trainwatch.exporters.node.training.collector import (
     STALL_EVIDENCE_MIN_IDLE_SECONDS,
     STALL_EVIDENCE_STEP_FACTOR,
     TrainingCollector,
 )
-from exporters.node.training.store import Store
+from trainwatch.exporters.node.training.store import Store
 
 JOB = "llm"
 

@@ -34,10 +34,10 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from exporters.contract.launcher import RankInfo
-    from exporters.rank import sync
-    from exporters.rank.checkpoint import CheckpointManager
-    from exporters.rank.client import TrainingMonitor
+    from trainwatch.exporters.contract.launcher import RankInfo
+    from trainwatch.exporters.rank import sync
+    from trainwatch.exporters.rank.checkpoint import CheckpointManager
+    from trainwatch.exporters.rank.client import TrainingMonitor
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)

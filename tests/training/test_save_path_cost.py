@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from exporters.contract.launcher import RankInfo
-from exporters.rank import client as client_module
-from exporters.rank.checkpoint import CheckpointManager
-from exporters.rank.client import TrainingMonitor
-from exporters.rank.serial_thread import SerialThread
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank import client as client_module
+from trainwatch.exporters.rank.checkpoint import CheckpointManager
+from trainwatch.exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.rank.serial_thread import SerialThread
 
 INFO = RankInfo("save-cost", 0, 0, 1, 0)
 

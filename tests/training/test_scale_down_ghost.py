@@ -19,22 +19,22 @@ import pytest
 import requests
 import torch
 
-from exporters.contract import catalog
-from exporters.contract.launcher import RankInfo
-from exporters.rank.client import TrainingMonitor
-from remediation.actions import training_command
-from remediation.actions.base import ActionContext
-from remediation.actions.prometheus import job_instances
-from remediation.config import Config
 from tests.support.net import wait_until
 from tests.support.procs import prometheus, running
 from tests.training.support import exporter, write_token
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank.client import TrainingMonitor
+from trainwatch.remediation.actions import training_command
+from trainwatch.remediation.actions.base import ActionContext
+from trainwatch.remediation.actions.prometheus import job_instances
+from trainwatch.remediation.config import Config
 
 JOB = "scaled-down"
 GHOST_RANK = """
 import sys, time
-from exporters.rank.client import TrainingMonitor
-from exporters.contract.launcher import RankInfo
+from trainwatch.exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.contract.launcher import RankInfo
 monitor = TrainingMonitor(rank_info=RankInfo(sys.argv[1], rank=1, local_rank=0, world_size=2,
                                              restarts=0),
                           socket_path=sys.argv[2], control=False, flush_interval=0.05)

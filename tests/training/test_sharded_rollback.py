@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from exporters.contract import catalog
 from tests.support.net import wait_until
 from tests.support.procs import running
 from tests.training.support import (
@@ -29,6 +28,7 @@ from tests.training.support import (
     exporter,
     of,
 )
+from trainwatch.exporters.contract import catalog
 
 pytestmark = pytest.mark.slow
 JOB = "sharded-job"

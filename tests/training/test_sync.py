@@ -23,8 +23,8 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
     from torch._C._distributed_c10d import _dump_fr_trace_json
 
-    from exporters.rank import sync
-    from exporters.rank.collectives import summarise
+    from trainwatch.exporters.rank import sync
+    from trainwatch.exporters.rank.collectives import summarise
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_FR_BUFFER_SIZE="200")
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -91,7 +91,7 @@ class _FakeNcclDist:
 
 
 def test_on_nccl_the_agreement_runs_on_a_side_gloo_group(monkeypatch: Any) -> None:
-    from exporters.rank import sync
+    from trainwatch.exporters.rank import sync
 
     fake = _FakeNcclDist()
     monkeypatch.setattr(sync, "_distributed", lambda: fake)

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from exporters.contract import catalog
 from tests.support.net import free_port, wait_until
 from tests.support.procs import prometheus, running
 from tests.training.support import JOB_BASE_ENV, exporter
 from tests.training.test_hang import prometheus_config
 from tests.training.test_job_identity import kill_whole, worker_torchrun
+from trainwatch.exporters.contract import catalog
 
 
 def alerts(prom: str, job: str) -> list[dict]:

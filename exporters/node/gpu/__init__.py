@@ -7,6 +7,7 @@ staleness), `xid` (NVML event thread), `processes` (job/rank attribution from /p
 prometheus_client: RSS), `process_metrics` (process_* series), `http_server` (/metrics over
 socketserver, text cached per snapshot), `nvml_source` (real or fake NVML), `fake_nvml`
 (tests and `--simulate`), `config`/`cli` (the `gpu-exporter` command), `compare_nvidia_smi`
-(check on a GPU host). The power-limit tool remediation runs is in `exporters.node.tools`.
+(check on a GPU host). The power-limit tool remediation runs is in
+`trainwatch.exporters.node.tools`.
 See docs/gpu_exporter.md.
 """

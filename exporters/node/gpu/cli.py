@@ -9,12 +9,18 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from exporters.node.gpu.collector_loop import CollectionLoop
-from exporters.node.gpu.config import ConfigError, ScenarioError, Settings, build_parser, resolve
-from exporters.node.gpu.exposition import GpuCollector
-from exporters.node.gpu.http_server import ExpositionApp, serve
-from exporters.node.gpu.nvml_source import load_nvml
-from exporters.node.gpu.processes import ProcessAttributor, read_proc_environ
+from trainwatch.exporters.node.gpu.collector_loop import CollectionLoop
+from trainwatch.exporters.node.gpu.config import (
+    ConfigError,
+    ScenarioError,
+    Settings,
+    build_parser,
+    resolve,
+)
+from trainwatch.exporters.node.gpu.exposition import GpuCollector
+from trainwatch.exporters.node.gpu.http_server import ExpositionApp, serve
+from trainwatch.exporters.node.gpu.nvml_source import load_nvml
+from trainwatch.exporters.node.gpu.processes import ProcessAttributor, read_proc_environ
 
 log = logging.getLogger("gpu-exporter")
 

@@ -16,10 +16,16 @@ from typing import Any
 
 import pynvml
 
-from exporters.node.gpu.processes import ProcessAttributor
-from exporters.node.gpu.reader import DeviceReader, NvmlGone, cuda_version_text, error_name, text
-from exporters.node.gpu.snapshot import Snapshot, Tally
-from exporters.node.gpu.xid import XidWatcher
+from trainwatch.exporters.node.gpu.processes import ProcessAttributor
+from trainwatch.exporters.node.gpu.reader import (
+    DeviceReader,
+    NvmlGone,
+    cuda_version_text,
+    error_name,
+    text,
+)
+from trainwatch.exporters.node.gpu.snapshot import Snapshot, Tally
+from trainwatch.exporters.node.gpu.xid import XidWatcher
 
 log = logging.getLogger(__name__)
 

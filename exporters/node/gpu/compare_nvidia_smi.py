@@ -1,6 +1,7 @@
 """Compare a gpu-exporter scrape with `nvidia-smi --query-gpu` on a real GPU host.
 
-    python -m exporters.node.gpu.compare_nvidia_smi [--url http://127.0.0.1:PORT/metrics] [--json]
+    python -m trainwatch.exporters.node.gpu.compare_nvidia_smi [--url
+    http://127.0.0.1:PORT/metrics] [--json]
 
 For each GPU and field, prints the nvidia-smi value, the exporter value (converted to
 nvidia-smi's units) and whether they agree within the field's tolerance: rounding for
@@ -23,8 +24,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.contract import catalog as c
-from exporters.contract.catalog import PORTS
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.contract.catalog import PORTS
 
 
 @dataclass(frozen=True)

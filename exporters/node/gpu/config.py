@@ -11,8 +11,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from exporters import add_version_argument
-from exporters.contract.catalog import PORTS
+from trainwatch.exporters import add_version_argument
+from trainwatch.exporters.contract.catalog import PORTS
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",

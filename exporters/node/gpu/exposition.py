@@ -3,7 +3,7 @@
 Families for one snapshot are built once and reused by every scrape until the next snapshot
 (the snapshot is immutable), so a scrape costs little more than text rendering. Only the
 age/staleness, counters and XID families are built per scrape. The families are
-exporters.node.gpu.text_format's (prometheus_client's shape, without importing it: RSS).
+trainwatch.exporters.node.gpu.text_format's (prometheus_client's shape, without importing it: RSS).
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import threading
 import time
 from collections.abc import Iterator
 
-from exporters.contract import catalog as c
-from exporters.contract.catalog import GPU_LABELS
-from exporters.node.gpu.collector_loop import CollectionLoop
-from exporters.node.gpu.snapshot import Snapshot
-from exporters.node.gpu.text_format import Family, counter, gauge
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.contract.catalog import GPU_LABELS
+from trainwatch.exporters.node.gpu.collector_loop import CollectionLoop
+from trainwatch.exporters.node.gpu.snapshot import Snapshot
+from trainwatch.exporters.node.gpu.text_format import Family, counter, gauge
 
 # HELP text and type of every family: the GPU rows of the metric table
 # (exporters/contract/catalog.py),
@@ -80,7 +80,7 @@ def _full_name(family: Family) -> str:
 
 
 class GpuCollector:
-    """Served by exporters.node.gpu.http_server; reads the loop's published state only (a
+    """Served by trainwatch.exporters.node.gpu.http_server; reads the loop's published state only (a
     prometheus_client registry can also collect it: same protocol)."""
 
     def __init__(self, loop: CollectionLoop, simulated: bool) -> None:

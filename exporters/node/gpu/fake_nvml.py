@@ -43,8 +43,8 @@ from typing import Any
 
 import pynvml
 
-from exporters.contract import catalog
-from exporters.node.gpu.config import ScenarioError
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.node.gpu.config import ScenarioError
 
 # The NVML calls the metric table names (Metric.nvml), by function name: the fake answers every
 # one it has no code for with the scenario's gpus[i].nvml[call], else the row's `simulated`.

@@ -26,8 +26,8 @@ from typing import Any
 
 import pynvml
 
-from exporters.contract import catalog as c
-from exporters.node.gpu.snapshot import Sample
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.node.gpu.snapshot import Sample
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""`python -m exporters.node.gpu.health_check --json`: may this node run jobs again? (issue 23)
+"""`python -m trainwatch.exporters.node.gpu.health_check --json`: may this node run jobs again?
+(issue 23)
 
 Run on a drained node by the node_health_check Ansible playbook before Trainwatch returns the
 node to the scheduler (remediation/resume.py). A lost GPU stops being scraped, so its alert
@@ -25,7 +26,7 @@ from typing import Any
 
 import pynvml
 
-from exporters.node.gpu.nvml_source import load_nvml
+from trainwatch.exporters.node.gpu.nvml_source import load_nvml
 
 
 def check(nvml: Any, expect_gpus: int | None = None) -> dict[str, Any]:
@@ -107,7 +108,7 @@ def burn(seconds: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m exporters.node.gpu.health_check",
+    parser = argparse.ArgumentParser(prog="python -m trainwatch.exporters.node.gpu.health_check",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.add_argument("--expect-gpus", type=int, default=None)

@@ -6,7 +6,7 @@ first sees it and reused until the next cycle; each scrape formats only the few 
 
 The server is `socketserver` with a minimal HTTP/1.0 handler (GET/HEAD of /metrics, one
 response per connection: a scrape every few seconds needs no keep-alive). This is the one Trainwatch
-service not served by exporters.contract.serving (waitress), for a measured reason: the
+service not served by trainwatch.exporters.contract.serving (waitress), for a measured reason: the
 exporter's own memory share is a goal (<= 10 MiB above python + pynvml; 7.3 MiB,
 docs/performance.md "The exporter's own memory"), and importing waitress costs about 1.6 MiB
 more than `socketserver` here, for a server that answers one path. Why not wsgiref,
@@ -24,10 +24,10 @@ import socket
 import socketserver
 import threading
 
-from exporters.node.gpu.exposition import GpuCollector
-from exporters.node.gpu.process_metrics import ProcessMetrics
-from exporters.node.gpu.snapshot import Snapshot
-from exporters.node.gpu.text_format import CONTENT_TYPE, Family, render
+from trainwatch.exporters.node.gpu.exposition import GpuCollector
+from trainwatch.exporters.node.gpu.process_metrics import ProcessMetrics
+from trainwatch.exporters.node.gpu.snapshot import Snapshot
+from trainwatch.exporters.node.gpu.text_format import CONTENT_TYPE, Family, render
 
 MAX_LINE = 8192  # bytes in the request line or one header line
 MAX_HEADERS = 100

@@ -21,7 +21,7 @@ def load_nvml(simulate: int | None = None) -> tuple[Any, bool]:
     path = os.environ.get(ENV_FAKE_NVML)
     if not path and not simulate:
         return pynvml, False
-    from exporters.node.gpu.fake_nvml import FakeNvml, simulated_scenario
+    from trainwatch.exporters.node.gpu.fake_nvml import FakeNvml, simulated_scenario
 
     if path:
         return FakeNvml.from_file(path), True

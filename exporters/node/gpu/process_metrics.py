@@ -12,7 +12,7 @@ import contextlib
 import os
 import resource
 
-from exporters.node.gpu.text_format import Family, counter, gauge
+from trainwatch.exporters.node.gpu.text_format import Family, counter, gauge
 
 _PAGESIZE = resource.getpagesize()
 _TICKS = float(os.sysconf("SC_CLK_TCK"))

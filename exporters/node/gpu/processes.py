@@ -5,7 +5,7 @@ wrapper) puts the job and rank into the process environment, which Linux exposes
 /proc/<pid>/environ. That file is untrusted input: we read at most `MAX_ENVIRON_BYTES`, keep
 only the variables we know, and drop values that do not look like a job name or a rank (a
 label value must stay short and bounded). The job is named by
-exporters.contract.identity.job_from_env,
+trainwatch.exporters.contract.identity.job_from_env,
 the one identity function the training client and the log handler use too (explicit
 TRAINWATCH_JOB, else the launcher's job id, else an id derived from the rendezvous), so a GPU
 process is attributed to the job its training metrics carry. Unreadable environments
@@ -19,7 +19,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from exporters.contract.identity import JOB_ENV_VARIABLES, RANK_VARIABLES, is_job_name, job_from_env
+from trainwatch.exporters.contract.identity import (
+    JOB_ENV_VARIABLES,
+    RANK_VARIABLES,
+    is_job_name,
+    job_from_env,
+)
 
 MAX_ENVIRON_BYTES = 256 * 1024
 # What job_from_env reads: the job variables, then the rendezvous a job id is derived from.

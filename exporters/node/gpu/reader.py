@@ -15,10 +15,10 @@ from typing import Any
 
 import pynvml
 
-from exporters.contract import catalog as c
-from exporters.node.gpu.gpm import GpmReader
-from exporters.node.gpu.processes import ProcessAttributor
-from exporters.node.gpu.snapshot import GpuIdentity, GpuSnapshot, Labels, Sample, Tally
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.node.gpu.gpm import GpmReader
+from trainwatch.exporters.node.gpu.processes import ProcessAttributor
+from trainwatch.exporters.node.gpu.snapshot import GpuIdentity, GpuSnapshot, Labels, Sample, Tally
 
 ABSENT_ERRORS = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
 LOST_ERRORS = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_ResetRequired)
@@ -75,7 +75,7 @@ def cuda_version_text(version: int) -> str:
 
 
 class DeviceReader:
-    """Reads GPUs through an NVML-like object (pynvml, or exporters.node.gpu.fake_nvml)."""
+    """Reads GPUs through an NVML-like object (pynvml, or fake_nvml.py's fake)."""
 
     def __init__(self, nvml: Any, errors: Tally, attributor: ProcessAttributor | None,
                  read_nvlink: bool = True, read_gpm: bool = True) -> None:

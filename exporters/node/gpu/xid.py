@@ -15,8 +15,8 @@ from typing import Any
 
 import pynvml
 
-from exporters.node.gpu.reader import error_name, text
-from exporters.node.gpu.snapshot import GpuIdentity, Tally
+from trainwatch.exporters.node.gpu.reader import error_name, text
+from trainwatch.exporters.node.gpu.snapshot import GpuIdentity, Tally
 
 log = logging.getLogger(__name__)
 

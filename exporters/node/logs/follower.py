@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from exporters.contract.identity import is_job_name
-from exporters.node.logs.scanner import Source
+from trainwatch.exporters.contract.identity import is_job_name
+from trainwatch.exporters.node.logs.scanner import Source
 
 _RANK_FILE = re.compile(r"^rank-(\d{1,6})\.jsonl(?:\.\d+)?$")
 _MAX_READ = 4 * 1024 * 1024

@@ -12,7 +12,7 @@ import errno
 import os
 from collections.abc import Callable
 
-from exporters.node.logs.scanner import Source
+from trainwatch.exporters.node.logs.scanner import Source
 
 KMSG_PATH = "/dev/kmsg"
 KERNEL_SOURCE = Source(name="kernel", kernel=True)

@@ -19,7 +19,7 @@ import re
 
 import yaml
 
-from exporters.node.logs.patterns import CLASS_PATTERNS, XID
+from trainwatch.exporters.node.logs.patterns import CLASS_PATTERNS, XID
 
 VARIABLE = "_logstash_failure_patterns"
 

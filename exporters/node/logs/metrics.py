@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporters.contract import catalog as c
-from exporters.node.logs.scanner import Scanner
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.node.logs.scanner import Scanner
 
 
 def _counter(name: str) -> CounterMetricFamily:

@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporters.contract.catalog import LOG_EVENT_KINDS
-from exporters.contract.identity import is_job_name
-from exporters.node.logs.patterns import (
+from trainwatch.exporters.contract.catalog import LOG_EVENT_KINDS
+from trainwatch.exporters.contract.identity import is_job_name
+from trainwatch.exporters.node.logs.patterns import (
     CHAIN_MARKERS,
     PREFILTER,
     PREFILTER_INF,

@@ -22,15 +22,15 @@ from typing import BinaryIO
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
-from exporters import add_version_argument
-from exporters.contract import serving
-from exporters.contract.catalog import PORTS
-from exporters.contract.identity import JOB_NAME_PATTERN, is_job_name
-from exporters.node.logs.follower import FileFollower, source_for
-from exporters.node.logs.kmsg import KMSG_PATH, KmsgReader
-from exporters.node.logs.metrics import ScannerCollector
-from exporters.node.logs.scanner import Scanner, Source
-from exporters.node.logs.state_file import StateFileError, load_state, save_state
+from trainwatch.exporters import add_version_argument
+from trainwatch.exporters.contract import serving
+from trainwatch.exporters.contract.catalog import PORTS
+from trainwatch.exporters.contract.identity import JOB_NAME_PATTERN, is_job_name
+from trainwatch.exporters.node.logs.follower import FileFollower, source_for
+from trainwatch.exporters.node.logs.kmsg import KMSG_PATH, KmsgReader
+from trainwatch.exporters.node.logs.metrics import ScannerCollector
+from trainwatch.exporters.node.logs.scanner import Scanner, Source
+from trainwatch.exporters.node.logs.state_file import StateFileError, load_state, save_state
 
 PROG = "trainwatch-logscan"
 _ONCE_CHUNK = 4 * 1024 * 1024

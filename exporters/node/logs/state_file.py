@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from exporters.contract.atomic_file import atomic_write_json
+from trainwatch.exporters.contract.atomic_file import atomic_write_json
 
 STATE_VERSION = 1
 

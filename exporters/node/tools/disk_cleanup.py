@@ -1,6 +1,6 @@
 """Plan (and with --apply, carry out) a disk cleanup under allowlisted roots only.
 
-    python -m exporters.node.tools.disk_cleanup --allowed-root /data \
+    python -m trainwatch.exporters.node.tools.disk_cleanup --allowed-root /data \
         --checkpoints /data/ckpt --logs /data/logs --cache /data/cache \
         --keep 3 --max-age-days 7 [--dry-run] [--json]
 
@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporters.contract.atomic_file import atomic_write_json
+from trainwatch.exporters.contract.atomic_file import atomic_write_json
 
 MANIFEST = "manifest.json"
 NAME_KEYS = ("dir", "path", "file", "filename", "name")  # "dir": the DCP checkpoints

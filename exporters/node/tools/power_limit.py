@@ -1,6 +1,6 @@
 """Set, reduce or restore one GPU's power limit: the remediation playbook's tool.
 
-    python -m exporters.node.tools.power_limit --gpu 0 \\
+    python -m trainwatch.exporters.node.tools.power_limit --gpu 0 \\
         (--watts W | --reduce-by-percent P | --restore)
                                         [--command-id ID] [--dry-run] [--json]
                                         [--state-file PATH]
@@ -36,10 +36,10 @@ from typing import Any
 
 import pynvml
 
-from exporters.contract.atomic_file import atomic_write_json
-from exporters.node.gpu.config import ScenarioError
-from exporters.node.gpu.nvml_source import ENV_FAKE_NVML, load_nvml
-from exporters.node.gpu.reader import error_name, text
+from trainwatch.exporters.contract.atomic_file import atomic_write_json
+from trainwatch.exporters.node.gpu.config import ScenarioError
+from trainwatch.exporters.node.gpu.nvml_source import ENV_FAKE_NVML, load_nvml
+from trainwatch.exporters.node.gpu.reader import error_name, text
 
 ENV_STATE_FILE = "TRAINWATCH_POWER_LIMIT_STATE"
 DEFAULT_STATE_FILE = Path("/var/lib/trainwatch/power_limit.json")
@@ -79,7 +79,7 @@ def _matching(pattern: re.Pattern[str], what: str, convert: type = str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m exporters.node.tools.power_limit",
+    parser = argparse.ArgumentParser(prog="python -m trainwatch.exporters.node.tools.power_limit",
                                      description="Set, reduce or restore a GPU power limit.")
     parser.add_argument("--gpu", required=True, type=_matching(GPU_INDEX, "--gpu", int),
                         help="NVML GPU index, 0-999, as the exporter labels it (no sign, no "

@@ -1,14 +1,14 @@
 """Stalled-job diagnostics of every rank process of a training job on this node, as JSON.
 
-    python -m exporters.node.tools.stack_dump --job JOB [--py-spy PATH] [--timeout 30]
+    python -m trainwatch.exporters.node.tools.stack_dump --job JOB [--py-spy PATH] [--timeout 30]
 
 A rank process is one that carries RANK (as torchrun sets for its workers) and whose
-environment names the job the way every Trainwatch part does (exporters.contract.identity
+environment names the job the way every Trainwatch part does (trainwatch.exporters.contract.identity
 job_from_env), or whose flight-recorder dump is filed under the job (the training client's
 agreed id, which on several nodes can differ from what a node's environment derives).
 
 Per rank: `py-spy dump --pid N` (argv, no shell) and a summary of PyTorch's flight recorder
-as the rank dumped it on stall (exporters.rank.collectives: TRAINWATCH_DIAGNOSTICS_DIR
+as the rank dumped it on stall (trainwatch.exporters.rank.collectives: TRAINWATCH_DIAGNOSTICS_DIR
 in the rank's environment). Across the ranks found: `collectives.waiting_in` (the newest
 collective any rank is inside), `collectives.not_entered` (ranks that never entered it: the
 ones the others wait for), `collectives.elsewhere` (ranks inside another collective than most
@@ -20,7 +20,8 @@ flight-recorder dump while a peer did: their monitor thread stopped with them) a
 `collectives.suspects`, the ranks the stall is blamed on: those stopped, not entered or
 elsewhere, failing all three the silent ones. The remediation service merges the records of
 every node of the job and runs `analyse` again over all their processes (one node sees only
-its own ranks), then maps the suspects to nodes (remediation.faults.suspects_from_records).
+its own ranks), then maps the suspects to nodes
+(trainwatch.remediation.faults.suspects_from_records).
 `--scheduler-node NAME` leaves out rank processes a scheduler started for another node
 (SLURMD_NODENAME in their environment), for test clusters whose nodes share one machine.
 The output is one JSON line of at most MAX_OUTPUT characters (the py-spy dumps are cut to
@@ -43,9 +44,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from exporters.contract.catalog import ENV_DIAGNOSTICS_DIR
-from exporters.contract.identity import is_job_name, job_from_env
-from exporters.rank.collectives import summarise
+from trainwatch.exporters.contract.catalog import ENV_DIAGNOSTICS_DIR
+from trainwatch.exporters.contract.identity import is_job_name, job_from_env
+from trainwatch.exporters.rank.collectives import summarise
 
 MAX_DUMP_BYTES = 16 << 20
 LAST_ENTRIES = 5

@@ -21,9 +21,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from exporters.contract import catalog as c
-from exporters.contract import goodput as gp
-from exporters.node.training.store import STEP_DURATION_BUCKETS, RankState, StepHistogram, Store
+from trainwatch.exporters.contract import catalog as c
+from trainwatch.exporters.contract import goodput as gp
+from trainwatch.exporters.node.training.store import (
+    STEP_DURATION_BUCKETS,
+    RankState,
+    StepHistogram,
+    Store,
+)
 
 
 def _base(name: str) -> str:

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from exporters.contract import commands as cmd
+from trainwatch.exporters.contract import commands as cmd
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS commands (

@@ -16,9 +16,9 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
-from exporters.contract import finite
-from exporters.contract.tokens import bearer, token_matches
-from exporters.node.training.store import ApiError, Store
+from trainwatch.exporters.contract import finite
+from trainwatch.exporters.contract.tokens import bearer, token_matches
+from trainwatch.exporters.node.training.store import ApiError, Store
 
 MAX_BODY_BYTES = 16 * 1024
 _ROUTES = Map([

@@ -9,8 +9,8 @@ import stat
 import threading
 from pathlib import Path
 
-from exporters.contract.wire import MAX_DATAGRAM_BYTES, WireError, decode
-from exporters.node.training.store import Store
+from trainwatch.exporters.contract.wire import MAX_DATAGRAM_BYTES, WireError, decode
+from trainwatch.exporters.node.training.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,7 @@
 """`training-exporter`: the node training exporter (datagram receiver + /metrics + control API).
 
-Served by exporters.contract.serving (waitress) in one process: the datagram receiver thread and the
+Served by trainwatch.exporters.contract.serving (waitress) in one process: the datagram receiver
+thread and the
 HTTP handlers share the in-memory store, and a client that sends its request slowly holds a
 socket, never one of the handler threads that answer scrapes and control calls.
 """
@@ -16,17 +17,17 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from exporters import add_version_argument
-from exporters.contract import serving
-from exporters.contract.catalog import DEFAULT_EXPORTER_SOCKET, PORTS
-from exporters.contract.goodput import Ledger, LedgerFile
-from exporters.contract.launcher import node_name
-from exporters.contract.tokens import SecretFileError, read_token_file
-from exporters.node.training.collector import TrainingCollector
-from exporters.node.training.command_log import CommandLog
-from exporters.node.training.control_api import MAX_BODY_BYTES, ControlApp
-from exporters.node.training.receiver import Receiver, bind_socket
-from exporters.node.training.store import DEPARTED_AFTER_SECONDS, Store
+from trainwatch.exporters import add_version_argument
+from trainwatch.exporters.contract import serving
+from trainwatch.exporters.contract.catalog import DEFAULT_EXPORTER_SOCKET, PORTS
+from trainwatch.exporters.contract.goodput import Ledger, LedgerFile
+from trainwatch.exporters.contract.launcher import node_name
+from trainwatch.exporters.contract.tokens import SecretFileError, read_token_file
+from trainwatch.exporters.node.training.collector import TrainingCollector
+from trainwatch.exporters.node.training.command_log import CommandLog
+from trainwatch.exporters.node.training.control_api import MAX_BODY_BYTES, ControlApp
+from trainwatch.exporters.node.training.receiver import Receiver, bind_socket
+from trainwatch.exporters.node.training.store import DEPARTED_AFTER_SECONDS, Store
 
 log = logging.getLogger("trainwatch.training_exporter")
 

@@ -19,11 +19,11 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporters.contract import catalog
-from exporters.contract import commands as cmd
-from exporters.contract.goodput import Ledger
-from exporters.contract.wire import RankReport
-from exporters.node.training.command_log import CommandLog
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract import commands as cmd
+from trainwatch.exporters.contract.goodput import Ledger
+from trainwatch.exporters.contract.wire import RankReport
+from trainwatch.exporters.node.training.command_log import CommandLog
 
 STEP_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                          60.0, 120.0)

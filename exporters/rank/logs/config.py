@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporters.contract.identity import validate_job, validate_rank
+from trainwatch.exporters.contract.identity import validate_job, validate_rank
 
 OVERFLOW_POLICIES = ("drop", "block")
 # "ecs": the ECS logging spec, fast path; "ecs-logging": exactly what Elastic's ecs-logging
@@ -27,7 +27,7 @@ class HandlerConfig:
     """Where the file goes, what a record says, and how the handler buffers (docs/logging.md).
 
     `directory` (the file is `<directory>/<job>/rank-<rank>.jsonl`) or `path`; `job` and
-    `rank` default to the launcher environment when None (exporters.contract.identity).
+    `rank` default to the launcher environment when None (trainwatch.exporters.contract.identity).
     """
 
     directory: str | os.PathLike[str] | None = None
@@ -80,6 +80,6 @@ def rank_log_path(directory: str | os.PathLike[str], job: str, rank: int) -> Pat
     """`<directory>/<job>/rank-<rank>.jsonl`: one file per rank, grouped by job.
 
     The job name and rank become a directory and a file name, so they are validated (by
-    exporters.contract.identity) before anything touches the filesystem.
+    trainwatch.exporters.contract.identity) before anything touches the filesystem.
     """
     return Path(directory) / validate_job(job) / f"rank-{validate_rank(rank)}.jsonl"

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Mapping
 from typing import Any
 
-from exporters.rank.logs.ecs import render_message
+from trainwatch.exporters.rank.logs.ecs import render_message
 
 # ecs-logging 2.x writes this; it is the version its field set was written against.
 ECS_LOGGING_VERSION = "1.6.0"

@@ -44,12 +44,20 @@ from operator import call
 from pathlib import Path
 from typing import Any, Protocol
 
-from exporters.contract.identity import detect_job, detect_rank, validate_job, validate_rank
-from exporters.rank.logs import shutdown_hooks
-from exporters.rank.logs.config import HandlerConfig
-from exporters.rank.logs.ecs import EcsFormatter, capture_error
-from exporters.rank.logs.ecs_compat import EcsLoggingCompatFormatter, capture_error_compat
-from exporters.rank.logs.rotating_writer import RotatingJsonlWriter
+from trainwatch.exporters.contract.identity import (
+    detect_job,
+    detect_rank,
+    validate_job,
+    validate_rank,
+)
+from trainwatch.exporters.rank.logs import shutdown_hooks
+from trainwatch.exporters.rank.logs.config import HandlerConfig
+from trainwatch.exporters.rank.logs.ecs import EcsFormatter, capture_error
+from trainwatch.exporters.rank.logs.ecs_compat import (
+    EcsLoggingCompatFormatter,
+    capture_error_compat,
+)
+from trainwatch.exporters.rank.logs.rotating_writer import RotatingJsonlWriter
 
 _IMMUTABLE_ARG_TYPES = frozenset({int, float, str, bytes, bool, type(None)})
 
@@ -68,7 +76,8 @@ class AsyncEcsHandler(logging.Handler):
     """ECS JSON lines for one training rank, written by a background thread.
 
     Give `directory` (the file is `<directory>/<job>/rank-<rank>.jsonl`) or an explicit
-    `path`. `job` and `rank` default to the launcher environment (exporters.contract.identity:
+    `path`. `job` and `rank` default to the launcher environment
+    (trainwatch.exporters.contract.identity:
     detect_job and detect_rank; docs/logging.md lists the variables).
     """
 

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from exporters.rank.checkpoint import CheckpointManager
-from exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.rank.checkpoint import CheckpointManager
+from trainwatch.exporters.rank.client import TrainingMonitor
 
 
 def emit(event: str, **fields: Any) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.rank.client import TrainingMonitor
 
 
 def emit(event: str, **fields: Any) -> None:
