@@ -513,7 +513,7 @@ def bench_runs(lengths: list[int], rounds: int, width: int, threads: int,
     sandwiched, see `_round_plan`), the training thread bound to the same cores within a
     round; the paired overheads, their median, its bootstrap interval, and the same-mode pair
     of each round as the noise floor."""
-    from benchmarks.training_client import start_exporter
+    from benchmarks.exporter_process import start_exporter
 
     if not lengths:
         raise SystemExit("--runs: no run lengths given (like --runs 400,2000)")

@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.exporter_process import start_exporter
 from benchmarks.training_client import (
     INFO,
-    start_exporter,
     ten_ms_step,
     thread_cpu_seconds,
     time_calls,

@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,11 +39,12 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
+# run as a script (docs/performance.md), `benchmarks.` modules resolve from this tree too
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.exporter_process import start_exporter
 from trainwatch.exporters.contract.launcher import RankInfo
 from trainwatch.exporters.rank.client import TrainingMonitor
-
-# run as a script, the whole-run part imports its sibling benchmark module
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 INFO = RankInfo("bench", 0, 0, 1, 0)
 
@@ -63,24 +63,6 @@ def time_calls(call: Callable[[int], None], count: int) -> list[int]:
         call(i)
         samples.append(clock() - start)
     return samples
-
-
-def start_exporter(workdir: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    import socket as _socket
-
-    with _socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    sock = workdir / "bench.sock"
-    exe = Path(sys.executable).parent / "training-exporter"
-    proc = subprocess.Popen([str(exe), "--bind", "127.0.0.1", "--port", str(port), "--socket",
-                             str(sock), "--node", "bench"], stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while not sock.exists():
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit("training-exporter did not start")
-        time.sleep(0.05)
-    return proc, sock
 
 
 def bench_calls(sock: Path, workdir: Path, calls: int) -> dict[str, dict[str, float]]:

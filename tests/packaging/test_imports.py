@@ -20,6 +20,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("exporters", "remediation", "alert_rules", "dashboards", "scripts")
+# The cycle check reads the whole tree's Python: the benchmarks and the tests import product
+# code and each other (`from benchmarks.checkpoint import ...`, `from tests.support ...`), and a
+# cycle among them fails as late and as partially as one in the product.
+CYCLE_CHECKED = (*PACKAGES, "benchmarks", "tests")
 # The folders the distribution installs under the one namespace (pyproject's package-dir).
 INSTALLED = {"exporters": "trainwatch.exporters", "remediation": "trainwatch.remediation"}
 # The public API users import (`from trainwatch.exporters.rank import TrainingMonitor`), resolved
@@ -28,10 +32,10 @@ INSTALLED = {"exporters": "trainwatch.exporters", "remediation": "trainwatch.rem
 FORWARDING_ALLOWED = {"exporters/rank/__init__.py"}
 
 
-def modules(repo: Path = REPO) -> dict[str, Path]:
+def modules(repo: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     """Dotted name -> source file of every first-party module (packages by their __init__)."""
     out = {}
-    for package in PACKAGES:
+    for package in packages:
         for path in sorted((repo / package).rglob("*.py")):
             parts = list(path.relative_to(repo).with_suffix("").parts)
             parts[0] = INSTALLED.get(parts[0], parts[0])
@@ -77,8 +81,8 @@ def imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
     return found & set(known)
 
 
-def graph(repo: Path = REPO) -> dict[str, set[str]]:
-    known = modules(repo)
+def graph(repo: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    known = modules(repo, packages)
     return {name: imports(name, path, known) for name, path in known.items()}
 
 
@@ -119,7 +123,7 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles() -> None:
-    assert cycles(graph()) == []
+    assert cycles(graph(packages=CYCLE_CHECKED)) == []
 
 
 # CONTRIBUTING.md's layout map, top to bottom: code imports only what is below it (what runs
