@@ -7,6 +7,7 @@ from alert_rules.config import Profile
 from alert_rules.model import Alert, Group, alert_groups
 from alert_rules.promql import new_events, sel, with_host, with_node, without_host
 from trainwatch.exporters.contract import catalog
+from trainwatch.remediation.faults import FaultTable, load_table
 
 # uncorrectable errors since the driver loaded (the aggregate counter repeats the same events
 # and is not supported everywhere)
@@ -45,7 +46,7 @@ def groups(p: Profile) -> list[Group]:
             for_=a("GpuMemoryNearlyFull")["for"],
         ),
         _utilization_low(p),
-        _xid(p),
+        *_xid(p),
         Alert(
             "GpuEccUncorrectableErrors",
             with_node(new_events(sel(catalog.GPU_ECC_ERRORS, gpu, UNCORRECTED_SINCE_DRIVER_LOAD),
@@ -132,27 +133,64 @@ def _utilization_low(p: Profile) -> Alert:
     )
 
 
-def _xid(p: Profile) -> Alert:
-    """Trainwatch counts XIDs per XID; dcgm-exporter exports the last XID as a gauge value, so
-    there a new XID is a change of that value to a non-zero one (the XID is the alert value;
-    the same XID twice in a row is not seen)."""
+# What the remediation service does for an XID of a class, by the class's action in the fault
+# table (remediation/faults.py ACTIONS), for the alert's description.
+XID_ACTION_TEXT = {
+    "quarantine": "Trainwatch drains the node and requeues the job, which resumes from its "
+                  "newest committed checkpoint on the nodes in service (node_quarantine "
+                  "playbook, where the remediation service has a scheduler).",
+    "restart": "Trainwatch restarts the job from its newest committed checkpoint and leaves the "
+               "node in service (where the remediation service has a scheduler).",
+    "none": "Nothing automatic.",
+}
+
+
+def _xid(p: Profile) -> list[Alert]:
+    """GpuXidErrors, one rule per class of the fault table (remediation/fault_classes.yaml) an
+    XID can fall in: each selects that class's XIDs (the class of unlisted XIDs selects every
+    XID no other class lists) and carries the class's severity, a `fault_class` label and its
+    text, so no XID number is written here.
+
+    Trainwatch counts XIDs per XID (the `xid` label); dcgm-exporter exports the last XID as a
+    gauge value, so there a new XID is a change of that value to a non-zero one (the XID is the
+    alert value; the same XID twice in a row is not seen)."""
+    table = load_table()
+    return [_xid_class(p, table, cls) for cls in table.xid_classes()]
+
+
+def _xid_class(p: Profile, table: FaultTable, cls: str) -> Alert:
     cfg = p.alert("GpuXidErrors")
     window = cfg["window"]
+    fault = table.classes[cls]
+    if cls == table.unknown_xid:  # every XID but those of the other classes
+        listed = tuple(x for other in table.xid_classes() if other != cls
+                       for x in table.xids_of(other))
+        keep = False
+    else:
+        listed, keep = table.xids_of(cls), True
     if gpu_source.source(p) == gpu_source.DCGM:
         last = sel(gpu_source.XID, p.selector("gpu"))
-        expr = with_node(gpu_source.dcgm_labels(
-            f"{last} > 0\nand\n({new_events(last, window).replace('increase(', 'changes(')})"))
+        new = f"{last} > 0\nand\n({new_events(last, window).replace('increase(', 'changes(')})"
+        values = " or ".join(f"{last} == {x}" for x in sorted(listed))
+        if values:
+            new = f"({new})\n{'and' if keep else 'unless'}\n({values})"
+        expr = with_node(gpu_source.dcgm_labels(new))
         xid = "{{ $value }}"
     else:
-        expr = with_node(new_events(sel(catalog.GPU_XID_ERRORS, p.selector("gpu")), window))
+        alternatives = "|".join(str(x) for x in sorted(listed))
+        matcher = f'xid{"=~" if keep else "!~"}"{alternatives}"' if alternatives else ""
+        expr = with_node(new_events(sel(catalog.GPU_XID_ERRORS, p.selector("gpu"), matcher),
+                                    window))
         xid = "{{ $labels.xid }}"
     return Alert(
-        "GpuXidErrors", expr, "warning", "gpu",
-        f"{GPU_ID} reported XID {xid}",
-        f"The NVIDIA driver reported XID {xid} on {GPU_ID} within the last "
-        f"{window}. XIDs 13/31/43 usually mean an application fault; "
-        "48, 63, 64, 74, 79, 92, 94 and 95 mean hardware trouble (see the runbook table).",
+        "GpuXidErrors", expr, fault.severity, "gpu",
+        f"{GPU_ID} reported XID {xid} ({cls})",
+        f"The NVIDIA driver reported XID {xid} on {GPU_ID} within the last {window}. "
+        f"Trainwatch's fault table (remediation/fault_classes.yaml) classes it {cls}: "
+        f"{fault.description}. {XID_ACTION_TEXT[fault.action]} The runbook's XID table says "
+        "what to do.",
         for_=cfg["for"],
+        labels={"fault_class": cls},
     )
 
 

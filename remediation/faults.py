@@ -4,7 +4,9 @@ Two facts live here and nowhere else:
 
 * the fault-class table (remediation/fault_classes.yaml, with its sources: NVIDIA's XID
   catalog for hardware versus application XIDs) maps a signal to a suspect scope and an
-  action: quarantine the node and restart the job, restart only, or nothing automatic;
+  action: quarantine the node and restart the job, restart only, or nothing automatic; and
+  each class to the severity of its alerts (the alert rules and the runbook's XID table are
+  generated from this module's reading of it);
 * the node mapping (inventory host <-> scheduler node name) is the only source of a name that
   reaches a scheduler command. A Slurm hostlist such as `gpu-[01-64]` expands to many nodes,
   exactly like an Ansible host pattern, so a label value is only ever a *key* looked up in the
@@ -59,6 +61,8 @@ class FaultClass:
     name: str
     action: str
     description: str
+    severity: str  # the `severity` label of the class's alerts
+    advice: str = ""  # what on-call does, where an XID of the class gives no advice of its own
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ class XidEntry:
     xid: int
     fault_class: str
     mnemonic: str
+    meaning: str
+    advice: str = ""  # empty: the class's advice
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,15 @@ class FaultTable:
     def xid_class(self, xid: int) -> str:
         entry = self.xids.get(xid)
         return entry.fault_class if entry else self.unknown_xid
+
+    def xids_of(self, cls: str) -> tuple[int, ...]:
+        """The listed XIDs of class `cls`, ascending (unknown XIDs are `unknown_xid`'s too)."""
+        return tuple(sorted(x for x, entry in self.xids.items() if entry.fault_class == cls))
+
+    def xid_classes(self) -> tuple[str, ...]:
+        """The classes an XID can fall in (a listed one's, or `unknown_xid`), in table order."""
+        used = {entry.fault_class for entry in self.xids.values()} | {self.unknown_xid}
+        return tuple(name for name in self.classes if name in used)
 
 
 def load_table(path: Path = DEFAULT_TABLE) -> FaultTable:
@@ -107,7 +122,10 @@ def load_table(path: Path = DEFAULT_TABLE) -> FaultTable:
     for name, spec in doc["classes"].items():
         if spec.get("action") not in ACTIONS:
             raise FaultTableError(f"{path}: classes/{name}/action: one of {ACTIONS}")
-        classes[name] = FaultClass(name, spec["action"], str(spec.get("description", "")))
+        if not isinstance(spec.get("severity"), str) or not spec["severity"]:
+            raise FaultTableError(f"{path}: classes/{name}/severity: the alerts' severity label")
+        classes[name] = FaultClass(name, spec["action"], str(spec.get("description", "")),
+                                   spec["severity"], str(spec.get("advice", "")))
 
     def known(cls: str, where: str) -> str:
         if cls not in classes:
@@ -119,7 +137,8 @@ def load_table(path: Path = DEFAULT_TABLE) -> FaultTable:
         if not isinstance(xid, int) or xid <= 0:
             raise FaultTableError(f"{path}: xids/{xid}: an XID is a positive integer")
         xids[xid] = XidEntry(xid, known(spec.get("class", ""), f"xids/{xid}/class"),
-                             str(spec.get("mnemonic", "")))
+                             str(spec.get("mnemonic", "")), str(spec.get("meaning", "")),
+                             str(spec.get("advice", "")))
     signals = {}
     for alertname, spec in doc["signals"].items():
         cls = spec.get("class", "")

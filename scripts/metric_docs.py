@@ -1,9 +1,10 @@
-"""The docs' metric and alert tables, from their one source.
+"""The docs' metric, alert and XID tables, from their one source.
 
 The sections between `<!-- generated: KIND -->` and `<!-- end generated: KIND -->` in the
 pages below (SECTIONS) are this module's output: the metric table
-(exporters/contract/catalog.py METRICS) and the alert names (the keys of `alerts` in
-alert_rules/config.yml). Edit those sources, then run `python -m scripts.build`.
+(exporters/contract/catalog.py METRICS), the alert names (the keys of `alerts` in
+alert_rules/config.yml) and the runbook's XID table (remediation/fault_classes.yaml). Edit
+those sources, then run `python -m scripts.build`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from alert_rules.config import load_raw
 from trainwatch.exporters.contract import catalog as c
+from trainwatch.remediation.faults import load_table
 
 EXPORTERS = {"training": "Training exporter (`training-exporter`)",
              "logscan": "Log scanner (`trainwatch-logscan`)",
@@ -59,11 +61,31 @@ def alert_names() -> str:
     return _code(list(load_raw()["defaults"]["alerts"])) + "."
 
 
+def xid_table() -> str:
+    """docs/runbooks.md: every XID of the fault table, by class in the table's order: what it
+    means, its class and automatic action, its alert's severity, what on-call does."""
+    table = load_table()
+    lines = ["| XID | meaning (NVIDIA's name) | class (automatic action) | severity | "
+             "what you do |", "|---|---|---|---|---|"]
+    for cls in table.xid_classes():
+        fault = table.classes[cls]
+        for xid in table.xids_of(cls):
+            entry = table.xids[xid]
+            lines.append(f"| {xid} | {_cell(entry.meaning)} (`{entry.mnemonic}`) | "
+                         f"{cls} ({fault.action}) | {fault.severity} | "
+                         f"{_cell(entry.advice or fault.advice)} |")
+    unknown = table.classes[table.unknown_xid]
+    lines.append(f"| any other | not in the table | {unknown.name} ({unknown.action}) | "
+                 f"{unknown.severity} | {_cell(unknown.advice)} |")
+    return "\n".join(lines)
+
+
 # kind -> (page, relative to the repository root; what fills its section)
 SECTIONS: dict[str, tuple[Path, Callable[[], str]]] = {
     "gpu-metrics": (Path("docs", "gpu_exporter.md"), gpu_table),
     "metrics": (Path("docs", "contracts.md"), all_tables),
     "alerts": (Path("docs", "contracts.md"), alert_names),
+    "xid-classes": (Path("docs", "runbooks.md"), xid_table),
 }
 
 

@@ -271,6 +271,11 @@ def test_table_is_checked(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump(doc))
     with pytest.raises(FaultTableError, match="xids/79/class"):
         load_table(bad)
+    doc = yaml.safe_load(DEFAULT_TABLE.read_text())
+    del doc["classes"]["hardware"]["severity"]
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(FaultTableError, match="classes/hardware/severity"):
+        load_table(bad)
     assert "docs.nvidia.com/deploy/xid-errors" in TABLE.sources["xid_catalog"]
 
 
