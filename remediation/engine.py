@@ -68,8 +68,8 @@ class Engine:
                 plan: quarantine_action.Plan | None = None) -> str:
         """Returns 'act', 'resolve_act', 'deferred', or a terminal decision already written to
         the audit. With a quarantine `plan`, its rails run here, in the same transaction."""
-        now = time.time()
         with self.store.transaction() as tx:
+            now = tx.now  # the store's clock: grants and windows agree across replicas
             seen = hold(tx, intent, self.owner)
 
             def finish(decision: str, state: str, why: str, detail: Any = None) -> str:

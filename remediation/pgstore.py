@@ -13,6 +13,11 @@ transaction takes one transaction-scoped advisory lock first, so the same code k
 guarantee across hosts; a replica that dies holding it (kill -9, a lost host) releases it when
 the server notices the connection is gone. Reads run in autocommit and never wait on it.
 
+The clock: the statement that takes the lock also reads the server's clock_timestamp(), the
+transaction's `now` (trainwatch.remediation.store.StoreClock): every replica's grants, windows,
+audit rows and retention horizon come from the database's clock, and a replica whose own clock
+is off it beyond the tolerance writes nothing.
+
 Durability: synchronous_commit stays on for every commit (the server's default), so a 2xx is
 sent only after the intent's commit reached the server's WAL on disk. A server restart breaks
 every open connection: the next transaction on a broken connection reconnects once before it
@@ -26,14 +31,21 @@ connection parameter in memory: never in argv, the environment, a DSN in the log
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from trainwatch.remediation.schema import POSTGRES_TYPES, added_columns, tables, terminal_list
-from trainwatch.remediation.store import TERMINAL_STATES, LeaseWatch, Store, StoreGone, Transaction
+from trainwatch.remediation.store import (
+    TERMINAL_STATES,
+    LeaseWatch,
+    Store,
+    StoreClock,
+    StoreGone,
+    Transaction,
+)
 
 if TYPE_CHECKING:
     from trainwatch.remediation.config import PgSettings
@@ -168,8 +180,9 @@ class PgStore(Store):
 
     GREATEST = "greatest"
 
-    def __init__(self, settings: PgSettings) -> None:
+    def __init__(self, settings: PgSettings, *, clock: Callable[[], float] | None = None) -> None:
         self.settings = settings
+        self.clock = StoreClock(clock)  # this replica's clock, checked against the server's
         self.path = None
         self.max_bytes = None  # the server's own quota, not ours, bounds its disk use
         self._local = threading.local()
@@ -226,8 +239,11 @@ class PgStore(Store):
             conn = self._conn()  # the server restarted since this thread's last use
             conn.execute("BEGIN")
         try:
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (WRITE_LOCK,))
-            yield Transaction(conn, self.GREATEST)
+            # the server's clock once the lock is held (the subquery runs first)
+            db_now = conn.execute("SELECT extract(epoch FROM clock_timestamp())"
+                                  " FROM (SELECT pg_advisory_xact_lock(?)) AS locked",
+                                  (WRITE_LOCK,)).fetchone()[0]
+            yield Transaction(conn, self.GREATEST, self.clock.database_time(float(db_now)))
         except BaseException:
             if conn.usable:
                 conn.execute("ROLLBACK")

@@ -19,10 +19,14 @@ Retention (`Store.prune`) deletes finished intents and audit rows older than the
 the audit triggers still refuse any delete of a row newer than the horizon or belonging to an
 intent that is not finished, so an unfinished intent never loses its history.
 
-Nothing here trusts the wall clock for what a jump would break (issue 25): leases are counters
-judged on each observer's monotonic clock (LeaseWatch), and retention refuses a clock that
-jumped (check_prune_clock) and moves its horizon by bounded steps. Nor the filesystem: the
-SQLite file opened must stay the file at its path (Store.check_file), or nothing is recorded.
+Nothing here trusts the wall clock for what a jump would break: leases are counters judged on
+each observer's monotonic clock (LeaseWatch), and retention refuses a clock that jumped
+(check_prune_clock) and moves its horizon by bounded steps. Every time the store records (an
+intent's, an audit row's, a grant's, the retention horizon) and every window the rails read is
+the transaction's `now`, read from one clock: the database's on PostgreSQL (every replica, one
+clock), the host's on SQLite (one host); a replica whose own clock disagrees with it beyond
+CLOCK_TOLERANCE writes nothing (ClockSkew), see StoreClock. Nor the filesystem: the SQLite file
+opened must stay the file at its path (Store.check_file), or nothing is recorded.
 
 WAL with synchronous=FULL for intake: a 2xx is only sent after the intent's commit reached the
 disk, so an accepted alert survives a power cut as well as a crash (NORMAL would survive a
@@ -37,11 +41,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +54,8 @@ from typing import Any
 from urllib.parse import quote
 
 from trainwatch.remediation.schema import SQLITE_TYPES, added_columns, tables, terminal_list
+
+log = logging.getLogger(__name__)
 
 TERMINAL_STATES = ("done", "failed", "refused", "rejected", "cancelled")
 # The tables (trainwatch.remediation.schema) and what only SQLite spells this way: the triggers
@@ -196,8 +203,92 @@ INSERT OR IGNORE INTO meta (key, value) VALUES ('store_id', lower(hex(randomblob
 CLOCK_TOLERANCE = 120.0
 
 
+# A host clock that was stepped and then ran steady against the monotonic clock for this long
+# is taken as the host's clock again (SQLite: there is no other clock to ask).
+CLOCK_SETTLE = 600.0
+
+
 class ClockSuspect(RuntimeError):
     """The wall clock moved backwards or leapt ahead: retention refused to prune against it."""
+
+
+class ClockSkew(ClockSuspect):
+    """This replica's clock disagrees with the store's clock (the database's), or leapt against
+    its own monotonic clock: the transaction was refused before it wrote anything."""
+
+
+class StoreClock:
+    """Where the time of the shared store comes from, and the rule a replica's clock must keep.
+
+    On PostgreSQL the store's time is the database server's (clock_timestamp(), read in the
+    statement that takes the write lock): grants, cooldown and rate windows, audit rows and the
+    retention horizon of every replica come from one clock, so a replica whose clock runs 100
+    days ahead can neither date a grant into the future (where it would count in every window)
+    nor move retention past the others' rows. Its own clock still times what it does outside
+    the store (retry backoffs, deferrals, the pager), so while it is more than CLOCK_TOLERANCE
+    off the database's it writes nothing: every transaction raises ClockSkew, which intake
+    answers 5xx (Alertmanager delivers to the other replicas), /readyz reports and the log says
+    once.
+
+    On SQLite (one host) the store's time is the host's clock, checked against the monotonic
+    clock since the store opened: a clock that leaps ahead or back is refused the same way
+    until it is back, or has run steady for CLOCK_SETTLE (an NTP step that stays)."""
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock or (lambda: time.time())
+        self._lock = threading.Lock()
+        self._anchor = (self._clock(), time.monotonic())
+        self._stepped_at: float | None = None
+        self.problem: str | None = None
+
+    def local(self) -> float:
+        """This replica's own wall clock."""
+        return self._clock()
+
+    def host_time(self) -> float:
+        """SQLite's `now`: the host's clock, or ClockSkew while it leapt (see the class)."""
+        wall, mono = self._clock(), time.monotonic()
+        with self._lock:
+            elapsed = mono - self._anchor[1]
+            drift = (wall - self._anchor[0]) - elapsed
+            if abs(drift) <= CLOCK_TOLERANCE + 0.001 * elapsed:
+                self._stepped_at = None
+                return self._agree(wall)
+            if self._stepped_at is None:
+                self._stepped_at = mono
+            if mono - self._stepped_at >= CLOCK_SETTLE:
+                log.warning("the wall clock moved %+.0f s and stayed there for %.0f s: "
+                            "taking it as the host's clock", drift, CLOCK_SETTLE)
+                self._anchor, self._stepped_at = (wall, mono), None
+                return self._agree(wall)
+            return self._refuse(
+                f"the wall clock moved {drift:+.0f} s against the monotonic clock since the "
+                f"store opened ({elapsed:.0f} s ago): nothing is written until it is back, or "
+                f"has stayed there for {CLOCK_SETTLE:.0f} s")
+
+    def database_time(self, db_now: float) -> float:
+        """PostgreSQL's `now`: the database's clock, or ClockSkew while this replica's clock
+        is more than CLOCK_TOLERANCE off it."""
+        skew = self._clock() - db_now
+        with self._lock:
+            if abs(skew) <= CLOCK_TOLERANCE:
+                return self._agree(db_now)
+            return self._refuse(
+                f"this replica's clock is {skew:+.0f} s off the database server's (tolerance "
+                f"{CLOCK_TOLERANCE:.0f} s): it writes nothing to the shared store until NTP "
+                "brings them together")
+
+    def _agree(self, now: float) -> float:
+        if self.problem is not None:
+            log.warning("clock agrees with the store's again: writing resumes")
+            self.problem = None
+        return now
+
+    def _refuse(self, problem: str) -> float:
+        if self.problem is None:
+            log.error("%s", problem)
+        self.problem = problem
+        raise ClockSkew(problem)
 
 
 def _boot_id() -> str:
@@ -333,11 +424,14 @@ class Transaction:
     one, each a method, so no caller outside the store modules holds a connection or writes
     SQL (tests/remediation/test_store_owns_sql.py). The same code runs on SQLite and on
     PostgreSQL (pgstore's connection takes `?` placeholders and answers rows like
-    sqlite3.Row); `greatest` is the one function the two spell differently."""
+    sqlite3.Row); `greatest` is the one function the two spell differently. `now` is the
+    store's time for everything the transaction records and every window it reads (StoreClock:
+    the database's clock on PostgreSQL)."""
 
-    def __init__(self, conn: Conn, greatest: str = "max") -> None:
+    def __init__(self, conn: Conn, greatest: str, now: float) -> None:
         self._conn = conn
         self._greatest = greatest
+        self.now = now
 
     def execute(self, sql: str, params: Any = ()) -> Any:
         """Raw SQL in this transaction: for the store modules, and for tests that check what
@@ -362,7 +456,7 @@ class Transaction:
     # --- intents --------------------------------------------------------------------------
     def insert_intent(self, new: NewIntent) -> int | None:
         """Insert unless the idempotency key exists; returns the new id or None (duplicate)."""
-        now = time.time()
+        now = self.now
         row = self._conn.execute(
             "INSERT INTO intents (fingerprint, starts_at, playbook, phase, alertname,"
             " labels, annotations, target_key, state, decision, created_at, updated_at)"
@@ -418,7 +512,7 @@ class Transaction:
     def _update(self, where: str, args: tuple[Any, ...], fields: dict[str, Any]) -> int:
         if not set(fields) <= UPDATABLE:
             raise ValueError(f"not updatable: {sorted(set(fields) - UPDATABLE)}")
-        fields["updated_at"] = time.time()
+        fields["updated_at"] = self.now
         if "results" in fields:
             fields["results"] = json.dumps(fields["results"])
         cols = ", ".join(f"{k}=?" for k in fields)
@@ -433,7 +527,7 @@ class Transaction:
         self._conn.execute(
             "INSERT INTO audit (at, intent_id, fingerprint, playbook, alertname, target_key,"
             " decision, action, reason, detail) VALUES (?,?,?,?,?,?,?,?,?,?)",
-            (time.time(), intent_id, fingerprint, playbook, alertname, target_key, decision,
+            (self.now, intent_id, fingerprint, playbook, alertname, target_key, decision,
              action, reason, json.dumps(detail) if detail is not None else None))
 
     def audit_duplicate(self, new: NewIntent, reason: str) -> None:
@@ -443,7 +537,7 @@ class Transaction:
             "INSERT INTO audit (at, intent_id, fingerprint, playbook, alertname, target_key,"
             " decision, reason) VALUES (?, (SELECT id FROM intents WHERE fingerprint=?"
             " AND starts_at=? AND playbook=? AND phase=?), ?,?,?,?,'deduplicated',?)",
-            (time.time(), new.fingerprint, new.starts_at, new.playbook, new.phase,
+            (self.now, new.fingerprint, new.starts_at, new.playbook, new.phase,
              new.fingerprint, new.playbook, new.alertname, new.target_key, reason))
 
     # --- grants ---------------------------------------------------------------------------
@@ -487,10 +581,11 @@ class Transaction:
         return sorted(str(row[0]) for row in rows)
 
     # --- retention ------------------------------------------------------------------------
-    def prune(self, older_than: float, max_step: float | None) -> tuple[int, int] | str:
+    def prune(self, keep: float, max_step: float | None) -> tuple[int, int] | str:
         """Store.prune's work: the clock checked (a reason why not, as a string, with only
         the clock's record written), else the horizon moved and the deletes made."""
-        now, mono, boot = time.time(), time.monotonic(), _boot_id()
+        now, mono, boot = self.now, time.monotonic(), _boot_id()
+        older_than = now - keep
         conn = self._conn
         horizon = float(conn.execute("SELECT horizon FROM retention WHERE id=1").fetchone()[0])
         row = conn.execute("SELECT value FROM meta WHERE key='retention_clock'").fetchone()
@@ -534,11 +629,14 @@ class Store:
     GREATEST = "max"  # the scalar max() of two values in this dialect
     _file: tuple[int, int] | None = None  # see check_file(); PostgreSQL has no file
 
-    def __init__(self, path: Path, *, max_bytes: int | None = None) -> None:
+    def __init__(self, path: Path, *, max_bytes: int | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
         """`max_bytes` caps the file (SQLite max_page_count): past it every write fails as on
-        a full disk, so the store cannot fill the disk it shares with checkpoints."""
+        a full disk, so the store cannot fill the disk it shares with checkpoints. `clock` is
+        the host's wall clock (time.time; tests inject a wrong one)."""
         self.path = path
         self.max_bytes = max_bytes
+        self.clock = StoreClock(clock)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._leases = LeaseWatch()
@@ -608,7 +706,8 @@ class Store:
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            yield Transaction(conn, self.GREATEST)
+            now = self.clock.host_time()
+            yield Transaction(conn, self.GREATEST, now)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -625,7 +724,7 @@ class Store:
         (read-only or full disk, a store over max_bytes, a lock held too long)."""
         with self.transaction() as tx:
             tx.execute("INSERT INTO readiness (id, at) VALUES (1, ?)"
-                         " ON CONFLICT (id) DO UPDATE SET at=excluded.at", (time.time(),))
+                         " ON CONFLICT (id) DO UPDATE SET at=excluded.at", (tx.now,))
 
     def checkpoint(self) -> None:
         """Fold the WAL into the main file, so the file a marker names is never empty."""
@@ -646,8 +745,10 @@ class Store:
         return str(self._conn().execute(
             "SELECT value FROM meta WHERE key='store_id'").fetchone()[0])
 
-    def prune(self, older_than: float, *, max_step: float | None = None) -> tuple[int, int]:
-        """Retention: delete finished history last touched before `older_than` (epoch s).
+    def prune(self, keep: float, *, max_step: float | None = None) -> tuple[int, int]:
+        """Retention: delete finished history last touched more than `keep` seconds before the
+        store's time (the database's clock on PostgreSQL, so one replica's wrong clock cannot
+        move the horizon past the others' rows).
         Intents go only once finished and resolved (their idempotency key is no longer needed:
         Alertmanager stops resending a resolved alert), so an alert that still fires is never
         acted on twice; audit rows go only when their intent is finished or gone. Returns
@@ -662,7 +763,7 @@ class Store:
         on another host) moves it one step only, and retention after a long stop catches up
         over several passes."""
         with self.transaction() as tx:
-            done = tx.prune(older_than, max_step)
+            done = tx.prune(keep, max_step)
         if isinstance(done, str):  # committed: the clock record; nothing deleted
             raise ClockSuspect(f"retention refused: {done}; nothing was deleted")
         return done
@@ -673,8 +774,8 @@ class Store:
         this store's LeaseWatch has seen unrenewed for its lease_seconds (its holder died or
         hung). Exactly one claimant wins, whatever the process; the claim bumps the intent's
         lease generation, so a former holder can no longer write (owns())."""
-        now = time.time()  # not_before (retry backoff) and updated_at: wall-clock times
         with self.transaction() as conn:
+            now = conn.now  # not_before (retry backoff) and updated_at: the store's time
             running = conn.execute("SELECT id, lease_gen, lease_beat, lease_until, lease_seconds"
                                    " FROM intents WHERE state='running'").fetchall()
             expired = self._leases.expired(running, lease_seconds)

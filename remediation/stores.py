@@ -7,6 +7,7 @@ for it, so a single-host install does not need it.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 
 from trainwatch.remediation.config import Config, ConfigError
 from trainwatch.remediation.store import Store, existing_id
@@ -21,11 +22,12 @@ def _pgstore():  # type: ignore[no-untyped-def]
     return pgstore
 
 
-def open_store(config: Config) -> Store:
-    """The store the config names, its schema created if new."""
+def open_store(config: Config, *, clock: Callable[[], float] | None = None) -> Store:
+    """The store the config names, its schema created if new. `clock`: this replica's wall
+    clock (time.time; tests inject a wrong one), checked against the store's (StoreClock)."""
     if config.postgresql is not None:
-        return _pgstore().PgStore(config.postgresql)  # type: ignore[no-any-return]
-    return Store(config.store_path, max_bytes=config.store_max_bytes)
+        return _pgstore().PgStore(config.postgresql, clock=clock)  # type: ignore[no-any-return]
+    return Store(config.store_path, max_bytes=config.store_max_bytes, clock=clock)
 
 
 def existing_store_id(config: Config) -> str | None:

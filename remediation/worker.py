@@ -20,7 +20,7 @@ from trainwatch.remediation.engine import Engine
 from trainwatch.remediation.lifecycle import LostLease
 from trainwatch.remediation.playbooks import Playbook
 from trainwatch.remediation.recovery import RecoveryTimes
-from trainwatch.remediation.store import ClockSuspect, Store
+from trainwatch.remediation.store import ClockSkew, ClockSuspect, Store
 
 log = logging.getLogger(__name__)
 PRUNE_EVERY = 3600.0  # seconds between retention passes
@@ -73,7 +73,7 @@ class Worker:
                 next_prune = time.monotonic() + PRUNE_EVERY
                 try:
                     intents, audit = self.store.prune(
-                        time.time() - self.config.audit_retention_seconds,
+                        self.config.audit_retention_seconds,
                         max_step=self.config.audit_retention_seconds * RETENTION_STEP)
                     if intents or audit:
                         log.info("retention: removed %d finished intents, %d audit rows",
@@ -86,6 +86,8 @@ class Worker:
                 return
             try:
                 self.store.renew_leases(self.owner, self.config.lease_seconds)
+            except ClockSkew:  # logged by the store; the leases lapse as for a hung replica
+                pass
             except Exception:
                 log.exception("lease renewal failed")
 
@@ -96,6 +98,9 @@ class Worker:
         while not self._stop.is_set():
             try:
                 intent = self.store.claim(self.owner, self.config.lease_seconds)
+            except ClockSkew:  # the store logged it once; /readyz says so while it lasts
+                self._stop.wait(CLAIM_BACKOFF)
+                continue
             except Exception:
                 log.exception("claim failed")  # a damaged or full store: /readyz says so
                 self._stop.wait(CLAIM_BACKOFF)

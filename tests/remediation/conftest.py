@@ -43,13 +43,15 @@ class Service:
 
 @contextmanager
 def make_service(workdir: Path, playbooks: list[dict[str, Any]] | None = None, *,
-                 start_worker: bool = True, **overrides: Any) -> Iterator[Service]:
+                 start_worker: bool = True, clock: Callable[[], float] | None = None,
+                 **overrides: Any) -> Iterator[Service]:
+    """The service in-process; `clock` is its wall clock (a replica's wrong clock)."""
     if playbooks is not None:
         for doc in playbooks:
             write_playbook(workdir / "playbooks", doc)
         overrides["playbooks_dir"] = str(workdir / "playbooks")
     config = load_config(write_config(workdir, **overrides))
-    store = open_store(config)
+    store = open_store(config, clock=clock)
     books = load_playbooks(config.playbooks_dir)
     worker = Worker(config, store, books) if start_worker else None
     app = create_app(config, worker=worker, store=store, books=books)

@@ -16,13 +16,13 @@ import psycopg
 import pytest
 import requests
 
-from tests.remediation.helpers import alert, auth, payload, write_config
+from tests.remediation.helpers import alert, auth, payload, stub_server, write_config
 from tests.remediation.processes import service_config, start_service
 from tests.support.net import free_port, wait_until
 from tests.support.postgres import PgCluster
 from trainwatch.remediation.config import Config, load_config
 from trainwatch.remediation.marker import StoreResetError, check_store, write_marker
-from trainwatch.remediation.store import NewIntent
+from trainwatch.remediation.store import CLOCK_TOLERANCE, ClockSkew, NewIntent
 from trainwatch.remediation.stores import open_store
 
 REFUSED = (Exception,)  # sqlite3.IntegrityError or psycopg's RaiseException: the text matters
@@ -107,10 +107,12 @@ def test_a_wall_clock_jump_does_not_hand_a_running_step_to_another_worker(
     assert held is not None and held.id == intent_id
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() + 3600.0)  # the clock leaps ahead
+    with pytest.raises(ClockSkew):  # a leapt clock writes nothing, a claim least of all
+        b.claim(owner, 2.0)
+    monkeypatch.setattr(time, "time", real_time)  # and back
     assert b.claim(owner, 2.0) is None  # A's lease is live: the step is not run twice
     a.renew_leases(owner, 2.0)
     assert b.claim(owner, 2.0) is None
-    monkeypatch.setattr(time, "time", lambda: real_time() - 3600.0)  # and back, past now
     taken = wait_until(lambda: b.claim(owner, 30.0), timeout=30,
                        what="the unrenewed lease to be taken over")
     assert taken.id == intent_id and taken.lease_gen > held.lease_gen
@@ -125,8 +127,9 @@ def test_a_wall_clock_jump_does_not_wipe_the_audit_or_the_cooldowns(
     few seconds deleted every finished intent's audit rows and every grant, so the next alert
     inside a 1 h cooldown acted. Now retention refuses a clock that leapt ahead (against the
     monotonic clock since the previous prune) or moved backwards (before the previous prune,
-    or before the newest recorded time), and a jump no check can see (the previous prune ran
-    on another host) moves the horizon one bounded step only."""
+    or before the newest recorded time), and a store whose clock leapt writes nothing at all
+    (StoreClock: on SQLite against the monotonic clock since it opened, on PostgreSQL against
+    the database's clock, which also dates every row)."""
     import trainwatch.remediation.store
     retention = 30 * 86400.0
     store = open_store(configured(tmp_path, store_section))
@@ -143,14 +146,14 @@ def test_a_wall_clock_jump_does_not_wipe_the_audit_or_the_cooldowns(
         with store.transaction() as tx:  # the 1 h cooldown still sees the grant
             assert tx.grants_since(time.time() - 3600, "page", "k")[0] == 1
 
-    assert store.prune(time.time() - retention) == (0, 0)  # the hourly pass, nothing old
+    assert store.prune(retention) == (0, 0)  # the hourly pass, nothing old
     real_time = time.time
 
     def prune_with_clock_off_by(seconds: float) -> str:
         """The worker's retention pass with the wall clock `seconds` off; why it refused."""
         monkeypatch.setattr(time, "time", lambda: real_time() + seconds)
         try:
-            store.prune(time.time() - retention)
+            store.prune(retention)
             refused = ""
         except RuntimeError as exc:  # ClockSuspect
             refused = str(exc)
@@ -159,14 +162,12 @@ def test_a_wall_clock_jump_does_not_wipe_the_audit_or_the_cooldowns(
 
     refused = prune_with_clock_off_by(100 * 86400.0)
     intact()  # the old code deleted the audit row, both intents and the grant here
-    assert "leapt ahead" in refused and "nothing was deleted" in refused, refused
+    assert "nothing" in refused and "+8640000 s" in refused, refused
     refused = prune_with_clock_off_by(-86400.0)
     intact()
-    assert "backwards" in refused, refused
+    assert "nothing" in refused and "-86400 s" in refused, refused
     monkeypatch.setattr(trainwatch.remediation.store, "_boot_id", lambda: "another-host-or-boot")
-    monkeypatch.setattr(time, "time", lambda: real_time() + 100 * 86400.0)
-    assert store.prune(time.time() - retention, max_step=retention / 10) == (0, 0)
-    monkeypatch.setattr(time, "time", real_time)
+    assert prune_with_clock_off_by(100 * 86400.0)
     intact()
 
 
@@ -185,7 +186,7 @@ def test_audit_is_append_only_and_counters_survive_retention(
         tx.execute("UPDATE audit SET reason='edited'")
     with pytest.raises(REFUSED, match="append-only"), store.transaction() as tx:
         tx.execute("DELETE FROM audit WHERE intent_id=?", (done,))  # newer than retention
-    assert store.prune(time.time() + 1) == (2, 1)
+    assert store.prune(-1) == (2, 1)
     assert {a["intent_id"] for a in store.list_audit(100)} == {waiting}
     assert (store.decision_counts(), store.action_counts()) == before
     with pytest.raises(REFUSED, match="append-only"), store.transaction() as tx:
@@ -374,3 +375,107 @@ def test_recent_firing_intents_of_one_playbook_and_target(tmp_path: Path,
             assert tx.recent_firing_intents("other", "k", before) == []
     finally:
         store.close()
+
+
+class ReplicaClock:
+    """A replica's wall clock, `offset` seconds off the host's (the store takes it as `clock`)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+HUNDRED_DAYS = 100 * 86400.0
+
+
+def _grant_times(store: Any) -> list[float]:
+    with store.transaction() as tx:
+        return [float(r[0]) for r in tx.execute("SELECT at FROM grants").fetchall()]
+
+
+def test_a_replica_whose_clock_runs_ahead_dates_no_grant_into_the_future(
+        service_factory: Any, store_section: dict[str, Any]) -> None:
+    """Issue 36, class 6. A replica whose clock ran 100 days ahead wrote grants dated in the
+    future, which every replica's cooldown and rate windows then counted for 100 days. Now
+    time in the store comes from one clock (the database's on PostgreSQL, the host's on
+    SQLite) and a replica whose clock is off it writes nothing: the alert it was sent is
+    answered 5xx (Alertmanager delivers it to the other replicas, or again later), /readyz
+    says why, and once its clock is right it acts, with a grant dated now."""
+    book = {"name": "page", "match": {"alertname": ["TrainingLossSpike"]},
+            "target": ["training_job"], "cooldown": "1h",
+            "steps": [{"action": "http", "url": "http://HOST/hook/${labels.training_job}"}]}
+
+    def deliver() -> Any:
+        return svc.client.post("/v1/alerts", headers=auth(), json=payload(
+            alert("TrainingLossSpike", {"training_job": "a"})))
+
+    clock = ReplicaClock()
+    with stub_server() as (hostport, state):
+        book["steps"][0]["url"] = book["steps"][0]["url"].replace("HOST", hostport)
+        with service_factory([book], clock=clock, **store_section) as svc:
+            clock.offset = HUNDRED_DAYS
+            resp = deliver()
+            assert resp.status_code >= 500, resp.data
+            ready = svc.client.get("/readyz")
+            assert ready.status_code == 503 and "+8640000 s" in ready.get_data(as_text=True)
+            assert state.posts() == [] and svc.store.list_intents(10) == []
+            clock.offset = 0.0
+            assert deliver().status_code == 200
+            svc.wait_idle()
+            wait_until(lambda: svc.client.get("/readyz").status_code == 200, timeout=30,
+                       what="/readyz to be ready once the clock agrees")
+            assert [p.path for p in state.posts()] == ["/hook/a"]
+    (at,) = _grant_times(svc.store)
+    assert abs(at - time.time()) < CLOCK_TOLERANCE  # not 100 days ahead
+
+
+def test_a_replica_whose_clock_runs_ahead_deletes_no_other_replicas_rows(
+        tmp_path: Path, store_section: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36, class 6. The replica 100 days ahead ran retention on another host: the checks
+    against its own previous prune could not see its clock, so each hourly pass moved the
+    horizon one step and deleted the other replica's audit rows and grants (the cooldowns).
+    Now its retention passes are refused (nothing deleted) while its clock is off the store's,
+    and the store's time, not the replica's, places the horizon."""
+    import trainwatch.remediation.store
+
+    retention = 30 * 86400.0
+    config = configured(tmp_path, store_section)
+    healthy = open_store(config)
+    with healthy.transaction() as tx:
+        done = tx.insert_intent(new("f1", state="done"))
+        tx.insert_intent(new("f1", "resolve", state="done"))
+        tx.audit("acted", intent_id=done, playbook="page", action="http")
+        tx.add_grant(tx.now, "page", "k", done, 1)
+    assert healthy.prune(retention) == (0, 0)
+    clock = ReplicaClock()
+    wrong = open_store(config, clock=clock)
+    monkeypatch.setattr(trainwatch.remediation.store, "_boot_id", lambda: "another-host")
+    clock.offset = HUNDRED_DAYS
+    for _ in range(12):  # twelve hourly passes, each allowed a tenth of the retention
+        with pytest.raises(ClockSkew):
+            wrong.prune(retention, max_step=retention / 10)
+    clock.offset = 0.0
+    assert wrong.prune(retention, max_step=retention / 10) == (0, 0)
+    assert [a["intent_id"] for a in healthy.list_audit(100)] == [done]
+    assert len(healthy.list_intents(100)) == 2
+    with healthy.transaction() as tx:  # the 1 h cooldown still sees the grant
+        assert tx.grants_since(tx.now - 3600, "page", "k")[0] == 1
+
+
+def test_the_stores_time_is_the_databases_on_postgresql_and_the_hosts_on_sqlite(
+        tmp_path: Path, store_section: dict[str, Any]) -> None:
+    """A replica's clock a little off (within the tolerance) dates nothing on PostgreSQL: the
+    transaction's time is the server's. SQLite, one host, keeps the host's clock. Beyond the
+    tolerance a PostgreSQL replica refuses from the start: it cannot even open the store."""
+    config = configured(tmp_path, store_section)
+    off = CLOCK_TOLERANCE / 2
+    store = open_store(config, clock=lambda: time.time() + off)
+    with store.transaction() as tx:
+        now = tx.now
+    expected = time.time() + (0.0 if store_section else off)
+    assert abs(now - expected) < off / 4, (now, expected)
+    if store_section:  # PostgreSQL
+        with pytest.raises(ClockSkew, match="off the database server's"):
+            open_store(config, clock=lambda: time.time() + HUNDRED_DAYS)
