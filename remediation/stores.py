@@ -10,7 +10,7 @@ import sqlite3
 from collections.abc import Callable
 
 from trainwatch.remediation.config import Config, ConfigError
-from trainwatch.remediation.store import Store, existing_id
+from trainwatch.remediation.store import ClockSkew, Store, existing_id
 
 
 def _pgstore():  # type: ignore[no-untyped-def]
@@ -38,8 +38,9 @@ def existing_store_id(config: Config) -> str | None:
 
 
 def store_errors(config: Config) -> tuple[type[BaseException], ...]:
-    """What opening the configured store raises when the store itself is the problem."""
+    """What opening the configured store raises when the store itself is the problem (or this
+    replica's clock, which it refuses: ClockSkew)."""
     if config.postgresql is not None:
         import psycopg
-        return (sqlite3.Error, psycopg.Error)
-    return (sqlite3.Error,)
+        return (sqlite3.Error, psycopg.Error, ClockSkew)
+    return (sqlite3.Error, ClockSkew)
