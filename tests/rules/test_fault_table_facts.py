@@ -198,3 +198,12 @@ def test_playbook_xid_matchers_name_table_xids_of_an_acting_class() -> None:
         if any(step.get("action") == "quarantine" for step in book["steps"]):
             assert all(TABLE.classes[TABLE.xid_class(x)].action != "none" for x in xids), \
                 path.name
+
+
+def test_quarantine_playbooks_match_only_the_tables_signals() -> None:
+    """The quarantine action classifies an alert by the table and refuses one it does not
+    list: a playbook that quarantines on another alert would never act."""
+    for path in sorted(PLAYBOOKS.glob("*.yaml")):
+        book = yaml.safe_load(path.read_text())
+        if any(step.get("action") == "quarantine" for step in book["steps"]):
+            assert set(book["match"]["alertname"]) <= set(TABLE.signals), path.name
