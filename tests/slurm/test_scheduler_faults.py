@@ -36,6 +36,8 @@ from tests.slurm.fixtures import (
 )
 from tests.slurm.test_quarantine import NODE_HOST, deliver, running_on, services, settings
 from tests.support.net import wait_until
+from trainwatch.remediation.actions.quarantine import Diagnostics, Plan, jobs_to_requeue
+from trainwatch.remediation.faults import Fault, StallRecord
 from trainwatch.remediation.resume import main as resume_main
 from trainwatch.remediation.schedulers.base import NodeNotOurs, NodeState, SchedulerError
 from trainwatch.remediation.schedulers.slurm import SlurmScheduler
@@ -247,3 +249,26 @@ def test_a_drain_reason_that_names_no_intent_is_refused(slurm: SlurmCluster) -> 
     with pytest.raises(SchedulerError, match="names no intent"):
         SlurmScheduler(settings(slurm)).drain(slurm.nodes[0], "GpuLost: quarantine")
     assert "drain" not in slurm.node_state(slurm.nodes[0])
+
+
+def test_a_stall_requeues_its_own_slurm_job_only(slurm: SlurmCluster) -> None:
+    """The stall's diagnostics record carries its ranks' SLURM_JOB_ID: of the jobs on the
+    suspect node, that one is requeued; a record naming another job, or none, requeues
+    nothing there (a job that did not stall keeps running)."""
+    job = submit(slurm)
+    node = running_on(slurm, job)[0]
+    scheduler = SlurmScheduler(settings(slurm))
+
+    def plan(scheduler_jobs: tuple[str, ...] | None) -> Plan:
+        record = None if scheduler_jobs is None else StallRecord(
+            {"suspects": ["1"]}, {1: (NODE_HOST[node],)}, (), scheduler_jobs)
+        fault = Fault("TrainingStalled", "hang", "quarantine", (node,), "stalled")
+        return Plan(1, fault, slurm.nodes, (), diagnostics=Diagnostics(1, record))
+
+    assert jobs_to_requeue(scheduler, plan((job,)))[0] == scheduler.jobs_on(node)
+    for other in (("999999",), (), None):
+        jobs, why = jobs_to_requeue(scheduler, plan(other))
+        assert jobs == [], why
+    # not a stall (a lost GPU): every job on the node stopped with it
+    lost = Plan(1, Fault("GpuLost", "hardware", "quarantine", (node,), "lost"), slurm.nodes, ())
+    assert [j.job_id for j in jobs_to_requeue(scheduler, lost)[0]] == [job]
