@@ -214,6 +214,7 @@ def test_slurmctld_away_at_the_fault_the_fault_is_healed_once_when_it_returns(
     assert node not in running_on(slurm, job, timeout=120)
 
 
+@pytest.mark.slow
 def test_past_the_deadline_it_pages_and_the_fault_firing_again_is_tried_again(
         slurm: SlurmCluster, tmp_path: Path) -> None:
     """slurmctld away longer than retry_until: the intent fails and pages. The alert is
