@@ -170,7 +170,8 @@ JOB_STALLED = "training_job:training_progress:stalled"
 # heartbeat, one series each (label `signal`); none while no job is stalled. Read from the
 # exporters' stall evidence, which they expose only while a job's ranks stop stepping.
 STALLED_INPUTS = "training_job_rank:training_progress:stalled_inputs"
-# per rank of a stalled job: 2 stopped first, 1 at the lowest step
+# per rank of a stalled job: 3 heartbeat stopped, 2 behind its peers' collectives, 1 at the
+# lowest step
 STALL_PRIORITY = "training_job_rank:training_progress:stall_priority"
 # per job: the lowest last `training_finished` of its ranks within `remember_for`
 JOB_FINISHED = "training_job:training_finished:min_last_over_time"
@@ -276,13 +277,16 @@ def _elsewhere(collective: str) -> str:
 
 
 def _suspect_parts(p: Profile, seq: str, step: str, beat: str, collective: str, seq_max: str,
-                   step_min: str) -> tuple[str, str]:
-    """(ranks that stopped first: behind in collectives, silent, or inside another collective
-    than most of their peers; ranks at the lowest step), from each rank's collective
-    sequence, step, heartbeat and collective id series."""
+                   step_min: str) -> tuple[str, str, str]:
+    """(ranks whose heartbeat stopped: stopped by a signal or killed; ranks behind in
+    collectives or inside another collective than most of their peers; ranks at the lowest
+    step), from each rank's collective sequence, step, heartbeat and collective id series.
+    The first kind outranks the second: a stopped rank may have queued collectives before it
+    stopped, so the peers it blocks can look behind it (with half the ranks stopped, the
+    waiting half)."""
     behind = f"{seq} < on (training_job) group_left () {seq_max}"
     silent = f"{beat} < time() - {p.alert('TrainingStalled')['heartbeat_stale_seconds']}"
-    return (f"(({behind}) or ({silent}) or ({_elsewhere(collective)}))",
+    return (f"({silent})", f"(({behind}) or ({_elsewhere(collective)}))",
             f"({step} == on (training_job) group_left () {step_min})")
 
 
@@ -292,15 +296,16 @@ def _suspects_flat(p: Profile, stalled: str) -> Record:
     seq, step, beat, collective = (sel(metric, training) for metric in (
         catalog.TRAINING_COLLECTIVE_SEQ, catalog.TRAINING_STEP,
         catalog.TRAINING_HEARTBEAT_TIMESTAMP, catalog.TRAINING_COLLECTIVE_ID))
-    first, lowest = _suspect_parts(p, seq, step, beat, collective,
-                                   f"max by (training_job) ({seq})",
-                                   f"min by (training_job) ({step})")
-    # `and`/`unless` bind tighter than `or`: the lowest-step ranks only when no rank is
-    # behind in collectives or silent
+    silent, first, lowest = _suspect_parts(p, seq, step, beat, collective,
+                                           f"max by (training_job) ({seq})",
+                                           f"min by (training_job) ({step})")
+    # `and`/`unless` bind tighter than `or`: the ranks behind only when no rank is silent,
+    # the lowest-step ranks only when no rank is either
     return Record(STALL_SUSPECT,
-                  f"(\n  {first} * 0 + 1\n  or\n  {lowest} * 0 + 1\n"
-                  f"  unless on (training_job) {first}\n)\nand on (training_job)\n"
-                  f"({stalled})")
+                  f"(\n  {silent} * 0 + 1\n  or\n  {first} * 0 + 1\n"
+                  f"  unless on (training_job) {silent}\n  or\n  {lowest} * 0 + 1\n"
+                  f"  unless on (training_job) ({silent} or {first})\n)\n"
+                  f"and on (training_job)\n({stalled})")
 
 
 def _suspects_per_job(p: Profile, stalled: str) -> list[Record]:
@@ -308,7 +313,8 @@ def _suspects_per_job(p: Profile, stalled: str) -> list[Record]:
     (one series per rank and signal, exposed only while the job's ranks on a node have
     stopped stepping: none while every job steps), narrowed to the stalled jobs and
     recorded; everything after that (the job's highest sequence and lowest step, a priority
-    of 2 for ranks that stopped first and 1 for the lowest step, the suspects: the ranks with
+    of 3 for ranks whose heartbeat stopped, 2 for ranks behind their peers' collectives and 1
+    for the lowest step, the suspects: the ranks with
     their job's highest priority) reads that recording. Prometheus reads a selector's every
     series whatever follows it, so reading a series that exists only when needed, instead of
     every rank's three series every round, is what saves the time."""
@@ -316,14 +322,14 @@ def _suspects_per_job(p: Profile, stalled: str) -> list[Record]:
     inputs = f"{evidence}\nand on (training_job)\n{JOB_STALLED}"
     seq, step, beat, collective = (f'{STALLED_INPUTS}{{signal="{signal}"}}'
                                    for signal in ("seq", "step", "heartbeat", "collective"))
-    first, lowest = _suspect_parts(p, seq, step, beat, collective,
-                                   f"max by (training_job) ({seq})",
-                                   f"min by (training_job) ({step})")
+    silent, first, lowest = _suspect_parts(p, seq, step, beat, collective,
+                                           f"max by (training_job) ({seq})",
+                                           f"min by (training_job) ({step})")
     return [
         Record(JOB_STALLED, stalled),
         Record(STALLED_INPUTS, inputs),
-        Record(STALL_PRIORITY, f"max without (signal) (\n  {first} * 0 + 2\n  or\n"
-                               f"  {lowest} * 0 + 1\n)"),
+        Record(STALL_PRIORITY, f"max without (signal) (\n  {silent} * 0 + 3\n  or\n"
+                               f"  {first} * 0 + 2\n  or\n  {lowest} * 0 + 1\n)"),
         Record(STALL_SUSPECT,
                f"(\n  {STALL_PRIORITY}\n  == on (training_job) group_left ()\n"
                f"  max by (training_job) ({STALL_PRIORITY})\n) * 0 + 1"),

@@ -78,6 +78,11 @@ class SchedulerSettings:
     bin_dir: Path | None = None
     slurm_conf: Path | None = None
     command_timeout_seconds: float = 30.0
+    # An intent whose scheduler does not answer keeps trying (back-off doubling from the
+    # service's retry_backoff up to retry_backoff_max) until this long after its first
+    # failure, then fails and pages: a slurmctld restart or failover loses nothing.
+    retry_until_seconds: float = 600.0
+    retry_backoff_max_seconds: float = 30.0
     max_quarantined: int = 2
     quarantine_window_seconds: float = 3600.0
     min_healthy_fraction: float = 0.75
@@ -162,7 +167,9 @@ def _scheduler(raw: dict[str, object], base: Path) -> SchedulerSettings:
         if key in raw:
             out[key] = _resolve(base, str(raw[key]))
     for key, name in (("command_timeout", "command_timeout_seconds"),
-                      ("quarantine_window", "quarantine_window_seconds")):
+                      ("quarantine_window", "quarantine_window_seconds"),
+                      ("retry_until", "retry_until_seconds"),
+                      ("retry_backoff_max", "retry_backoff_max_seconds")):
         if key in raw:
             out[name] = seconds(raw[key])  # type: ignore[arg-type]
     for key in ("max_quarantined", "min_healthy_fraction"):

@@ -176,7 +176,7 @@ class Engine:
                     return
         else:
             decision = self._decide(intent, book, labels_ok, reason, plan)
-            if plan is not None and decision in ("observe_only", "awaiting_approval"):
+            if plan is not None and decision in quarantine_action.PAGED_DECISIONS:
                 last = self.store.list_audit(1, intent.id)
                 quarantine_action.page(self.session, self.config, decision,
                                        last[0]["reason"] if last else decision, plan,
@@ -193,7 +193,8 @@ class Engine:
             try:
                 outcome = ACTIONS[step["action"]](step, ctx)
             except ActionError as exc:
-                self._fail(intent, step["action"], str(exc), terminal=False, results=results)
+                self._fail(intent, step["action"], str(exc),
+                           terminal=getattr(exc, "terminal", False), results=results)
                 return
             except Exception as exc:
                 log.exception("action %s crashed", step["action"])
@@ -257,13 +258,20 @@ class Engine:
     def _fail(self, intent: Intent, action: str, message: str, *, terminal: bool,
               results: list[dict[str, Any]] | None = None) -> None:
         attempts = intent.attempts + 1
-        give_up = terminal or attempts >= self.config.max_attempts
+        if action == "quarantine" and self.config.scheduler is not None:
+            # the scheduler may be away (a slurmctld restart): keep trying until its deadline
+            delay = quarantine_action.retry_delay(self.config, attempts)
+        else:
+            delay = (None if attempts >= self.config.max_attempts
+                     else self.config.retry_backoff_seconds * attempts)
+        give_up = terminal or delay is None
         with self.store.transaction() as tx:
             if not lifecycle.fail(
                     tx, intent, self.owner, action=action, message=message, attempts=attempts,
-                    give_up=give_up, results=results,
-                    not_before=time.time() + self.config.retry_backoff_seconds * attempts):
+                    give_up=give_up, results=results, not_before=time.time() + (delay or 0)):
                 return  # no retry of a firing step once the alert resolved
+        if give_up and action == "quarantine":
+            quarantine_action.page_failure(self.session, self.config, intent, attempts, message)
         if give_up:
             log.error("intent %d (%s) failed after %d attempts: %s", intent.id, intent.playbook,
                       attempts, message[:500])

@@ -45,6 +45,8 @@ HOSTLIST_SYNTAX = re.compile(r"[\[\]{},:*?~&!^@=\s\"'\\/$]")
 PLAIN_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$")
 # scontrol reads these node names as "every node"
 RESERVED_NAMES = frozenset({"all", "localhost"})
+# A scheduler job id a rank's environment may carry into a stall record (digits only)
+SCHEDULER_JOB_ID = re.compile(r"^[0-9]{1,12}$")
 
 
 class FaultTableError(ValueError):
@@ -336,6 +338,8 @@ class StallRecord:
     collectives: Mapping[str, Any]
     rank_hosts: Mapping[int, tuple[str, ...]]
     unreadable: tuple[str, ...] = ()
+    # the Slurm job ids the ranks' environments carry (SLURM_JOB_ID): the stall's own job
+    scheduler_jobs: tuple[str, ...] = ()
 
     @property
     def suspect_hosts(self) -> tuple[str, ...]:
@@ -345,7 +349,8 @@ class StallRecord:
         return {"suspect_ranks": list(suspect_ranks({"collectives": self.collectives})),
                 "suspect_hosts": list(self.suspect_hosts),
                 "rank_hosts": {str(r): list(h) for r, h in sorted(self.rank_hosts.items())},
-                "collectives": dict(self.collectives), "unreadable": list(self.unreadable)}
+                "collectives": dict(self.collectives), "unreadable": list(self.unreadable),
+                "scheduler_jobs": list(self.scheduler_jobs)}
 
 
 def merge_records(by_host: Mapping[str, Mapping[str, str]]) -> StallRecord | None:
@@ -356,6 +361,7 @@ def merge_records(by_host: Mapping[str, Mapping[str, str]]) -> StallRecord | Non
 
     processes: list[dict[str, Any]] = []
     rank_hosts: dict[int, set[str]] = {}
+    scheduler_jobs: set[str] = set()
     unreadable = []
     for host, tasks in sorted(by_host.items()):
         found = False
@@ -374,12 +380,16 @@ def merge_records(by_host: Mapping[str, Mapping[str, str]]) -> StallRecord | Non
                 processes.append({"rank": rank, "state": proc.get("state"),
                                   "flight_recorder": _recorder(proc.get("flight_recorder"))})
                 rank_hosts.setdefault(int(rank), set()).add(host)
+                job = proc.get("scheduler_job")
+                if isinstance(job, str) and SCHEDULER_JOB_ID.match(job):
+                    scheduler_jobs.add(job)
         if not found:
             unreadable.append(host)
     if not processes:
         return None
     return StallRecord(analyse(processes),
-                       {r: tuple(sorted(h)) for r, h in rank_hosts.items()}, tuple(unreadable))
+                       {r: tuple(sorted(h)) for r, h in rank_hosts.items()}, tuple(unreadable),
+                       tuple(sorted(scheduler_jobs)))
 
 
 def _recorder(summary: Any) -> dict[str, Any] | str:

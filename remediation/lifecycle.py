@@ -18,6 +18,8 @@ SQL, this module owns which state follows which and what the audit says about it
     act       -> step by step (`advance`) -> done (`complete`, audited acted), pending again
               (`fail`, a retry after backoff), failed (`fail`, given up), or cancelled (the
               alert resolved: `cancel_if_resolved`, checked at every step boundary)
+    failed    -> pending (`retry_failed`: a scheduler intent's alert delivered again, still
+              firing)
 
 Why one module: the same transition (a cancel on resolve, a lease check) was written in
 ingest, the engine and the app, each with its own SQL and audit text.
@@ -52,6 +54,20 @@ def receive(tx: Transaction, new: NewIntent, decision: str | None = None,
     if new_id is not None and decision is not None:
         tx.audit(decision, intent_id=new_id, **audit)
     return new_id
+
+
+def retry_failed(tx: Transaction, fire: Intent | None, now: float) -> bool:
+    """The alert of a firing intent that failed for good is delivered again, still firing:
+    pending again with a fresh attempt budget (where it stopped: undecided, or at its
+    unfinished step), audited `retried`. False when `fire` did not fail."""
+    if fire is None or fire.phase != "fire" or fire.state != "failed":
+        return False
+    tx.update_intent(fire.id, state="pending", attempts=0, lease_owner=None, lease_until=None,
+                     not_before=now)
+    tx.audit("retried", **ids(fire), reason="the alert is still firing after this intent "
+             f"failed: tried again from step {fire.next_step + 1}",
+             detail={"decision": fire.decision, "next_step": fire.next_step})
+    return True
 
 
 def duplicate(tx: Transaction, new: NewIntent, reason: str) -> None:

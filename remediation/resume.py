@@ -1,12 +1,15 @@
 """`trainwatch-resume-node --config F HOST`: return a node Trainwatch drained to the scheduler,
-only after its health check passes (issue 23).
+only after its health check passes.
 
 A node never comes back because an alert resolved: a lost GPU stops being scraped, so its
 alert resolves by itself while the GPU is still gone. This explicit command, run by a person
 or a scheduled job on the remediation host, is the only way back, and it refuses unless
 
 1. HOST is one inventory host of the scheduler node mapping (no pattern, no hostlist),
-2. its node is drained, by Trainwatch (a node drained by a person or by Slurm is theirs),
+2. its node is drained, by Trainwatch: its reason, read from the scheduler, is one Trainwatch
+   writes (`trainwatch: ... intent <id>`). A node drained, down or reserved by a person or by
+   Slurm is theirs: refused, audited `node_not_ours` and paged, and checked again right before
+   the resume (the health check takes a while),
 3. Prometheus saw no XID on that node since the drain (the exporter's XID counter; NVML keeps
    no history),
 4. the node_health_check Ansible playbook passes on exactly that host (NVML state of every
@@ -37,7 +40,7 @@ from trainwatch.remediation.config import Config, ConfigError, load_config
 from trainwatch.remediation.faults import NodeMap
 from trainwatch.remediation.labels import LabelError
 from trainwatch.remediation.schedulers import for_config
-from trainwatch.remediation.schedulers.base import SchedulerError
+from trainwatch.remediation.schedulers.base import NodeNotOurs, SchedulerError
 from trainwatch.remediation.stores import open_store
 
 HEALTH_PLAYBOOK = "node_health_check.yml"
@@ -45,6 +48,10 @@ HEALTH_PLAYBOOK = "node_health_check.yml"
 
 class ResumeRefused(RuntimeError):
     """The node stays out of service; the message says why (and goes into the audit)."""
+
+
+class NotOurs(ResumeRefused):
+    """Someone else has the node out of service: refused, and the on-call is paged."""
 
 
 def drained_since(since: str, now: float) -> float:
@@ -95,8 +102,8 @@ def resume_node(config: Config, host: str) -> dict[str, Any]:
     if "drain" not in state.state:
         raise ResumeRefused(f"{node} is {state.state}, not drained: nothing to resume")
     if not state.drained_by_trainwatch:
-        raise ResumeRefused(f"{node} was drained by someone else ({state.reason!r}); "
-                            "Trainwatch leaves it to them")
+        raise NotOurs(f"{node} is {state.state} by someone else ({state.reason!r}); "
+                      "Trainwatch leaves it to them")
     report: dict[str, Any] = {"host": host, "node": node, "drain_reason": state.reason}
     xids = xids_since(config, host, drained_since(state.since, time.time()))
     report["xids_since_drain"] = xids
@@ -109,8 +116,23 @@ def resume_node(config: Config, host: str) -> dict[str, Any]:
     except ActionError as exc:
         raise ResumeRefused(f"node_health_check failed on {host}: {exc}") from exc
     report["health_check"] = health.get("captured", {})
-    report["resume"] = scheduler.resume(node)
+    try:  # the adapter reads the owner again: a person may have taken the node meanwhile
+        report["resume"] = scheduler.resume(node)
+    except NodeNotOurs as exc:
+        raise NotOurs(str(exc)) from exc
     return report
+
+
+def _page(config: Config, host: str, reason: str) -> None:
+    """Tell the on-call that a node someone else has out of service was asked back."""
+    if not config.pager_url:
+        return
+    try:
+        requests.post(config.pager_url, timeout=config.request_timeout_seconds, json={
+            "event": "node_not_ours", "host": host,
+            "summary": f"trainwatch-resume-node {host} refused: {reason}"})
+    except requests.RequestException as exc:
+        print(f"trainwatch-resume-node: paging failed: {exc}", file=sys.stderr)
 
 
 def _audit(config: Config, decision: str, host: str, reason: str, detail: Any) -> None:
@@ -138,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = resume_node(config, args.host)
     except (ResumeRefused, SchedulerError) as exc:
-        _audit(config, "node_resume_refused", args.host, str(exc), {"host": args.host})
+        not_ours = isinstance(exc, NotOurs)
+        _audit(config, "node_not_ours" if not_ours else "node_resume_refused", args.host,
+               str(exc), {"host": args.host})
+        if not_ours:
+            _page(config, args.host, str(exc))
         print(json.dumps({"resumed": False, "reason": str(exc)}))
         return 1
     _audit(config, "node_resumed", args.host, "health check passed; node resumed", report)

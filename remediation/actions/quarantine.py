@@ -52,13 +52,16 @@ from trainwatch.remediation.faults import (
 )
 from trainwatch.remediation.labels import LabelError, safe_labels
 from trainwatch.remediation.schedulers import for_config
-from trainwatch.remediation.schedulers.base import SchedulerError
-from trainwatch.remediation.store import Transaction
+from trainwatch.remediation.schedulers.base import NodeNotOurs, SchedulerError
+from trainwatch.remediation.schedulers.base import retry_delay as _retry_delay
+from trainwatch.remediation.store import Intent, Transaction
 
 log = logging.getLogger(__name__)
 
 GRANT_PLAYBOOK = ":quarantine"  # no playbook name starts with ':' (schema: ^[a-z])
 GRANT_PRIORITY = -1  # below every breaker's minimum: the playbook's own grant counts there
+# The decisions the on-call is paged for (the engine pages after the decision is committed).
+PAGED_DECISIONS = ("observe_only", "awaiting_approval", "node_not_ours")
 # The labels classification reads (each allowlisted first, like every label the engine uses).
 CLASSIFY_LABELS = ("alertname", "node", "xid", "rank", "training_job", "gpu")
 
@@ -70,6 +73,13 @@ DIAGNOSTICS_PLAYBOOK = "stalled_job_diagnostics"
 # How much earlier than the alert's startsAt a diagnostics intent of the same stall may have
 # been created (the service's clock against Prometheus's)
 DIAGNOSTICS_CLOCK_SLACK_SECONDS = 60.0
+
+
+class Refused(ActionError):
+    """The step found a node someone else has out of service: never retried (audited as the
+    intent's failure and paged)."""
+
+    terminal = True
 
 
 class EvidencePending(Exception):
@@ -103,10 +113,14 @@ class Plan:
     unavailable: tuple[str, ...]  # pool nodes the scheduler has out of service now
     alert: Mapping[str, str] | None = None
     diagnostics: Diagnostics | None = None
+    # the fault's nodes someone else has out of service (drained, down, reserved), as read
+    not_ours: tuple[Mapping[str, str], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         out = {"intent_id": self.intent_id, "fault": self.fault.as_dict(),
                "pool": list(self.pool), "unavailable": list(self.unavailable)}
+        if self.not_ours:
+            out["not_ours"] = [dict(n) for n in self.not_ours]
         if self.alert is not None:
             out["alert"] = dict(self.alert)
         if self.diagnostics is not None:
@@ -201,8 +215,10 @@ def plan_for(intent_id: int, labels: Mapping[str, str], config: Config,
     fault = classify(table, clean, nodes, evidence)
     states = scheduler.node_states(nodes.pool)
     unavailable = tuple(n for n in nodes.pool if n not in states or not states[n].in_service)
+    not_ours = tuple(states[n].as_dict() for n in fault.nodes
+                     if n in states and states[n].someone_elses)
     return Plan(intent_id, fault, nodes.pool, unavailable, alert=clean,
-                diagnostics=diagnostics)
+                diagnostics=diagnostics, not_ours=not_ours)
 
 
 def recent_quarantines(tx: Transaction, since: float) -> list[str]:
@@ -219,6 +235,10 @@ def decide(tx: Transaction, plan: Plan, *, approved: bool, observe_only: bool,
     if fault.action == "none":
         return ("not_actionable", "done", f"{fault.alertname}: {fault.reason}; nothing "
                 "automatic (the alert pages)", detail)
+    if plan.not_ours:
+        named = "; ".join(f"{n['node']} is {n['state']} ({n['reason']!r})" for n in plan.not_ours)
+        return ("node_not_ours", "done", f"{named}: out of service by someone else, so "
+                "Trainwatch neither drains nor requeues there; the on-call decides", detail)
     recent = recent_quarantines(tx, now - settings.quarantine_window_seconds)
     detail["quarantined_in_window"] = recent
     if fault.action == "quarantine":
@@ -271,21 +291,64 @@ def drain_reason(plan: Plan) -> str:
             f" job requeued, resume after node_health_check")
 
 
-def page(session: requests.Session, config: Config, decision: str, reason: str,
-         plan: Plan, labels: Mapping[str, str]) -> None:
-    """Tell the on-call (pager_url) what the rails held back or what observe-only would have
-    done. A page that fails is logged; the audit record has the same content."""
+def post_page(session: requests.Session, config: Config, body: dict[str, Any]) -> None:
+    """Post one page to pager_url; a page that fails is logged (the audit has the same
+    content)."""
     if not config.pager_url:
-        log.warning("quarantine %s for intent %d: no pager_url to page", decision,
-                    plan.intent_id)
+        log.warning("quarantine %s for intent %s: no pager_url to page", body.get("event"),
+                    body.get("intent_id"))
         return
-    body = {"event": f"quarantine_{decision}", "intent_id": plan.intent_id,
-            "alertname": labels.get("alertname", ""), "summary": reason,
-            "plan": plan.as_dict()}
     try:
         session.post(config.pager_url, json=body, timeout=config.request_timeout_seconds)
     except requests.RequestException as exc:
         log.warning("quarantine: paging failed: %s", exc)
+
+
+def page(session: requests.Session, config: Config, decision: str, reason: str,
+         plan: Plan, labels: Mapping[str, str]) -> None:
+    """Tell the on-call (pager_url) what the rails held back, what observe-only would have
+    done, or whose node Trainwatch left alone."""
+    post_page(session, config, {
+        "event": f"quarantine_{decision}", "intent_id": plan.intent_id,
+        "alertname": labels.get("alertname", ""), "summary": reason, "plan": plan.as_dict()})
+
+
+def retry_delay(config: Config, attempts: int) -> float | None:
+    """Seconds until the next try of a quarantine whose scheduler failed `attempts` times, or
+    None: give up (the scheduler's retry_until has passed in waits)."""
+    settings = settings_of(config)
+    return _retry_delay(attempts, first=config.retry_backoff_seconds,
+                        longest=settings.retry_backoff_max_seconds,
+                        until=settings.retry_until_seconds)
+
+
+def page_failure(session: requests.Session, config: Config, intent: Intent, attempts: int,
+                 message: str) -> None:
+    """The quarantine failed for good (the scheduler did not answer, or answered something
+    that did not read back, until its deadline; or a node turned out to be someone else's):
+    nothing more happens unless the alert fires again, so a person must look."""
+    post_page(session, config, {
+        "event": "quarantine_failed", "intent_id": intent.id, "alertname": intent.alertname,
+        "summary": f"quarantine of intent {intent.id} ({intent.alertname}) failed after "
+                   f"{attempts} attempts: {message[:1000]}",
+        "target": intent.target_key})
+
+
+def jobs_to_requeue(scheduler: Any, plan: Plan) -> tuple[list[Any], str]:
+    """The Slurm jobs the fault stopped, and how they were found. A node's fault stops every
+    job on the node; a stall stops its own job only: the Slurm job ids its ranks carry
+    (SLURM_JOB_ID, in the diagnostics record), among the jobs on the suspect nodes. A stall
+    with no such id requeues nothing (the on-call has TrainingStalled)."""
+    on_nodes = {job.job_id: job for node in plan.fault.nodes for job in scheduler.jobs_on(node)}
+    if plan.diagnostics is None:  # not a stall
+        return list(on_nodes.values()), "every job on the fault's nodes"
+    record = plan.diagnostics.record
+    ids = set(record.scheduler_jobs) if record is not None else set()
+    if not ids:
+        return [], ("the stall's ranks carry no Slurm job id (no diagnostics record): no job "
+                    "requeued")
+    return ([job for job_id, job in on_nodes.items() if job_id.split("_")[0] in ids],
+            f"the stalled ranks' Slurm jobs {sorted(ids)}")
 
 
 def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
@@ -298,9 +361,11 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     try:
         if fault.action == "quarantine":
             result["drain"] = scheduler.drain(fault.nodes[0], drain_reason(plan))
-        jobs = {job.job_id: job for node in fault.nodes for job in scheduler.jobs_on(node)}
-        for job in jobs.values():
+        jobs, result["jobs_by"] = jobs_to_requeue(scheduler, plan)
+        for job in jobs:
             result["requeued"].append(scheduler.requeue(job))
+    except NodeNotOurs as exc:
+        raise Refused(f"quarantine: {exc}") from exc
     except SchedulerError as exc:
         raise ActionError(f"quarantine: {exc}") from exc
     return result

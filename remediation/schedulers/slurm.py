@@ -5,6 +5,12 @@ Slurm command. Every node name is checked again as a plain name here (defence in
 caller took it from the inventory's mapping), because `NodeName=gpu-[01-64]` would address
 64 nodes; every job id is digits as squeue printed it. Reads never use scontrol, so counting
 scontrol calls counts exactly the changes Trainwatch made.
+
+Nothing is believed unchecked. Every read asks for a header and parses strictly: output
+without the header line, or a line that does not parse, is a SchedulerError (a wrapper that
+printed garbage with exit status 0 is a failure, and empty squeue output without its header
+is not "no jobs"). Every change is read back: after a drain the node's state and reason,
+after a requeue the job's state, after a resume the node's state.
 """
 
 from __future__ import annotations
@@ -13,24 +19,70 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trainwatch.remediation.config import SchedulerSettings
 from trainwatch.remediation.faults import check_plain_name
-from trainwatch.remediation.schedulers.base import REASON_PREFIX, Job, NodeState, SchedulerError
+from trainwatch.remediation.schedulers.base import (
+    REASON_PREFIX,
+    Job,
+    NodeNotOurs,
+    NodeState,
+    SchedulerError,
+    own_reason,
+)
 
-JOB_ID = re.compile(r"^[0-9]{1,12}$")
+# A job (digits) or an array task (`123_4`), as squeue's %i prints them.
+JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]{1,9})?$")
+# A long state as sinfo's %T and squeue's %T print it: lower-case words, `_`, and Slurm's flags.
+STATE_WORD = re.compile(r"^[a-z_]+[*$~#!%@^+-]*$")
 # What a drain reason may hold: it is one argv element, but also shown by sinfo and read by
 # people and scripts; anything else is replaced.
 REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 ._:,()=#-]")
 REASON_MAX = 200
+# How long a change may take to show in a read-back (slurmctld applies a requeue's hold and a
+# StartTime asynchronously); past it the change did not happen.
+READ_BACK_SECONDS = 10.0
+NODE_FORMAT = ("%N|%T|%H|%E", "NODELIST|STATE|TIMESTAMP|REASON")
+JOBS_FORMAT = ("%i|%T|%N", "JOBID|STATE|NODELIST")
+JOB_STATE_FORMAT = ("%T|%r", "STATE|REASON")
+T = TypeVar("T")
 
 
 def reason_text(text: str) -> str:
-    """A drain reason Trainwatch can write: its prefix, plain characters, bounded length."""
+    """A drain reason Trainwatch can write: its prefix, plain characters, bounded length; it
+    must name the intent (`intent <id>`), or Trainwatch could not tell the drain is its own."""
     body = REASON_UNSAFE.sub("_", text)
-    return f"{REASON_PREFIX} {body}"[:REASON_MAX]
+    reason = f"{REASON_PREFIX} {body}"[:REASON_MAX]
+    if own_reason(reason) is None:
+        raise SchedulerError(f"slurm: drain reason {reason!r} names no intent (`intent <id>`):"
+                             " Trainwatch could not recognise the drain as its own")
+    return reason
+
+
+def parse_table(out: str, header: str, fields: int, what: str) -> list[list[str]]:
+    """The rows of a `|`-separated table under its exact header line; SchedulerError for
+    anything else (no header, a row with another number of fields)."""
+    lines = out.splitlines()
+    if not lines or lines[0].strip() != header:
+        raise SchedulerError(f"{what}: unparseable answer (expected the header {header!r}): "
+                             f"{out.strip()[:300]!r}")
+    rows = []
+    for line in lines[1:]:
+        cells = line.split("|", fields - 1)
+        if len(cells) != fields:
+            raise SchedulerError(f"{what}: unparseable line {line[:300]!r}")
+        rows.append([c.strip() for c in cells])
+    return rows
+
+
+def _state_word(value: str, what: str) -> str:
+    state = value.lower()
+    if not STATE_WORD.match(state):
+        raise SchedulerError(f"{what}: unparseable state {value[:100]!r}")
+    return state
 
 
 class SlurmScheduler:
@@ -60,85 +112,121 @@ class SlurmScheduler:
                                  f"{(proc.stderr or proc.stdout).strip()[-500:]}")
         return proc.stdout
 
+    def _read_back(self, read: Callable[[], T], done: Callable[[T], bool]) -> T:
+        """Read until `done` holds or READ_BACK_SECONDS pass; the last reading either way."""
+        deadline = time.monotonic() + min(READ_BACK_SECONDS,
+                                          self.settings.command_timeout_seconds)
+        while True:
+            value = read()
+            if done(value) or time.monotonic() > deadline:
+                return value
+            time.sleep(0.1)
+
     # --- reads ---------------------------------------------------------------------------
     def node_states(self, nodes: tuple[str, ...]) -> dict[str, NodeState]:
         """The state of each named node (one sinfo of every node, filtered here by exact name,
-        so no hostlist is ever built)."""
-        out = self._run("sinfo", "--noheader", "--Node", "--format=%N|%T|%H|%E")
+        so no hostlist is ever built). A node sinfo does not list is absent."""
+        fmt, header = NODE_FORMAT
+        out = self._run("sinfo", "--Node", f"--format={fmt}")
         states: dict[str, NodeState] = {}
-        for line in out.splitlines():
-            name, state, since, reason = line.split("|", 3) if line.count("|") >= 3 else (
-                line, "", "", "")
+        for name, state, since, reason in parse_table(out, header, 4, "sinfo"):
             if name in nodes:
-                states[name] = NodeState(name, state.strip().lower(), reason.strip(),
-                                         since.strip())
+                states[name] = NodeState(name, _state_word(state, "sinfo"), reason, since)
         return states
 
-    def jobs_on(self, node: str) -> list[Job]:
-        """The jobs running on `node` (each once, even when several partitions list it)."""
-        node = check_plain_name(node, "scheduler node")
-        out = self._run("squeue", "--noheader", f"--nodelist={node}",
-                        "--states=RUNNING,CONFIGURING", "--format=%i|%T|%N")
-        jobs: dict[str, Job] = {}
-        for line in out.splitlines():
-            job_id, state, nodes = [*line.split("|"), "", ""][:3]
-            if JOB_ID.match(job_id.strip()):
-                jobs[job_id.strip()] = Job(job_id.strip(), state.strip().lower(), nodes.strip())
-        return list(jobs.values())
-
-    # --- changes -------------------------------------------------------------------------
-    def drain(self, node: str, reason: str) -> dict[str, Any]:
-        """Drain `node` with a Trainwatch reason; `already` when it is drained by Trainwatch
-        (a repeated step), an error when something else drained or downed it (not ours)."""
+    def node_state(self, node: str) -> NodeState:
+        """One node's state; SchedulerError when slurmctld does not know it."""
         node = check_plain_name(node, "scheduler node")
         current = self.node_states((node,)).get(node)
         if current is None:
             raise SchedulerError(f"slurm: node {node!r} is not known to slurmctld")
+        return current
+
+    def jobs_on(self, node: str) -> list[Job]:
+        """The jobs running on `node` (each once, even when several partitions list it)."""
+        node = check_plain_name(node, "scheduler node")
+        fmt, header = JOBS_FORMAT
+        out = self._run("squeue", f"--nodelist={node}", "--states=RUNNING,CONFIGURING",
+                        f"--format={fmt}")
+        jobs: dict[str, Job] = {}
+        for job_id, state, nodes in parse_table(out, header, 3, "squeue"):
+            if not JOB_ID.match(job_id):
+                raise SchedulerError(f"squeue: unparseable job id {job_id[:100]!r}")
+            jobs[job_id] = Job(job_id, _state_word(state, "squeue"), nodes)
+        return list(jobs.values())
+
+    def job_state(self, job_id: str) -> tuple[str, str]:
+        """(state, reason) of a job, lower case; ("", "") when squeue no longer lists it."""
+        fmt, header = JOB_STATE_FORMAT
+        out = self._run("squeue", f"--jobs={job_id}", f"--format={fmt}")
+        rows = parse_table(out, header, 2, "squeue")
+        if not rows:
+            return "", ""
+        if len(rows) > 1:
+            raise SchedulerError(f"squeue: {len(rows)} lines for job {job_id}")
+        state, reason = rows[0]
+        return _state_word(state, "squeue"), reason.lower()
+
+    # --- changes -------------------------------------------------------------------------
+    def drain(self, node: str, reason: str) -> dict[str, Any]:
+        """Drain `node` with a Trainwatch reason, read back. `already` when Trainwatch drained
+        it (a repeated step); NodeNotOurs when someone else has it out of service (drained,
+        down, reserved: never overwritten); SchedulerError when the drain does not read back
+        (another reason won a race, or the command did nothing)."""
+        current = self.node_state(node)
         if current.drained_by_trainwatch:
             return {"node": node, "drained": "already", "reason": current.reason}
+        if current.someone_elses:
+            raise NodeNotOurs(f"slurm: node {node!r} is {current.state} by someone else "
+                              f"({current.reason!r}); Trainwatch leaves it to them")
         text = reason_text(reason)
         self._run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={text}")
-        return {"node": node, "drained": True, "reason": text, "was": current.state}
+        after = self._read_back(lambda: self.node_state(node),
+                                lambda s: "drain" in s.state and s.reason == text)
+        if "drain" not in after.state or after.reason != text:
+            raise SchedulerError(f"slurm: node {node!r} reads back {after.state} with reason "
+                                 f"{after.reason!r} after the drain, not drained with "
+                                 f"{text!r}")
+        return {"node": node, "drained": True, "reason": text, "was": current.state,
+                "now": after.state}
 
     def requeue(self, job: Job) -> dict[str, Any]:
         """Requeue a running job and lift the hold Slurm puts on a requeued job (EligibleTime
-        120 s later), so it restarts at once on the nodes in service."""
+        120 s later), so it restarts at once on the nodes in service; both read back."""
         if not JOB_ID.match(job.job_id):
             raise SchedulerError(f"slurm: job id {job.job_id!r} is not a Slurm job id")
         self._run("scontrol", "requeue", job.job_id)
         # The requeue completes asynchronously (the job passes through COMPLETING) and only
         # then gets its new begin time: lifting the hold earlier is overwritten.
-        deadline = time.monotonic() + self.settings.command_timeout_seconds
-        while True:
-            state, reason = self.job_state(job.job_id)
-            settled = state == "pending" and reason not in ("", "none")
-            if settled or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        state, reason = self._read_back(
+            lambda: self.job_state(job.job_id),
+            lambda s: s[0] == "pending" and s[1] not in ("", "none"))
         if state != "pending":
             raise SchedulerError(f"slurm: job {job.job_id} is {state or 'gone'} after its "
                                  "requeue, not pending")
         if reason in ("begintime", "", "none"):  # held by the requeue: lift it
             self._run("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
-        return {"job": job.job_id, "requeued": True, "was_on": job.nodes}
-
-    def job_state(self, job_id: str) -> tuple[str, str]:
-        """(state, reason) of a job, lower case; ("", "") when squeue no longer lists it."""
-        out = self._run("squeue", "--noheader", f"--jobs={job_id}", "--format=%T|%r")
-        state, _, reason = out.strip().partition("|")
-        return state.strip().lower(), reason.strip().lower()
+            state, reason = self._read_back(lambda: self.job_state(job.job_id),
+                                            lambda s: s[1] != "begintime")
+            if state == "pending" and reason == "begintime":
+                raise SchedulerError(f"slurm: job {job.job_id} is still held (BeginTime) "
+                                     "after StartTime=now")
+        return {"job": job.job_id, "requeued": True, "was_on": job.nodes,
+                "now": [state, reason]}
 
     def resume(self, node: str) -> dict[str, Any]:
-        """Return a node Trainwatch drained to service (never one drained for another
-        reason: that is a human's or Slurm's decision)."""
-        node = check_plain_name(node, "scheduler node")
-        current = self.node_states((node,)).get(node)
-        if current is None:
-            raise SchedulerError(f"slurm: node {node!r} is not known to slurmctld")
-        if "drain" not in current.state:
-            return {"node": node, "resumed": "already", "state": current.state}
-        if not current.drained_by_trainwatch:
-            raise SchedulerError(f"slurm: node {node!r} was drained by someone else "
-                                 f"({current.reason!r}); Trainwatch leaves it to them")
-        self._run("scontrol", "update", f"NodeName={node}", "State=RESUME")
-        return {"node": node, "resumed": True, "was": current.state}
+        """Return a node Trainwatch drained to service, read back (never one drained or down
+        for another reason: that is a person's or Slurm's decision, NodeNotOurs)."""
+        current = self.node_state(node)
+        if current.drained_by_trainwatch:
+            self._run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+            after = self._read_back(lambda: self.node_state(node),
+                                    lambda s: "drain" not in s.state)
+            if "drain" in after.state:
+                raise SchedulerError(f"slurm: node {node!r} is still {after.state} after the "
+                                     "resume")
+            return {"node": node, "resumed": True, "was": current.state, "now": after.state}
+        if current.someone_elses:
+            raise NodeNotOurs(f"slurm: node {node!r} is {current.state} by someone else "
+                              f"({current.reason!r}); Trainwatch leaves it to them")
+        return {"node": node, "resumed": "already", "state": current.state}

@@ -178,6 +178,31 @@ def test_evidence_on_both_nodes_restarts_without_draining() -> None:
     assert (fault.action, fault.nodes) == ("restart", ("tw-gpu-01", "tw-gpu-02"))
 
 
+def test_half_the_ranks_stopped_names_the_stopped_not_the_waiting() -> None:
+    """Two ranks stopped by a signal after they queued their next collective (seq 4, a dump
+    written before the stop), two ranks waiting in seq 3 for them: the waiting ranks look
+    "not entered", yet the stopped ranks are where the job stopped. Only they are named, so
+    only their node is suspect."""
+    ahead = [*WAITING, entry("0", 4, retired=False)]
+    record = merge_records(by_host(node_a=[rank(0, WAITING), rank(1, WAITING)],
+                                   node_b=[rank(2, ahead, state="T"),
+                                           rank(3, ahead, state="T")]))
+    assert record is not None
+    assert record.collectives["suspects"] == ["2", "3"], record.as_dict()
+    assert record.suspect_hosts == ("node-b",)
+
+
+def test_the_record_names_the_stalled_ranks_slurm_job() -> None:
+    """The ranks' SLURM_JOB_ID (stack_dump reads it from their environment) is the stall's
+    own Slurm job: the quarantine requeues that job, not every job on the node."""
+    procs = [{**rank(0, WAITING), "scheduler_job": "41"},
+             {**rank(1, None, state="T"), "scheduler_job": "41"},
+             {**rank(2, WAITING), "scheduler_job": "41;rm"}]  # not a job id: left out
+    record = merge_records(by_host(node_a=procs[:1], node_b=procs[1:]))
+    assert record is not None and record.scheduler_jobs == ("41",)
+    assert record.as_dict()["scheduler_jobs"] == ["41"]
+
+
 def test_a_record_host_outside_the_mapping_is_refused() -> None:
     record = merge_records(by_host(node_d=[rank(0, None, state="T")], node_a=[rank(1, WAITING)]))
     assert record is not None and record.suspect_hosts == ("node-d",)

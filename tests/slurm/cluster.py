@@ -63,6 +63,22 @@ class SlurmCluster:
         wait_until(lambda: all(self.node_state(n) == "idle" for n in self.nodes), timeout=60,
                    what="every node idle")
 
+    def stop_controller(self) -> None:
+        """Stop slurmctld (its saved state, the slurmd daemons and their jobs stay): the
+        scheduler away, as in a restart or a failover."""
+        ctld = next(p for p in self._procs if p.argv[0] == "slurmctld")
+        ctld.stop()
+        self._procs.remove(ctld)
+
+    def start_controller(self, timeout: float = 60.0) -> None:
+        """Start slurmctld again from its saved state; returns once it answers (its nodes may
+        still read `unknown` for a few seconds, until each slurmd registers again)."""
+        self._procs.append(ManagedProcess(
+            ["slurmctld", "-D", "-i", "-f", str(self.conf)],
+            self.root / "log" / "slurmctld.out", env=self.env))
+        wait_until(lambda: self.run(["scontrol", "ping"]).stdout.count("UP") > 0,
+                   timeout=timeout, what="slurmctld answering again")
+
     def logs(self) -> str:
         """The tail of every daemon's log, for a failure message."""
         return "\n".join(f"--- {path.name} ---\n{path.read_text(errors='replace')[-2500:]}"

@@ -20,6 +20,10 @@ RECORDING = """#!{python}
 import json, os, sys
 with open({log!r}, "a") as f:
     f.write(json.dumps([{tool!r}, *sys.argv[1:]]) + "\\n")
+fault = {fault!r}
+if os.path.exists(fault):  # an injected fault: print the file, exit 0, run nothing
+    sys.stdout.write(open(fault).read())
+    sys.exit(0)
 os.execv({real!r}, [{real!r}, *sys.argv[1:]])
 """
 
@@ -35,16 +39,29 @@ def write_inventory(path: Path, host_vars: dict[str, dict[str, Any]] | None = No
 
 def recording_bin(directory: Path) -> tuple[Path, Path]:
     """A bin dir whose scontrol, sinfo and squeue log every call (one JSON line: the tool and
-    its argv) and exec the real one: a real count of what the service ran."""
+    its argv) and exec the real one: a real count of what the service ran. While a file
+    `<tool>.fault` exists in the dir (inject_fault), that tool prints its content and exits 0
+    instead, changing nothing: a scheduler command that answers garbage."""
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / "slurm.calls"
     log.touch()
     for tool in ("scontrol", "sinfo", "squeue"):
         wrapper = directory / tool
         wrapper.write_text(RECORDING.format(python=sys.executable, log=str(log), tool=tool,
-                                            real=shutil.which(tool)))
+                                            real=shutil.which(tool),
+                                            fault=str(directory / f"{tool}.fault")))
         wrapper.chmod(0o755)
     return directory, log
+
+
+def inject_fault(bin_dir: Path, tool: str, output: str | None) -> None:
+    """From now on `tool` answers `output` with exit status 0 and does nothing; None: the
+    real one again."""
+    fault = bin_dir / f"{tool}.fault"
+    if output is None:
+        fault.unlink(missing_ok=True)
+    else:
+        fault.write_text(output)
 
 
 def calls(log: Path) -> list[list[str]]:

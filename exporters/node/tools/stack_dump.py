@@ -55,6 +55,8 @@ LAST_ENTRIES = 5
 MAX_OUTPUT = 19000
 # the environment variable Slurm sets in every task it starts: the node it started it for
 SCHEDULER_NODE_ENV = "SLURMD_NODENAME"
+# ... and the job it started it for: remediation requeues this job, not every job on the node
+SCHEDULER_JOB_ENV = "SLURM_JOB_ID"
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -127,10 +129,10 @@ def summarise_recorder(document: dict[str, Any]) -> dict[str, Any]:
 
 
 def analyse(procs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Which ranks the others wait for: those that never entered the newest collective
-    any rank is inside (by the default group's sequence numbers), those inside another
-    collective than most, those stopped by a signal; failing these, those that wrote no
-    flight-recorder dump while a peer did. Runs per node here and again in remediation over
+    """Which ranks the others wait for: those stopped by a signal; failing these, those that
+    never entered the newest collective any rank is inside (by the default group's sequence
+    numbers) and those inside another collective than most; failing these, those that wrote
+    no flight-recorder dump while a peer did. Runs per node here and again in remediation over
     the processes of every node of the job."""
     seqs = {p["rank"]: p["flight_recorder"]["last_seq"] for p in procs
             if isinstance(p.get("flight_recorder"), dict)
@@ -157,7 +159,12 @@ def analyse(procs: list[dict[str, Any]]) -> dict[str, Any]:
     dumped = any(isinstance(p.get("flight_recorder"), dict) for p in procs)
     result["silent"] = sorted((p["rank"] for p in procs if dumped
                                and not isinstance(p.get("flight_recorder"), dict)), key=_rank_key)
-    named = {*result["stopped"], *result["not_entered"], *result["elsewhere"]}
+    # A rank stopped by a signal is where the job stopped: the ranks it blocks wait, and
+    # their sequence numbers can be behind the stopped rank's (it may have queued its next
+    # collectives before it stopped), so with half the ranks stopped the waiting half would
+    # look "not entered". Stopped ranks, when there are any, are the suspects alone.
+    behind = {*result["not_entered"], *result["elsewhere"]}
+    named = set(result["stopped"]) or behind
     result["suspects"] = sorted(named or set(result["silent"]), key=_rank_key)
     return result
 
@@ -204,6 +211,7 @@ def rank_processes(job: str, scheduler_node: str | None = None) -> list[dict[str
         except OSError:
             continue
         proc: dict[str, Any] = {"pid": pid, "rank": env.get("RANK"),
+                                "scheduler_job": env.get(SCHEDULER_JOB_ENV),
                                 "local_rank": env.get("LOCAL_RANK"), "state": _state(pid),
                                 "cmdline": cmdline[:500]}
         if dump is None or uid is None:
