@@ -50,7 +50,6 @@ from trainwatch.exporters import add_version_argument
 from trainwatch.exporters.contract.catalog import PORTS
 from trainwatch.exporters.contract.tokens import SecretFileError, read_secret_file
 from trainwatch.remediation import approvers as approver_file
-from trainwatch.remediation.durations import seconds
 from trainwatch.remediation.labels import LabelError, canonical
 
 PROG = "trainwatch"
@@ -69,6 +68,14 @@ KEYS = {  # config key -> (environment variable, default)
 }
 TIMEOUT = 10.0
 MAX_SILENCE_SECONDS = 7 * 86400  # a forgotten silence hides pages; a week at most
+MIN_SILENCE_SECONDS = 60  # Alertmanager evaluates silences against alerts, not instants
+# What a person types for an id or a duration, spelled one way: ASCII digits, no sign, no
+# underscore, no surrounding space or newline (int() and `$` accept all of those, and
+# `approve 1_0` would decide intent 10).
+_ID = re.compile(r"[1-9][0-9]{0,17}", re.ASCII)
+_COUNT = re.compile(r"[1-9][0-9]{0,4}", re.ASCII)
+_SILENCE_FOR = re.compile(r"([1-9][0-9]{0,5})([mhd])", re.ASCII)
+_SILENCE_UNITS = {"m": 60, "h": 3600, "d": 86400}
 
 
 class UsageError(Exception):
@@ -135,6 +142,36 @@ def load_settings(config: Path | None, environ: dict[str, str]) -> Settings:
         if value is not None:
             values[key] = str(value)
     return Settings(values)
+
+
+# --- what a person types --------------------------------------------------------------------
+
+def intent_id(text: str) -> int:
+    """An intent id exactly as the service prints it (argparse `type`)."""
+    if not _ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an intent id (digits 0-9, e.g. 42)")
+    return int(text)
+
+
+def count(text: str) -> int:
+    """A positive row count (argparse `type`), spelled like an id."""
+    if not _COUNT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (1 to 99999)")
+    return int(text)
+
+
+def silence_seconds(text: str) -> int:
+    """`--for`: a whole number of minutes, hours or days, within the bounds a silence may
+    last (never a fraction that rounds to nothing, never a unit finer than a minute)."""
+    match = _SILENCE_FOR.fullmatch(text)
+    if not match:
+        raise UsageError(f"--for {text!r}: expected a whole number and m, h or d (e.g. 30m, "
+                         "2h, 1d)")
+    length = int(match.group(1)) * _SILENCE_UNITS[match.group(2)]
+    if not MIN_SILENCE_SECONDS <= length <= MAX_SILENCE_SECONDS:
+        raise UsageError(f"--for {text!r}: a silence lasts 1m to "
+                         f"{MAX_SILENCE_SECONDS // 86400}d")
+    return length
 
 
 # --- talking to the services ----------------------------------------------------------------
@@ -338,8 +375,6 @@ def cmd_incidents(args: argparse.Namespace, settings: Settings, out: Printer) ->
 
 
 def cmd_decide(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
-    if not 0 < args.id < 2**62:
-        raise UsageError(f"intent id {args.id} out of range")
     body = _call("POST", f"{settings.url('remediation_url')}/v1/actions/{args.id}/"
                          f"{args.command}", "the remediation service",
                  headers={"Authorization": f"Bearer {settings.token()}"})
@@ -355,12 +390,7 @@ def cmd_silence(args: argparse.Namespace, settings: Settings, out: Printer) -> N
         value = canonical(name, value)
     except LabelError as exc:
         raise UsageError(f"{name} {value!r} is not a label value Trainwatch uses") from exc
-    try:
-        length = seconds(args.duration)
-    except ValueError as exc:
-        raise UsageError(f"--for {args.duration!r}: {exc}") from exc
-    if not 0 < length <= MAX_SILENCE_SECONDS:
-        raise UsageError(f"--for must be more than 0 and at most {MAX_SILENCE_SECONDS // 86400}d")
+    length = silence_seconds(args.duration)
     now = datetime.now(timezone.utc)
     body = {"matchers": [{"name": name, "value": value, "isRegex": False, "isEqual": True}],
             "startsAt": now.isoformat(), "endsAt": (now + timedelta(seconds=length)).isoformat(),
@@ -405,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="JSON instead of a table")
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", parents=[common], help="jobs, then recent incidents")
-    status.add_argument("--limit", type=int, default=10, help="incidents shown (default 10)")
+    status.add_argument("--limit", type=count, default=10, help="incidents shown (default 10)")
     status.set_defaults(run=cmd_status)
     job_cmd = sub.add_parser("jobs", parents=[common], help="training jobs and their health")
     job_cmd.set_defaults(run=cmd_jobs)
@@ -414,11 +444,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="jobs seen within this range (default 1h)")
     inc = sub.add_parser("incidents", parents=[common], help="remediation's intents")
     inc.add_argument("--state", help="only this state, e.g. awaiting_approval")
-    inc.add_argument("--limit", type=int, default=20)
+    inc.add_argument("--limit", type=count, default=20)
     inc.set_defaults(run=cmd_incidents)
     for name in ("approve", "reject"):
         p = sub.add_parser(name, parents=[common], help=f"{name} an action awaiting approval")
-        p.add_argument("id", type=int)
+        p.add_argument("id", type=intent_id)
         p.set_defaults(run=cmd_decide)
     sil = sub.add_parser("silence", parents=[common], help="silence one job's or node's alerts")
     which = sil.add_mutually_exclusive_group(required=True)

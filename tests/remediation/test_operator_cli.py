@@ -241,3 +241,38 @@ def test_an_approvers_file_made_invalid_accepts_nobody_until_fixed(tmp_path: Pat
     assert held.current().identify(token) == "alice"
     path.unlink()
     assert held.current().identify(token) is None
+
+
+def test_ids_and_durations_are_spelled_one_way(real_alertmanager: str, tmp_path: Path) -> None:
+    """What int() and a `$`-anchored pattern let through is refused (exit 2) before any call:
+    `approve 1_0` must not decide intent 10, Arabic-Indic digits are not an id, a silence
+    cannot round to nothing, and a trailing newline is not part of a duration."""
+    with stub_server() as (hostport, state):
+        env = {"TRAINWATCH_REMEDIATION_URL": f"http://{hostport}",
+               "TRAINWATCH_TOKEN_FILE": str(token_file(tmp_path, "alice", APPROVERS["alice"])),
+               "TRAINWATCH_ALERTMANAGER_URL": real_alertmanager}
+        for bad in ("1_0", "\u0661\u0660", "+10", " 10", "10\n", "0", "010", "1e3", "-1"):
+            for verb in ("approve", "reject"):
+                refused = cli(verb, bad, env=env)
+                assert refused.returncode == 2, (verb, bad, refused.stdout, refused.stderr)
+        for bad in ("1_0", "\u0661", "0"):
+            assert cli("incidents", "--limit", bad, env=env).returncode == 2
+        assert state.requests == []
+        assert cli("approve", "10", env=env).returncode == 0  # the one spelling still works
+        assert [r.path for r in state.requests] == ["/v1/actions/10/approve"]
+
+    for duration in ("0.0001ms", "1h\n", "\u0661h", "1_0m", "30s", "0m", "1.5h", " 1h", "8d"):
+        refused = cli("silence", "--job", "llm", "--for", duration, env=env)
+        assert refused.returncode == 2, (duration, refused.stdout, refused.stderr)
+    assert silences(real_alertmanager) == []
+    assert cli("silence", "--job", "llm", "--for", "1m", env=env).returncode == 0
+
+
+def test_config_durations_are_whole_strings() -> None:
+    """The config and playbook durations: `$` matched before a trailing newline."""
+    from trainwatch.remediation.durations import seconds
+
+    assert seconds("5m") == 300.0
+    for bad in ("5m\n", "\u0665m", "5m ", "1_0s"):
+        with pytest.raises(ValueError, match="not a duration"):
+            seconds(bad)
