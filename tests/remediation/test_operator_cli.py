@@ -16,6 +16,7 @@ import json
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -276,3 +277,31 @@ def test_config_durations_are_whole_strings() -> None:
     for bad in ("5m\n", "\u0665m", "5m ", "1_0s"):
         with pytest.raises(ValueError, match="not a duration"):
             seconds(bad)
+
+
+def test_silences_are_listed_and_only_the_clis_own_expired(real_alertmanager: str) -> None:
+    env = {"TRAINWATCH_ALERTMANAGER_URL": real_alertmanager}
+    mine = json.loads(cli("silence", "--job", "llm-9", "--for", "1h", "--json", env=env).stdout)
+    now = datetime.now(timezone.utc)
+    theirs = requests.post(f"{real_alertmanager}/api/v2/silences", timeout=10, json={
+        "matchers": [{"name": "node", "value": "gpu-b2", "isRegex": False, "isEqual": True}],
+        "startsAt": now.isoformat(), "endsAt": (now + timedelta(hours=2)).isoformat(),
+        "createdBy": "carol", "comment": "PSU swap"}).json()["silenceID"]
+
+    listed = json.loads(cli("silences", "--json", env=env).stdout)
+    assert [(r["silence_id"], r["matchers"], r["created_by"]) for r in listed] == [
+        (mine["silence_id"], 'training_job="llm-9"', listed[0]["created_by"]),
+        (theirs, 'node="gpu-b2"', "carol")]
+    assert listed[0]["created_by"].endswith(" (trainwatch)")
+    assert cli("silences", env=env).stdout.splitlines()[0].split() == [
+        "SILENCE", "MATCHERS", "ENDS", "BY", "COMMENT"]
+
+    refused = cli("unsilence", theirs, env=env)  # a person's silence is theirs to end
+    assert refused.returncode == 2 and "carol" in refused.stderr
+    for bad in (theirs.upper(), theirs + "\n", "1", "../silences"):
+        assert cli("unsilence", bad, env=env).returncode == 2
+    done = cli("unsilence", mine["silence_id"], "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"silence_id": mine["silence_id"], "state": "expired"}
+    assert [s["id"] for s in silences(real_alertmanager)] == [theirs]
+    assert cli("unsilence", mine["silence_id"], env=env).returncode == 2  # already expired
