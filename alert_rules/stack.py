@@ -35,7 +35,7 @@ def groups(p: Profile) -> list[Group]:
             "The remediation service failed to run action {{ $labels.action }} of playbook "
             f"{{{{ $labels.playbook }}}} within the last {failed['window']}. The problem it was "
             "meant to fix is still there: handle the original alert by hand and read the "
-            "audit log (`trainwatch-remediation actions`).",
+            "audit log (`trainwatch incidents`).",
             for_=failed["for"],
         ),
         Alert(

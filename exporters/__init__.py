@@ -18,3 +18,48 @@ def add_version_argument(parser: Any) -> None:
     """`--version` on a console script's argparse parser: prints `<prog> <version>`."""
     parser.add_argument("--version", action="version",
                         version=f"%(prog)s {__version__} ({DISTRIBUTION})")
+
+
+# --- console scripts ---------------------------------------------------------------------------
+# Each console script starts here, not at its module: a client-only install
+# (`pip install trainwatch-gpu`, no `[stack]`) has the scripts but not the servers' packages,
+# and a script run there answers in one line which extra it needs instead of a traceback.
+# A missing module of Trainwatch itself is a bug and still raises.
+
+def _launch(prog: str, module: str, extra: str = "stack") -> int:
+    import importlib
+    import sys
+
+    try:
+        main = importlib.import_module(module).main
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] == "trainwatch":
+            raise
+        print(f"{prog}: needs the '{extra}' extra (no module {exc.name!r}): "
+              f"pip install '{DISTRIBUTION}[{extra}]'", file=sys.stderr)
+        return 1
+    return int(main() or 0)
+
+
+def training_exporter() -> int:
+    return _launch("training-exporter", "trainwatch.exporters.node.training.server")
+
+
+def gpu_exporter() -> int:
+    return _launch("gpu-exporter", "trainwatch.exporters.node.gpu.cli")
+
+
+def logscan() -> int:
+    return _launch("trainwatch-logscan", "trainwatch.exporters.node.logs.scanner_cli")
+
+
+def remediation_server() -> int:
+    return _launch("remediation-server", "trainwatch.remediation.server")
+
+
+def operator_cli() -> int:
+    return _launch("trainwatch", "trainwatch.remediation.operator")
+
+
+def resume_node() -> int:
+    return _launch("trainwatch-resume-node", "trainwatch.remediation.resume")

@@ -4,14 +4,19 @@
     trainwatch jobs                        one row per training job (ranks, step, open alerts)
     trainwatch incidents [--state S] [--limit N]
                                            what remediation received and did
+    trainwatch actions [--state S] [--limit N]
+                                           the service's intents and audit records (JSON)
     trainwatch approve ID | reject ID      decide an action awaiting approval
     trainwatch silence (--job J | --node N) --for 2h [--comment TEXT]
                                            an Alertmanager silence on one job or node
+    trainwatch silences                    the active silences
+    trainwatch unsilence SILENCE_ID        expire a silence this CLI made
     trainwatch approvers list | add NAME | revoke NAME
                                            the approvers file (on the remediation host)
 
 Tables by default; `--json` prints the same rows as JSON. No `--url` on every call: each
-setting comes from the environment, else the config file, else the local demo's address:
+setting comes from the environment, else your config file, else the file the deployment wrote
+for this CLI, else Trainwatch's default ports on this host:
 
     prometheus_url     TRAINWATCH_PROMETHEUS_URL     http://127.0.0.1:<prometheus port>
     alertmanager_url   TRAINWATCH_ALERTMANAGER_URL   http://127.0.0.1:<alertmanager port>
@@ -23,9 +28,12 @@ setting comes from the environment, else the config file, else the local demo's 
     alertmanager_password_file  TRAINWATCH_ALERTMANAGER_PASSWORD_FILE
                                                      (the deploy's API password; optional)
 
-The config file (YAML, the keys above) is --config, else $TRAINWATCH_CONFIG, else
-~/.config/trainwatch/cli.yml when it exists. Exit status: 0 done, 1 a service answered an
-error or could not be reached, 2 bad input or configuration (nothing was changed).
+Your config file (YAML, the keys above) is --config, else $TRAINWATCH_CONFIG, else
+~/.config/trainwatch/cli.yml when it exists. The deployment's file (same keys, written by the
+remediation role) is etc/trainwatch/cli.yml in the environment this CLI is installed in, else
+/etc/trainwatch/cli.yml. Without a token, `status` shows the jobs and says why it cannot show
+incidents. Exit status: 0 done, 1 a service answered an error or could not be reached, 2 bad
+input or configuration (nothing was changed).
 """
 
 from __future__ import annotations
@@ -50,12 +58,16 @@ from trainwatch.exporters import add_version_argument
 from trainwatch.exporters.contract.catalog import PORTS
 from trainwatch.exporters.contract.tokens import SecretFileError, read_secret_file
 from trainwatch.remediation import approvers as approver_file
-from trainwatch.remediation.durations import seconds
 from trainwatch.remediation.labels import LabelError, canonical
 
 PROG = "trainwatch"
 ENV_CONFIG = "TRAINWATCH_CONFIG"
 DEFAULT_CONFIG = Path("~/.config/trainwatch/cli.yml")
+# Where a deployment leaves the addresses of its services for this CLI, nearest first: the
+# environment the CLI runs from (a deployed host's venv, or the checkout's .venv the demo
+# registers), then the host's. The remediation role writes them (remediation_cli_config_files).
+DEPLOYMENT_CONFIGS = (Path(sys.prefix) / "etc" / "trainwatch" / "cli.yml",
+                      Path("/etc/trainwatch/cli.yml"))
 KEYS = {  # config key -> (environment variable, default)
     "prometheus_url": ("TRAINWATCH_PROMETHEUS_URL", f"http://127.0.0.1:{PORTS['prometheus']}"),
     "alertmanager_url": ("TRAINWATCH_ALERTMANAGER_URL",
@@ -69,6 +81,16 @@ KEYS = {  # config key -> (environment variable, default)
 }
 TIMEOUT = 10.0
 MAX_SILENCE_SECONDS = 7 * 86400  # a forgotten silence hides pages; a week at most
+MIN_SILENCE_SECONDS = 60  # Alertmanager evaluates silences against alerts, not instants
+# What a person types for an id or a duration, spelled one way: ASCII digits, no sign, no
+# underscore, no surrounding space or newline (int() and `$` accept all of those, and
+# `approve 1_0` would decide intent 10).
+_ID = re.compile(r"[1-9][0-9]{0,17}", re.ASCII)
+_COUNT = re.compile(r"[1-9][0-9]{0,4}", re.ASCII)
+_SILENCE_FOR = re.compile(r"([1-9][0-9]{0,5})([mhd])", re.ASCII)
+_SILENCE_UNITS = {"m": 60, "h": 3600, "d": 86400}
+_SILENCE_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.ASCII)
+CREATED_BY_SUFFIX = " (trainwatch)"  # how this CLI signs the silences it makes
 
 
 class UsageError(Exception):
@@ -112,29 +134,74 @@ class Settings:
             raise UsageError(str(exc)) from exc
 
 
-def load_settings(config: Path | None, environ: dict[str, str]) -> Settings:
-    """Environment over the config file over the defaults; unknown file keys are errors."""
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"{path}: cannot read the config: {exc}") from exc
+    if not isinstance(values, dict):
+        raise UsageError(f"{path}: expected a mapping of {sorted(KEYS)}")
+    unknown = set(values) - set(KEYS)
+    if unknown:
+        raise UsageError(f"{path}: unknown keys {sorted(unknown)} (known: {sorted(KEYS)})")
+    return values
+
+
+def load_settings(config: Path | None, environ: dict[str, str],
+                  deployment_configs: Sequence[Path] = DEPLOYMENT_CONFIGS) -> Settings:
+    """Environment over your config file over the deployment's over the defaults; unknown
+    keys in either file are errors."""
     path = config or (Path(environ[ENV_CONFIG]) if environ.get(ENV_CONFIG) else None)
-    from_file: dict[str, Any] = {}
     default_path = DEFAULT_CONFIG.expanduser()
     if path is None and default_path.is_file():
         path = default_path
-    if path is not None:
-        try:
-            from_file = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise UsageError(f"{path}: cannot read the config: {exc}") from exc
-        if not isinstance(from_file, dict):
-            raise UsageError(f"{path}: expected a mapping of {sorted(KEYS)}")
-        unknown = set(from_file) - set(KEYS)
-        if unknown:
-            raise UsageError(f"{path}: unknown keys {sorted(unknown)} (known: {sorted(KEYS)})")
+    from_file = _read_config(path) if path is not None else {}
+    deployed = next((p for p in deployment_configs if p.is_file()), None)
+    from_deploy = _read_config(deployed) if deployed is not None else {}
     values: dict[str, str] = {}
     for key, (env, default) in KEYS.items():
-        value = environ.get(env) or from_file.get(key) or default
+        value = environ.get(env) or from_file.get(key) or from_deploy.get(key) or default
         if value is not None:
             values[key] = str(value)
     return Settings(values)
+
+
+# --- what a person types --------------------------------------------------------------------
+
+def intent_id(text: str) -> int:
+    """An intent id exactly as the service prints it (argparse `type`)."""
+    if not _ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an intent id (digits 0-9, e.g. 42)")
+    return int(text)
+
+
+def silence_id(text: str) -> str:
+    """An Alertmanager silence id (a UUID, lower case), exactly (argparse `type`)."""
+    if not _SILENCE_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a silence id (see `trainwatch "
+                                         "silences`)")
+    return text
+
+
+def count(text: str) -> int:
+    """A positive row count (argparse `type`), spelled like an id."""
+    if not _COUNT.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (1 to 99999)")
+    return int(text)
+
+
+def silence_seconds(text: str) -> int:
+    """`--for`: a whole number of minutes, hours or days, within the bounds a silence may
+    last (never a fraction that rounds to nothing, never a unit finer than a minute)."""
+    match = _SILENCE_FOR.fullmatch(text)
+    if not match:
+        raise UsageError(f"--for {text!r}: expected a whole number and m, h or d (e.g. 30m, "
+                         "2h, 1d)")
+    length = int(match.group(1)) * _SILENCE_UNITS[match.group(2)]
+    if not MIN_SILENCE_SECONDS <= length <= MAX_SILENCE_SECONDS:
+        raise UsageError(f"--for {text!r}: a silence lasts 1m to "
+                         f"{MAX_SILENCE_SECONDS // 86400}d")
+    return length
 
 
 # --- talking to the services ----------------------------------------------------------------
@@ -315,16 +382,33 @@ def _since(value: str) -> str:
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
+    """The jobs need only Prometheus; the incidents need a token. Without one the jobs are
+    still shown, and the incidents' place says what to set."""
     job_rows = jobs(settings, _since(args.since))
-    incident_rows = incidents(settings, limit=args.limit)
+    incident_rows: list[dict[str, Any]] | None = None
+    why_not = None
+    if settings.values.get("token_file"):
+        incident_rows = incidents(settings, limit=args.limit)
+    else:
+        why_not = (f"no token: set {KEYS['token_file'][0]} or `token_file:` in "
+                   f"{DEFAULT_CONFIG} to see them")
     if args.json:
-        out(json.dumps({"jobs": job_rows, "incidents": incident_rows}, indent=2))
+        out(json.dumps({"jobs": job_rows, "incidents": incident_rows,
+                        **({"incidents_unavailable": why_not} if why_not else {})}, indent=2))
         return
     out(f"JOBS (Prometheus {settings.url('prometheus_url')})")
     out(job_table(job_rows))
     out("")
     out(f"INCIDENTS (remediation {settings.url('remediation_url')}, newest first)")
-    out(incident_table(incident_rows))
+    out(incident_table(incident_rows) if incident_rows is not None else f"({why_not})")
+
+
+def cmd_actions(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
+    """The service's answer as it is: intents and their audit records, for scripts."""
+    params: dict[str, Any] = {"limit": args.limit}
+    if args.state:
+        params["state"] = args.state
+    out(json.dumps(remediation_get(settings, "/v1/actions", params), indent=2))
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
@@ -338,8 +422,6 @@ def cmd_incidents(args: argparse.Namespace, settings: Settings, out: Printer) ->
 
 
 def cmd_decide(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
-    if not 0 < args.id < 2**62:
-        raise UsageError(f"intent id {args.id} out of range")
     body = _call("POST", f"{settings.url('remediation_url')}/v1/actions/{args.id}/"
                          f"{args.command}", "the remediation service",
                  headers={"Authorization": f"Bearer {settings.token()}"})
@@ -355,23 +437,60 @@ def cmd_silence(args: argparse.Namespace, settings: Settings, out: Printer) -> N
         value = canonical(name, value)
     except LabelError as exc:
         raise UsageError(f"{name} {value!r} is not a label value Trainwatch uses") from exc
-    try:
-        length = seconds(args.duration)
-    except ValueError as exc:
-        raise UsageError(f"--for {args.duration!r}: {exc}") from exc
-    if not 0 < length <= MAX_SILENCE_SECONDS:
-        raise UsageError(f"--for must be more than 0 and at most {MAX_SILENCE_SECONDS // 86400}d")
+    length = silence_seconds(args.duration)
     now = datetime.now(timezone.utc)
     body = {"matchers": [{"name": name, "value": value, "isRegex": False, "isEqual": True}],
             "startsAt": now.isoformat(), "endsAt": (now + timedelta(seconds=length)).isoformat(),
-            "createdBy": f"{getpass.getuser()} (trainwatch)",
+            "createdBy": f"{getpass.getuser()}{CREATED_BY_SUFFIX}",
             "comment": args.comment or f"silenced from the trainwatch CLI for {args.duration}"}
-    answer = _call("POST", f"{settings.url('alertmanager_url')}/api/v2/silences", "Alertmanager",
-                   json=body, auth=settings.alertmanager_auth())
+    answer = _alertmanager(settings, "POST", "/silences", json=body)
     row = {"silence_id": answer.get("silenceID"), "matcher": f'{name}="{value}"',
            "ends_at": body["endsAt"]}
     out(json.dumps(row, indent=2) if args.json else
         table([row], (("silence_id", "SILENCE"), ("matcher", "MATCHER"), ("ends_at", "ENDS"))))
+
+
+def _alertmanager(settings: Settings, method: str, path: str, **kwargs: Any) -> Any:
+    return _call(method, f"{settings.url('alertmanager_url')}/api/v2{path}", "Alertmanager",
+                 auth=settings.alertmanager_auth(), **kwargs)
+
+
+def cmd_silences(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
+    """The active silences (every author's: what hides an alert matters whoever made it)."""
+    rows = []
+    for silence in _alertmanager(settings, "GET", "/silences"):
+        if silence.get("status", {}).get("state") != "active":
+            continue
+        matchers = ",".join(
+            f'{m["name"]}{"=" if m.get("isEqual", True) else "!"}{"~" if m["isRegex"] else ""}'
+            f'"{m["value"]}"' for m in silence.get("matchers", []))
+        rows.append({"silence_id": silence["id"], "matchers": matchers,
+                     "ends_at": silence.get("endsAt"), "created_by": silence.get("createdBy"),
+                     "comment": silence.get("comment")})
+    rows.sort(key=lambda r: r["ends_at"] or "")
+    out(json.dumps(rows, indent=2) if args.json else
+        table(rows, (("silence_id", "SILENCE"), ("matchers", "MATCHERS"), ("ends_at", "ENDS"),
+                     ("created_by", "BY"), ("comment", "COMMENT"))))
+
+
+def cmd_unsilence(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
+    """Expire one silence this CLI made, read back first: one a person made in Alertmanager's
+    UI, or another system, is theirs to end (exit 2, nothing changed)."""
+    silence = _alertmanager(settings, "GET", f"/silence/{args.silence_id}")
+    by = str(silence.get("createdBy") or "")
+    if not by.endswith(CREATED_BY_SUFFIX):
+        raise UsageError(f"silence {args.silence_id} was made by {by!r}, not with this CLI: "
+                         "expire it where it was made")
+    if silence.get("status", {}).get("state") == "expired":
+        raise UsageError(f"silence {args.silence_id} has already expired")
+    _alertmanager(settings, "DELETE", f"/silence/{args.silence_id}")
+    after = _alertmanager(settings, "GET", f"/silence/{args.silence_id}")
+    state = after.get("status", {}).get("state")
+    if state != "expired":
+        raise ServiceError(f"Alertmanager still shows silence {args.silence_id} as {state}")
+    row = {"silence_id": args.silence_id, "state": state}
+    out(json.dumps(row, indent=2) if args.json else
+        table([row], (("silence_id", "SILENCE"), ("state", "STATE"))))
 
 
 def cmd_approvers(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
@@ -405,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="JSON instead of a table")
     sub = parser.add_subparsers(dest="command", required=True)
     status = sub.add_parser("status", parents=[common], help="jobs, then recent incidents")
-    status.add_argument("--limit", type=int, default=10, help="incidents shown (default 10)")
+    status.add_argument("--limit", type=count, default=10, help="incidents shown (default 10)")
     status.set_defaults(run=cmd_status)
     job_cmd = sub.add_parser("jobs", parents=[common], help="training jobs and their health")
     job_cmd.set_defaults(run=cmd_jobs)
@@ -414,11 +533,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="jobs seen within this range (default 1h)")
     inc = sub.add_parser("incidents", parents=[common], help="remediation's intents")
     inc.add_argument("--state", help="only this state, e.g. awaiting_approval")
-    inc.add_argument("--limit", type=int, default=20)
+    inc.add_argument("--limit", type=count, default=20)
     inc.set_defaults(run=cmd_incidents)
+    act = sub.add_parser("actions", help="the service's intents and audit records, as JSON")
+    act.add_argument("--state", help="only this state, e.g. awaiting_approval")
+    act.add_argument("--limit", type=count, default=50)
+    act.set_defaults(run=cmd_actions)
     for name in ("approve", "reject"):
         p = sub.add_parser(name, parents=[common], help=f"{name} an action awaiting approval")
-        p.add_argument("id", type=int)
+        p.add_argument("id", type=intent_id)
         p.set_defaults(run=cmd_decide)
     sil = sub.add_parser("silence", parents=[common], help="silence one job's or node's alerts")
     which = sil.add_mutually_exclusive_group(required=True)
@@ -427,6 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
     sil.add_argument("--for", dest="duration", required=True, help="e.g. 30m, 2h, 1d")
     sil.add_argument("--comment", default="")
     sil.set_defaults(run=cmd_silence)
+    sub.add_parser("silences", parents=[common], help="the active silences").set_defaults(
+        run=cmd_silences)
+    unsil = sub.add_parser("unsilence", parents=[common], help="expire a silence this CLI made")
+    unsil.add_argument("silence_id", type=silence_id)
+    unsil.set_defaults(run=cmd_unsilence)
     appr = sub.add_parser("approvers", parents=[common], help="the approvers file")
     appr_sub = appr.add_subparsers(dest="action", required=True)
     appr_sub.add_parser("list", parents=[common])

@@ -8,6 +8,10 @@ echo "==> building the trainwatch.stack collection (ansible/) and installing it 
 .venv/bin/python -m scripts.collection install --path .stack/collections
 export ANSIBLE_COLLECTIONS_PATH="$PWD/.stack/collections"
 echo "==> deploying the local stack (ansible-playbook -i ansible/inventories/local trainwatch.stack.site)"
-.venv/bin/ansible-playbook -i ansible/inventories/local trainwatch.stack.site
+# The checkout's .venv/bin/trainwatch gets the demo's addresses too (the operator CLI reads
+# etc/trainwatch/cli.yml of the environment it runs from): `trainwatch status`, no flag.
+cli_files="[\"{{ trainwatch_venv_dir }}/etc/trainwatch/cli.yml\", \"$PWD/.venv/etc/trainwatch/cli.yml\"]"
+.venv/bin/ansible-playbook -i ansible/inventories/local trainwatch.stack.site \
+  -e "{\"remediation_cli_config_files\": $cli_files}"
 echo "==> running the demo job"
 exec .venv/bin/python scripts/demo_timeline.py --prefix .stack "$@"

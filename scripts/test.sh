@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: sets up what it needs (scripts/setup.sh), then runs pytest.
+# The whole test suite: sets up what it needs (scripts/setup.sh --tests: the demo's packages
+# and the test-only ones, Slurm, PostgreSQL, podman, npm, ruby, VictoriaMetrics), then runs pytest.
 #
 # pytest-xdist runs the test files on one worker per core (at most 4): the suite is CPU-bound
 # (Ansible runs, torchrun jobs, real Prometheus), about 27 CPU-minutes, and on one worker it
@@ -12,7 +13,7 @@
 # nothing has not passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh || exit 1
+bash scripts/setup.sh --tests || exit 1
 workers=$(nproc 2>/dev/null || echo 2)
 [ "$workers" -gt 4 ] && workers=4
 [ "$workers" -lt 2 ] && workers=2

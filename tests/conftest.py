@@ -28,7 +28,7 @@ def real_binaries() -> dict[str, str]:
     found = {name: shutil.which(name) for name in REQUIRED_BINARIES}
     missing = [name for name, path in found.items() if path is None]
     if missing:
-        pytest.fail(f"missing binaries {missing}: run scripts/setup.sh (installs Debian packages)")
+        pytest.fail(f"missing binaries {missing}: run scripts/setup.sh --tests")
     return {k: v for k, v in found.items() if v}
 
 

@@ -43,7 +43,9 @@ ENV_CONTROL_TOKEN_FILE = "TRAINWATCH_CONTROL_TOKEN_FILE"  # noqa: S105
 ENV_SYNC_EVERY = "TRAINWATCH_SYNC_EVERY"
 # Where a stalled rank dumps PyTorch's flight recorder for the diagnostics (docs/training.md).
 ENV_DIAGNOSTICS_DIR = "TRAINWATCH_DIAGNOSTICS_DIR"
-DEFAULT_EXPORTER_SOCKET = "/run/trainwatch/training.sock"
+# Where a rank sends when TRAINWATCH_EXPORTER_SOCKET is unset, and where the training_exporter
+# role makes the exporter listen unless an inventory says otherwise: one value for both.
+DEFAULT_EXPORTER_SOCKET: str = _CONTRACT["exporter_socket"]
 # A rank whose datagrams (one at least every second, exporters/rank/shipper.py
 # HEARTBEAT_SECONDS, even while it is blocked in a collective) stopped this long ago has left
 # the job: killed, its node gone, or the job scaled down without it. The training exporter no

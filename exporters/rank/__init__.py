@@ -4,6 +4,7 @@ Public names, one spelling for user code and the docs::
 
     from trainwatch.exporters.rank import TrainingMonitor, CheckpointManager, AsyncEcsHandler
     from trainwatch.exporters.rank import MonitorConfig, HandlerConfig  # their settings, as objects
+    from trainwatch.exporters.rank import HuggingFaceCallback, LightningCallback  # frameworks
 
 They are resolved on first use (PEP 562), so `import trainwatch.exporters.rank` stays light: the
 checkpoint manager pulls in torch, and a process that only logs never pays for it. Nothing
@@ -30,6 +31,9 @@ _PUBLIC = {
     "ModelFlops": "trainwatch.exporters.rank.flops",
     "count_parameters": "trainwatch.exporters.rank.flops",
     "FrameworkCallback": "trainwatch.exporters.rank.framework_callbacks",
+    # each needs its framework (the `hf` / `lightning` extra), imported only when named
+    "HuggingFaceCallback": "trainwatch.exporters.rank.hf_callback",
+    "LightningCallback": "trainwatch.exporters.rank.lightning_callback",
     "TrainwatchBatches": "trainwatch.exporters.rank.data",
     "AsyncEcsHandler": "trainwatch.exporters.rank.logs.handler",
     "HandlerConfig": "trainwatch.exporters.rank.logs.config",
@@ -39,6 +43,8 @@ __all__ = [
     "CheckpointManager",
     "FrameworkCallback",
     "HandlerConfig",
+    "HuggingFaceCallback",
+    "LightningCallback",
     "ModelFlops",
     "MonitorConfig",
     "NoHealthyCheckpoint",
@@ -63,6 +69,8 @@ if TYPE_CHECKING:
     from trainwatch.exporters.rank.data import TrainwatchBatches
     from trainwatch.exporters.rank.flops import ModelFlops, count_parameters
     from trainwatch.exporters.rank.framework_callbacks import FrameworkCallback
+    from trainwatch.exporters.rank.hf_callback import HuggingFaceCallback
+    from trainwatch.exporters.rank.lightning_callback import LightningCallback
     from trainwatch.exporters.rank.logs.config import HandlerConfig
     from trainwatch.exporters.rank.logs.handler import AsyncEcsHandler
 

@@ -1,9 +1,10 @@
 """The framework-independent part of a training framework's Trainwatch callback.
 
-The Hugging Face and Lightning callbacks (examples/) differ only in which hooks they are
-called from and how they find the model, optimizer and step number; the options, the
-monitor and checkpoint-manager creation and the once-per-optimizer-step report, periodic
-save and control are the same, so they live here once and each callback inherits them.
+The Hugging Face and Lightning callbacks (hf_callback.py, lightning_callback.py) differ
+only in which hooks they are called from and how they find the model, optimizer and step
+number; the options, the monitor and checkpoint-manager creation and the once-per-optimizer-
+step report, periodic save and control are the same, so they live here once and each
+callback inherits them.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from trainwatch.exporters.contract import commands as cmd
+from trainwatch.exporters.contract.catalog import ENV_EXPORTER_SOCKET
 from trainwatch.exporters.contract.launcher import RankInfo
 from trainwatch.exporters.contract.wire import MAX_STEPS_PER_DATAGRAM, VERSION, encode
 from trainwatch.exporters.rank.counters import RankShared
@@ -104,6 +105,7 @@ class Shipper(threading.Thread):
         self.caught_up = threading.Condition()
         self.datagrams_sent = 0
         self.poll_errors = 0
+        self._unreachable_said = False  # the job's log names a lost exporter once, not per send
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping = True
@@ -200,8 +202,24 @@ class Shipper(threading.Thread):
             try:
                 self._sock.sendto(encode(message), self._path)
                 self.datagrams_sent += 1
-            except OSError:  # absent, refused, full (BlockingIOError): drop and count
+            except BlockingIOError:  # the exporter is there but behind: drop and count
                 self._counters.dropped += len(chunk)
+            except OSError as exc:  # absent, refused, not allowed: drop, count, say so once
+                self._counters.dropped += len(chunk)
+                self._say_unreachable(exc)
+
+    def _say_unreachable(self, exc: OSError) -> None:
+        """One warning on the job's log for the whole run: steps are being lost and why (a
+        missing socket is an exporter that is not running or another path; a refused one a
+        user outside the socket's group). Later failures only count (`dropped`)."""
+        if self._unreachable_said:
+            return
+        self._unreachable_said = True
+        log.warning("trainwatch: cannot reach the training exporter at %s (%s); step reports "
+                    "are dropped and counted until it answers, and this is not logged again. "
+                    "Set %s to the node's socket, or ask for the job's user to be in the "
+                    "socket's group (docs/deploy.md, 'Jobs').", self._path,
+                    exc.strerror or type(exc).__name__, ENV_EXPORTER_SOCKET)
 
     # --- commands ---------------------------------------------------------------------------
     def _poll(self) -> None:

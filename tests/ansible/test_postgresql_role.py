@@ -62,7 +62,8 @@ def inventory(root: Path, port: int) -> Path:
 
 
 @pytest.mark.slow  # two ansible-playbook runs, ~30 s here
-@pytest.mark.skipif(server_bin() is None, reason="PostgreSQL server not installed (setup.sh)")
+@pytest.mark.skipif(server_bin() is None, reason="PostgreSQL server not installed "
+                    "(scripts/setup.sh --tests)")
 @pytest.mark.skipif(os.geteuid() != 0, reason="runs the server as nobody (needs root here)")
 def test_postgresql_role_converges_and_the_remediation_role_uses_it(scratch: Path) -> None:
     nobody = pwd.getpwnam("nobody")

@@ -47,7 +47,7 @@ def without_datasource_query_fields(doc: dict[str, Any]) -> dict[str, Any]:
 def typecheck(dashboards: dict[str, dict[str, Any]], workdir: Path) -> str:
     """tsc's diagnostics for the dashboards (empty: all valid), one .ts file per dashboard."""
     if not TSC.exists():
-        pytest.fail(f"{TSC} missing: run scripts/setup.sh (npm ci in {SCHEMA_DIR})")
+        pytest.fail(f"{TSC} missing: run scripts/setup.sh --tests (npm ci in {SCHEMA_DIR})")
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "node_modules").symlink_to(SCHEMA_DIR / "node_modules")
     files = []

@@ -29,7 +29,7 @@ def compose_file(compose_rendered: Path) -> Path:
 def docker_compose() -> str:
     path = shutil.which("docker-compose")
     if path is None:
-        pytest.fail("docker-compose missing: run scripts/setup.sh (Debian package docker-compose)")
+        pytest.fail("docker-compose missing: run scripts/setup.sh --tests")
     return path
 
 

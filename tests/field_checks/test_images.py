@@ -73,7 +73,7 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
     if os.geteuid() == 0:
         if not SYSTEM_CACHE.is_dir():
             pytest.skip(f"{SYSTEM_CACHE} is missing, so it cannot be shadowed for the test: "
-                        "run scripts/setup.sh")
+                        "run scripts/setup.sh --tests")
         (store / "system-cache").mkdir()
         wrapper = [*IN_PRIVATE_MOUNTS, str(store / "system-cache")]
     tool = Podman([*wrapper, "podman", "--root", str(store / "root"),

@@ -56,7 +56,7 @@ def test_python_re_on_the_generated_strings_classifies_like_the_scanner() -> Non
         assert got == scanner_classes(line), line
 
 
-@pytest.mark.skipif(shutil.which("ruby") is None, reason="needs ruby (Onigmo), see setup.sh")
+@pytest.mark.skipif(shutil.which("ruby") is None, reason="needs ruby: setup.sh --tests")
 def test_ruby_onigmo_on_the_generated_strings_classifies_like_the_scanner(tmp_path) -> None:
     """The strings as the pipeline gets them: Ruby Regexp.new(source), `=~` per line."""
     payload = tmp_path / "corpus.json"

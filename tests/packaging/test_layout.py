@@ -33,11 +33,16 @@ NOT_FOR_RANKS = (*FIRST_PARTY_NODE_SIDE, *SERVER_SIDE)
 # serving.py (HTTP defaults every node-side server and remediation share) may use waitress
 NOT_FOR_THE_CONTRACT = (*FIRST_PARTY_NODE_SIDE, "trainwatch.exporters.rank", "torch")
 
-LOAD_EVERY_RANK_MODULE = """
+# The framework callbacks import their framework (transformers, lightning), which brings its
+# own dependencies (requests, yaml): only their own import statements are checked (below).
+FRAMEWORK_MODULES = ("trainwatch.exporters.rank.hf_callback",
+                     "trainwatch.exporters.rank.lightning_callback")
+LOAD_EVERY_RANK_MODULE = f"""
 import importlib, json, pkgutil, sys
 import trainwatch.exporters.rank
 for info in pkgutil.walk_packages(trainwatch.exporters.rank.__path__, "trainwatch.exporters.rank."):
-    importlib.import_module(info.name)
+    if info.name not in {FRAMEWORK_MODULES!r}:
+        importlib.import_module(info.name)
 print(json.dumps(sorted(sys.modules)))
 """
 

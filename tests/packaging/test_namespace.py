@@ -64,7 +64,7 @@ IMPORT_BOTH = ("import trainwatch.exporters as e, trainwatch.remediation as r; "
 
 
 def test_the_wheel_installs_one_top_level_package_beside_its_namesakes(tmp_path: Path) -> None:
-    assert (NAMESAKES / ".complete").is_file(), "run scripts/setup.sh (it downloads them)"
+    assert (NAMESAKES / ".complete").is_file(), "run scripts/setup.sh --tests (it downloads them)"
     source = tmp_path / "src"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".venv", ".git", ".stack", "build", "*.egg-info", "__pycache__", ".pytest_cache",

@@ -73,7 +73,7 @@ def service_factory(tmp_path: Path) -> Callable[..., Any]:
 def pg_cluster() -> Iterator[PgCluster]:
     """One throwaway PostgreSQL server for the session (each test gets its own database)."""
     if server_bin() is None:
-        pytest.fail("PostgreSQL server not installed: run scripts/setup.sh (apt postgresql)")
+        pytest.fail("PostgreSQL server not installed: run scripts/setup.sh --tests")
     cluster = PgCluster()
     try:
         yield cluster

@@ -141,7 +141,8 @@ def test_on_resolve_runs_only_after_the_firing_alert_acted(service_factory) -> N
 
 
 def test_cli_lists_and_approves(tmp_path: Path) -> None:
-    """The CLI against a real service process (gunicorn), approving an awaiting intent."""
+    """`trainwatch actions` / `approve` against a real service process, approving an
+    awaiting intent (the older trainwatch-remediation's subcommands, folded in)."""
     from tests.remediation.processes import running_service
 
     with stub_server() as (hostport, state), running_service(
@@ -151,24 +152,25 @@ def test_cli_lists_and_approves(tmp_path: Path) -> None:
         wait_until(lambda: svc.actions(state="awaiting_approval")["actions"], timeout=20)
         token_file = tmp_path / "cli.token"
         token_file.write_text(TOKEN)
-        cli = [sys.executable, "-m", "trainwatch.remediation.cli", "--url", svc.url, "--token-file",
-               str(token_file)]
-        listed = subprocess.run([*cli, "actions", "--state", "awaiting_approval"],
+        cli = [sys.executable, "-m", "trainwatch.remediation.operator"]
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+               "TRAINWATCH_REMEDIATION_URL": svc.url, "TRAINWATCH_TOKEN_FILE": str(token_file)}
+        listed = subprocess.run([*cli, "actions", "--state", "awaiting_approval"], env=env,
                                 capture_output=True, text=True, timeout=30, check=True)
         assert f'"id": {intent}' in listed.stdout
-        refused = subprocess.run([*cli, "approve", str(intent)], capture_output=True,
+        refused = subprocess.run([*cli, "approve", str(intent)], capture_output=True, env=env,
                                  text=True, timeout=30, check=False)
-        assert refused.returncode == 1 and "webhook token cannot approve" in refused.stdout
+        assert refused.returncode == 1 and "webhook token cannot approve" in refused.stderr
         approver_file = tmp_path / "alice.token"
         approver_file.write_text(APPROVERS["alice"])
-        approver_cli = [*cli[:-1], str(approver_file)]
-        subprocess.run([*approver_cli, "approve", str(intent)], capture_output=True,
+        approver_env = {**env, "TRAINWATCH_TOKEN_FILE": str(approver_file)}
+        subprocess.run([*cli, "approve", str(intent)], capture_output=True, env=approver_env,
                        text=True, timeout=30, check=True)
         wait_until(lambda: state.posts(), timeout=20, what="approved action ran")
         approved = svc.actions(decision="approved")["audit"]
         assert approved[0]["reason"] == "approved by alice"
-        again = subprocess.run([*approver_cli, "approve", str(intent)], capture_output=True,
-                               text=True, timeout=30, check=False)
+        again = subprocess.run([*cli, "approve", str(intent)], capture_output=True,
+                               env=approver_env, text=True, timeout=30, check=False)
         assert again.returncode == 1
 
 

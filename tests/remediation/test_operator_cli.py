@@ -16,6 +16,7 @@ import json
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -241,3 +242,66 @@ def test_an_approvers_file_made_invalid_accepts_nobody_until_fixed(tmp_path: Pat
     assert held.current().identify(token) == "alice"
     path.unlink()
     assert held.current().identify(token) is None
+
+
+def test_ids_and_durations_are_spelled_one_way(real_alertmanager: str, tmp_path: Path) -> None:
+    """What int() and a `$`-anchored pattern let through is refused (exit 2) before any call:
+    `approve 1_0` must not decide intent 10, Arabic-Indic digits are not an id, a silence
+    cannot round to nothing, and a trailing newline is not part of a duration."""
+    with stub_server() as (hostport, state):
+        env = {"TRAINWATCH_REMEDIATION_URL": f"http://{hostport}",
+               "TRAINWATCH_TOKEN_FILE": str(token_file(tmp_path, "alice", APPROVERS["alice"])),
+               "TRAINWATCH_ALERTMANAGER_URL": real_alertmanager}
+        for bad in ("1_0", "\u0661\u0660", "+10", " 10", "10\n", "0", "010", "1e3", "-1"):
+            for verb in ("approve", "reject"):
+                refused = cli(verb, bad, env=env)
+                assert refused.returncode == 2, (verb, bad, refused.stdout, refused.stderr)
+        for bad in ("1_0", "\u0661", "0"):
+            assert cli("incidents", "--limit", bad, env=env).returncode == 2
+        assert state.requests == []
+        assert cli("approve", "10", env=env).returncode == 0  # the one spelling still works
+        assert [r.path for r in state.requests] == ["/v1/actions/10/approve"]
+
+    for duration in ("0.0001ms", "1h\n", "\u0661h", "1_0m", "30s", "0m", "1.5h", " 1h", "8d"):
+        refused = cli("silence", "--job", "llm", "--for", duration, env=env)
+        assert refused.returncode == 2, (duration, refused.stdout, refused.stderr)
+    assert silences(real_alertmanager) == []
+    assert cli("silence", "--job", "llm", "--for", "1m", env=env).returncode == 0
+
+
+def test_config_durations_are_whole_strings() -> None:
+    """The config and playbook durations: `$` matched before a trailing newline."""
+    from trainwatch.remediation.durations import seconds
+
+    assert seconds("5m") == 300.0
+    for bad in ("5m\n", "\u0665m", "5m ", "1_0s"):
+        with pytest.raises(ValueError, match="not a duration"):
+            seconds(bad)
+
+
+def test_silences_are_listed_and_only_the_clis_own_expired(real_alertmanager: str) -> None:
+    env = {"TRAINWATCH_ALERTMANAGER_URL": real_alertmanager}
+    mine = json.loads(cli("silence", "--job", "llm-9", "--for", "1h", "--json", env=env).stdout)
+    now = datetime.now(timezone.utc)
+    theirs = requests.post(f"{real_alertmanager}/api/v2/silences", timeout=10, json={
+        "matchers": [{"name": "node", "value": "gpu-b2", "isRegex": False, "isEqual": True}],
+        "startsAt": now.isoformat(), "endsAt": (now + timedelta(hours=2)).isoformat(),
+        "createdBy": "carol", "comment": "PSU swap"}).json()["silenceID"]
+
+    listed = json.loads(cli("silences", "--json", env=env).stdout)
+    assert [(r["silence_id"], r["matchers"], r["created_by"]) for r in listed] == [
+        (mine["silence_id"], 'training_job="llm-9"', listed[0]["created_by"]),
+        (theirs, 'node="gpu-b2"', "carol")]
+    assert listed[0]["created_by"].endswith(" (trainwatch)")
+    assert cli("silences", env=env).stdout.splitlines()[0].split() == [
+        "SILENCE", "MATCHERS", "ENDS", "BY", "COMMENT"]
+
+    refused = cli("unsilence", theirs, env=env)  # a person's silence is theirs to end
+    assert refused.returncode == 2 and "carol" in refused.stderr
+    for bad in (theirs.upper(), theirs + "\n", "1", "../silences"):
+        assert cli("unsilence", bad, env=env).returncode == 2
+    done = cli("unsilence", mine["silence_id"], "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"silence_id": mine["silence_id"], "state": "expired"}
+    assert [s["id"] for s in silences(real_alertmanager)] == [theirs]
+    assert cli("unsilence", mine["silence_id"], env=env).returncode == 2  # already expired

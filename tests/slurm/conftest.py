@@ -15,7 +15,7 @@ from tests.slurm.cluster import SlurmCluster, missing_binaries, start
 def slurm_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     missing = missing_binaries()
     if missing:
-        pytest.fail(f"missing Slurm binaries {missing}: run scripts/setup.sh (installs "
+        pytest.fail(f"missing Slurm binaries {missing}: run scripts/setup.sh --tests (installs "
                     "slurmctld, slurmd, slurm-client, munge)")
     cluster = start(tmp_path_factory.mktemp("slurm"))
     try:

@@ -103,6 +103,38 @@ def test_absent_exporter_and_buffer_overflow_never_raise(tmp_path: Path) -> None
     assert monitor.stats()["reported"] == 100
 
 
+def test_an_unreachable_exporter_is_named_once_on_the_log(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A job whose socket is absent says so once (where it looked, why, what to set), then
+    only counts: one warning for many failed sends, none when the exporter comes up."""
+    path = tmp_path / "later.sock"
+    caplog.set_level("WARNING", logger="trainwatch.exporters.rank.shipper")
+    monitor = TrainingMonitor(rank_info=INFO, socket_path=str(path), control=False,
+                              flush_interval=0.01)
+    try:
+        step = 0
+
+        def lost_several() -> bool:
+            nonlocal step
+            monitor.report(step, loss=1.0)
+            step += 1
+            return monitor.stats()["dropped"] >= 5
+        wait_until(lost_several, timeout=30, what="several failed sends")
+        warnings = [r for r in caplog.records if r.name.endswith("shipper")]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        message = warnings[0].getMessage()
+        assert str(path) in message and catalog.ENV_EXPORTER_SOCKET in message
+        assert "No such file" in message
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.bind(str(path))
+            sock.settimeout(30)
+            monitor.report(step, loss=1.0)
+            assert json.loads(sock.recv(1 << 17))["job"] == INFO.job  # delivered once it exists
+    finally:
+        monitor.close()
+    assert len([r for r in caplog.records if r.name.endswith("shipper")]) == 1
+
+
 def test_nonfinite_loss_is_counted_and_shipped_at_once(
         receiver: tuple[socket.socket, Path]) -> None:
     sock, path = receiver

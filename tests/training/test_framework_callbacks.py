@@ -1,4 +1,5 @@
-"""Acceptance 7: the HF Trainer and Lightning callbacks in examples/, with the real packages.
+"""Acceptance 7: the HF Trainer and Lightning callbacks of the installed client
+(trainwatch.exporters.rank), with the real packages.
 
 A tiny model the test builds itself (no downloads), CPU, gradient accumulation 2, logging
 every 5 steps: every optimizer step is reported exactly once under its optimizer-step number;
@@ -72,7 +73,7 @@ def check(rows: Rows, tw: Any, fetched: list[int], digests: dict[str, str],
 
 def test_hf_trainer_callback(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
-    from examples.hf_callback import TrainwatchCallback
+    from trainwatch.exporters.rank import HuggingFaceCallback as TrainwatchCallback
 
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1,
@@ -130,7 +131,7 @@ def test_lightning_callback(tmp_path: Path) -> None:
     lightning = pytest.importorskip("lightning")
     from torch.utils.data import DataLoader
 
-    from examples.lightning_callback import TrainwatchCallback
+    from trainwatch.exporters.rank import LightningCallback as TrainwatchCallback
 
     class Module(lightning.pytorch.LightningModule):
         def __init__(self) -> None:

@@ -126,3 +126,21 @@ def test_the_watchdog_alert_reaches_alertmanager(host) -> None:
         return any(a["labels"].get("alertname") == "Watchdog" for a in alerts)
 
     poll(watchdog, "the Watchdog alert in Alertmanager")
+
+
+def test_the_stacks_own_start_fired_nothing(host) -> None:
+    """A fresh deploy is silent: since Prometheus first started (two converges ago), none of
+    the stack's own alerts (TargetDown, AlertmanagerNotificationsFailing, ...) was ever pending,
+    and the remediation webhook received no alert (site.yml starts what is watched first)."""
+    poll(lambda: query(host, "up") != [], "Prometheus has scraped")
+    assert query(host, 'max_over_time(ALERTS{component="stack", alertname!="Watchdog"}[1h])'
+                 ) == []
+    assert query(host, "max_over_time(trainwatch_remediation_webhook_alerts_total[1h]) > 0"
+                 ) == []
+
+
+def query(host, promql: str) -> list[dict]:
+    from urllib.parse import quote
+
+    body = json.loads(get(host, url("prometheus_port", f"/api/v1/query?query={quote(promql)}")))
+    return body["data"]["result"]

@@ -1,6 +1,6 @@
 """Trainwatch in a Hugging Face `transformers.Trainer` job: a TrainerCallback.
 
-    tw = TrainwatchCallback(job="my-run", checkpoint_dir="/ckpt/my-run", save_every=500)
+    tw = HuggingFaceCallback(job="my-run", checkpoint_dir="/ckpt/my-run", save_every=500)
     train_data = tw.batches(dataset, batch_size=8)     # data position owned by Trainwatch
     trainer = Trainer(model=model, args=TrainingArguments(..., per_device_train_batch_size=8,
                       max_steps=N), train_dataset=train_data, callbacks=[tw])
@@ -25,13 +25,19 @@ from __future__ import annotations
 
 from typing import Any
 
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ModuleNotFoundError as exc:  # the client installs without the framework
+    raise ModuleNotFoundError(
+        f"HuggingFaceCallback needs transformers: pip install 'trainwatch-gpu[hf]' ({exc})",
+        name=exc.name) from exc
+
 import torch
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from trainwatch.exporters.rank import FrameworkCallback
 
 
-class TrainwatchCallback(FrameworkCallback, TrainerCallback):
+class HuggingFaceCallback(FrameworkCallback, TrainerCallback):
     """The Trainer's hooks around the shared FrameworkCallback (options, monitor, steps)."""
 
     def __init__(self, *args: Any, **options: Any) -> None:

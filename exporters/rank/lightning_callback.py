@@ -1,6 +1,6 @@
 """Trainwatch in a PyTorch Lightning job: a callback, no change to the LightningModule.
 
-    tw = TrainwatchCallback(job="my-run", checkpoint_dir="/ckpt/my-run", save_every=500)
+    tw = LightningCallback(job="my-run", checkpoint_dir="/ckpt/my-run", save_every=500)
     loader = DataLoader(tw.batches(dataset, batch_size=8), batch_size=8)
     lightning.pytorch.Trainer(max_steps=N, callbacks=[tw]).fit(module, loader)
 
@@ -27,13 +27,19 @@ from __future__ import annotations
 
 from typing import Any
 
+try:
+    from lightning.pytorch import Callback, LightningModule, Trainer
+except ModuleNotFoundError as exc:  # the client installs without the framework
+    raise ModuleNotFoundError(
+        f"LightningCallback needs lightning: pip install 'trainwatch-gpu[lightning]' ({exc})",
+        name=exc.name) from exc
+
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
 
 from trainwatch.exporters.rank import FrameworkCallback
 
 
-class TrainwatchCallback(FrameworkCallback, Callback):
+class LightningCallback(FrameworkCallback, Callback):
     """Lightning's hooks around the shared FrameworkCallback (options, monitor, steps)."""
 
     def __init__(self, *args: Any, **options: Any) -> None:
