@@ -15,6 +15,8 @@ import pytest
 
 from trainwatch.exporters.contract import goodput as gp
 from trainwatch.exporters.contract.wire import WireError, decode, encode
+from trainwatch.exporters.node.training import ledger as gl
+from trainwatch.exporters.rank import goodput as rg
 
 
 class Manager(SimpleNamespace):
@@ -30,28 +32,28 @@ class Manager(SimpleNamespace):
 
 def test_blocking_records_outermost_call_with_its_step() -> None:
     class Saver:
-        @gp.blocking(gp.SAVE)
+        @rg.blocking(rg.SAVE)
         def wait(self) -> None:
             pass
 
-        @gp.blocking(gp.SAVE)
+        @rg.blocking(rg.SAVE)
         def save(self, step: int) -> str:
             self.wait()  # nested: counted once, as the save
             return "ok"
 
-        @gp.blocking(gp.RESTORE)
+        @rg.blocking(rg.RESTORE)
         def rollback(self) -> SimpleNamespace:
             return SimpleNamespace(step=40)
 
-        @gp.blocking(gp.RESTORE)
+        @rg.blocking(rg.RESTORE)
         def resume(self) -> None:  # no checkpoint: started from scratch
             return None
 
-        @gp.blocking(gp.RESTORE)
+        @rg.blocking(rg.RESTORE)
         def broken(self) -> None:
             raise RuntimeError("a rank could not read it")
 
-        @gp.blocking(gp.SAVE, when=lambda self: False)
+        @rg.blocking(rg.SAVE, when=lambda self: False)
         def idle_wait(self) -> None:
             pass
 
@@ -64,25 +66,25 @@ def test_blocking_records_outermost_call_with_its_step() -> None:
         saver.broken()
     saver.idle_wait()  # not timed at all
     kinds = [(kind, step) for _, kind, _, _, step in saver.goodput_events]
-    assert kinds == [(gp.SAVE, 30), (gp.RESTORE, 40), (gp.SAVE, None), (gp.RESTORE, -1),
-                     (gp.RESTORE, None)]
+    assert kinds == [(rg.SAVE, 30), (rg.RESTORE, 40), (rg.SAVE, None), (rg.RESTORE, -1),
+                     (rg.RESTORE, None)]
 
 
-def account_with_steps(manager: Manager | None = None) -> gp.RankAccount:
-    account = gp.RankAccount(start_perf=0.0, start_wall=1000.0, checkpoints=manager)
+def account_with_steps(manager: Manager | None = None) -> rg.RankAccount:
+    account = rg.RankAccount(start_perf=0.0, start_wall=1000.0, checkpoints=manager)
     return account
 
 
 def test_rank_timeline_splits_every_second_into_one_kind() -> None:
     manager = Manager()
     account = account_with_steps(manager)
-    manager.event(gp.RESTORE, 2.0, 3.0, -1)  # resume found no checkpoint
+    manager.event(rg.RESTORE, 2.0, 3.0, -1)  # resume found no checkpoint
     account.step(4.0, data_wait=0.5)  # first report: startup 2.5, restore 1, data 0.5
     t = 4.0
     for _ in range(10):  # 1 s steps, 0.25 s of each waiting for data
         t += 1.0
         account.step(t, data_wait=0.25)
-    manager.event(gp.SAVE, t + 0.1, t + 0.6, 10)  # save after step 10: mark
+    manager.event(rg.SAVE, t + 0.1, t + 0.6, 10)  # save after step 10: mark
     t += 1.5
     account.step(t, data_wait=0.0)
     t += 30.0  # a stall: 30 s where 1 s steps were usual
@@ -110,27 +112,27 @@ def test_rollback_discards_progress_since_the_restored_checkpoint_once() -> None
         t += 1.0
         account.step(t, None)
         if step in (5, 10):
-            manager.event(gp.SAVE, t + 0.01, t + 0.01, step)
+            manager.event(rg.SAVE, t + 0.01, t + 0.01, step)
     # rollback to step 10 after step 20: steps 11..20 (10 s) are thrown away
-    manager.event(gp.RESTORE, t + 0.1, t + 0.3, 10)
+    manager.event(rg.RESTORE, t + 0.1, t + 0.3, 10)
     t += 1.0
     account.step(t, None)
     assert account.discarded == pytest.approx(10.0)
     assert account.goodput == pytest.approx(10.0 + 0.8)  # steps 1..10, then 1 s - 0.2 s restore
     # a second rollback, to step 5: only the kept progress since 5 is discarded again
-    manager.event(gp.RESTORE, t + 0.1, t + 0.1, 5)
+    manager.event(rg.RESTORE, t + 0.1, t + 0.1, 5)
     t += 1.0
     account.step(t, None)
     assert account.discarded == pytest.approx(10.0 + 5.8)
     # a rollback that failed on some rank changed nothing: its time is restore, no discard
-    manager.event(gp.RESTORE, t + 0.1, t + 0.5, None)
+    manager.event(rg.RESTORE, t + 0.1, t + 0.5, None)
     t += 1.0
     account.step(t, None)
     assert account.discarded == pytest.approx(10.0 + 5.8)
     assert account.seconds["productive"] - account.discarded == pytest.approx(account.goodput)
 
 
-def report(g: gp.RankAccount) -> gp.RankGoodput:
+def report(g: rg.RankAccount) -> gp.RankGoodput:
     parsed = gp.parse(g.wire())
     assert parsed is not None
     return parsed
@@ -138,8 +140,8 @@ def report(g: gp.RankAccount) -> gp.RankGoodput:
 
 def test_ledger_incarnations_downtime_stall_and_restart_discard(tmp_path: Path) -> None:
     now = [1000.0]
-    ledger = gp.Ledger(gp.LedgerFile(tmp_path / "g.db"), wall=lambda: now[0])
-    old = [gp.RankAccount(0.0, 1000.0, Manager()) for _ in range(2)]
+    ledger = gl.Ledger(gl.LedgerFile(tmp_path / "g.db"), wall=lambda: now[0])
+    old = [rg.RankAccount(0.0, 1000.0, Manager()) for _ in range(2)]
     for rank, account in enumerate(old):
         t = 2.0
         account.step(t, None)  # startup 2 s
@@ -147,10 +149,10 @@ def test_ledger_incarnations_downtime_stall_and_restart_discard(tmp_path: Path) 
             t += 1.0
             account.step(t, None)
             if step == 5:
-                account._checkpoints.event(gp.SAVE, t, t, 5)
+                account._checkpoints.event(rg.SAVE, t, t, 5)
         ledger.ingest("job-a", "inc1", rank, False, report(account), 1000.0 + 15.0)
     # killed at 1015 (last heartbeat); relaunched processes start at 1020
-    new = gp.RankAccount(0.0, 1020.0, Manager())
+    new = rg.RankAccount(0.0, 1020.0, Manager())
     ledger.ingest("job-a", "inc2", 0, False, report(new), 1020.5)
     totals = ledger.totals(["job-a"])["job-a"]
     assert totals["stall"] == pytest.approx(2 * 3.0)  # last report 1012 -> heartbeat 1015
@@ -171,16 +173,17 @@ def test_ledger_incarnations_downtime_stall_and_restart_discard(tmp_path: Path) 
 
 def test_ledger_survives_restart_without_reset_or_double_count(tmp_path: Path) -> None:
     path = tmp_path / "g.db"
-    account = gp.RankAccount(0.0, 1000.0, None)
+    account = rg.RankAccount(0.0, 1000.0, None)
     account.step(1.0, None)
     for t in range(2, 12):
         account.step(float(t), 0.1)
-    ledger = gp.Ledger(gp.LedgerFile(path))
+    ledger = gl.Ledger(gl.LedgerFile(path))
     ledger.ingest("job-b", "inc1", 0, False, report(account), 1011.0)
-    served = ledger.totals(["job-b"])["job-b"]  # served: written to disk first
+    ledger.flush()  # what the collector does before it serves the totals
+    served = ledger.totals(["job-b"])["job-b"]
     ledger.ingest("job-b", "inc1", 0, False, report(account), 1011.5)  # same totals again
     del ledger  # the exporter dies without closing
-    reopened = gp.Ledger(gp.LedgerFile(path))
+    reopened = gl.Ledger(gl.LedgerFile(path))
     assert reopened.totals(["job-b"])["job-b"] == served
     for t in range(12, 15):
         account.step(float(t), 0.1)
@@ -194,7 +197,7 @@ def test_ledger_survives_restart_without_reset_or_double_count(tmp_path: Path) -
 
 
 def test_datagram_goodput_is_validated() -> None:
-    account = gp.RankAccount(0.0, 1000.0, None)
+    account = rg.RankAccount(0.0, 1000.0, None)
     base = {"v": 1, "job": "j", "rank": 0, "world_size": 1, "incarnation": "ab"}
     assert decode(encode({**base, "goodput": account.wire()})).goodput is not None
     for bad in ({"seconds": [1.0]}, {**account.wire(), "seconds": [-1.0] * 7},
@@ -205,13 +208,13 @@ def test_datagram_goodput_is_validated() -> None:
 
 
 def test_a_new_process_under_the_same_incarnation_id_is_counted_from_zero() -> None:
-    ledger = gp.Ledger()
-    first = gp.RankAccount(0.0, 1000.0, None)
+    ledger = gl.Ledger()
+    first = rg.RankAccount(0.0, 1000.0, None)
     first.step(1.0, None)
     for t in range(2, 11):
         first.step(float(t), None)
     ledger.ingest("job-c", "same", 0, False, report(first), 1012.0)  # killed after 1012
-    second = gp.RankAccount(0.0, 1015.0, None)  # relaunched at 1015, same incarnation id
+    second = rg.RankAccount(0.0, 1015.0, None)  # relaunched at 1015, same incarnation id
     second.step(2.0, None)
     second.step(3.0, None)
     ledger.ingest("job-c", "same", 0, False, report(second), 1018.0)

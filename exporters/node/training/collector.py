@@ -87,6 +87,7 @@ def _goodput_families(store: Store, jobs: Mapping[str, object], node: str) -> It
     wall = _family(c.TRAINING_NODE_WALL)
     kinds = _family(c.TRAINING_NODE_TIME)
     discarded = _family(c.TRAINING_NODE_DISCARDED)
+    store.goodput.flush()  # what is served now survives an exporter restart
     for job, totals in store.goodput.totals(jobs).items():
         wall.add_metric([job, node], totals["wall"])
         for kind in gp.KINDS:
