@@ -43,19 +43,25 @@ def mark_at(marks: list[tuple[int, float]] | list[list[Any]], step: int) -> floa
 # --- wire -------------------------------------------------------------------------------------
 @dataclass
 class RankGoodput:
-    """A rank's cumulative goodput values, as one datagram carried them (validated)."""
+    """A rank's cumulative goodput values, as one datagram carried them (validated).
 
-    start: float
+    Times are durations on the rank's monotonic clock; the rank sends no wall time. The
+    exporter places them on its own clock (one clock per interval): the process started `age`
+    seconds before the exporter received the datagram, and the rank has counted its seconds up
+    to `counted` seconds after that start."""
+
+    age: float  # seconds since the process started, when the datagram was sent
     seconds: dict[str, float]
     discarded: float
     goodput: float
     marks: list[tuple[int, float]]
     resumed: int | None
+    negative: int = 0  # intervals the rank found negative (counted, not booked)
 
     @property
-    def closed_end(self) -> float:
-        """Unix time up to which the rank counted its seconds (its last report)."""
-        return self.start + sum(self.seconds.values())
+    def counted(self) -> float:
+        """Seconds from the process start up to the rank's last report."""
+        return sum(self.seconds.values())
 
 
 def _nonneg(value: Any) -> float:
@@ -87,11 +93,13 @@ def parse(obj: Any) -> RankGoodput | None:
     if resumed is not None and (not isinstance(resumed, int) or isinstance(resumed, bool)
                                 or resumed < -1):
         raise ValueError("goodput resumed must be a step, -1 or null")
-    start = _nonneg(obj.get("start"))
-    if start <= 0:
-        raise ValueError("goodput start must be a Unix time")
-    return RankGoodput(start=start,
-                       seconds={k: _nonneg(v) for k, v in zip(RANK_KINDS, seconds, strict=True)},
-                       discarded=_nonneg(obj.get("discarded", 0)),
+    negative = obj.get("negative", 0)
+    if not isinstance(negative, int) or isinstance(negative, bool) or negative < 0:
+        raise ValueError("goodput negative must be a count")
+    parsed = {k: _nonneg(v) for k, v in zip(RANK_KINDS, seconds, strict=True)}
+    age = _nonneg(obj.get("age"))
+    if sum(parsed.values()) > age + 1.0:
+        raise ValueError("goodput seconds exceed the process's age")
+    return RankGoodput(age=age, seconds=parsed, discarded=_nonneg(obj.get("discarded", 0)),
                        goodput=_nonneg(obj.get("goodput", 0)), marks=parsed_marks,
-                       resumed=resumed)
+                       resumed=resumed, negative=negative)

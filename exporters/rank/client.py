@@ -126,11 +126,11 @@ class TrainingMonitor:
         wall_offset = time.time() - time.perf_counter()
         # Goodput (exporters/rank/goodput.py): this process's seconds from its start,
         # counted by the shipper thread from the step reports and the checkpoint manager.
-        started = goodput.process_start_wall() or time.time()
+        started = time.perf_counter() - (goodput.process_age() or 0.0)
         self._shared = RankShared(
             buffer=deque(maxlen=config.buffer_size), counters=self._counters,
             incarnation=self.incarnation, collectives=collectives,
-            goodput=goodput.RankAccount(started - wall_offset, started, checkpoints),
+            goodput=goodput.RankAccount(started, checkpoints),
             wall_offset=wall_offset, command_types=self._command_types,
             schemas=self._schemas, cuda_memory=self._cuda_memory)
         self._buffer = self._shared.buffer  # the hot path's own reference: one lookup less

@@ -81,13 +81,14 @@ def blocking(kind: str, when: Callable[[Any], bool] | None = None) -> Callable[[
     return wrap
 
 
-def process_start_wall() -> float | None:
-    """Unix time this process started (Linux /proc, 10 ms resolution); None elsewhere."""
+def process_age() -> float | None:
+    """Seconds since this process started, measured on the kernel's monotonic boot clock
+    (/proc, 10 ms resolution), never on the wall clock; None where /proc is absent."""
     try:
         stat = Path("/proc/self/stat").read_text()
         start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime
         uptime = float(Path("/proc/uptime").read_text().split()[0])
-        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return None
 
@@ -101,8 +102,7 @@ def _median(values: Iterable[float]) -> float:
 class RankAccount:
     """One rank's timeline, cut at its step reports. Used by one thread (the shipper)."""
 
-    def __init__(self, start_perf: float, start_wall: float, checkpoints: Any = None) -> None:
-        self.start_wall = start_wall
+    def __init__(self, start_perf: float, checkpoints: Any = None) -> None:
         self._start_perf = start_perf
         self._closed = start_perf  # perf_counter time up to which every second is counted
         self._checkpoints = checkpoints
@@ -112,6 +112,7 @@ class RankAccount:
         self.goodput = 0.0  # productive - discarded: this process's kept progress
         self.marks: deque[tuple[int, float]] = deque(maxlen=MAX_MARKS)
         self.resumed: int | None = None  # checkpoint step resumed from at start; -1: none
+        self.negative = 0  # intervals that ended before they began (counted, not booked)
         self._first = True
         self._recent: deque[float] = deque(maxlen=STALL_WINDOW)
 
@@ -151,6 +152,7 @@ class RankAccount:
         """A step report at perf_counter time `at` closes the interval since the last one."""
         interval = at - self._closed
         if interval < 0:
+            self.negative += 1
             return
         save, restore = self._events(at)
         blocked = min(interval, save + restore)
@@ -194,8 +196,10 @@ class RankAccount:
         self.seconds["unattributed"] += interval - blocked
         self._closed = at
 
-    def wire(self) -> dict[str, Any]:
-        """The cumulative values a datagram carries (see `parse`)."""
-        return {"start": self.start_wall, "seconds": [self.seconds[k] for k in RANK_KINDS],
+    def wire(self, now: float) -> dict[str, Any]:
+        """The cumulative values a datagram sent at perf_counter time `now` carries (see
+        trainwatch.exporters.contract.goodput.parse)."""
+        return {"age": now - self._start_perf, "negative": self.negative,
+                "seconds": [self.seconds[k] for k in RANK_KINDS],
                 "discarded": self.discarded, "goodput": self.goodput,
                 "marks": [list(m) for m in self.marks], "resumed": self.resumed}

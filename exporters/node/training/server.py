@@ -25,7 +25,7 @@ from trainwatch.exporters.contract.tokens import SecretFileError, read_token_fil
 from trainwatch.exporters.node.training.collector import TrainingCollector
 from trainwatch.exporters.node.training.command_log import CommandLog
 from trainwatch.exporters.node.training.control_api import MAX_BODY_BYTES, ControlApp
-from trainwatch.exporters.node.training.ledger import Ledger, LedgerFile
+from trainwatch.exporters.node.training.ledger import ZERO_HOLD_SECONDS, Ledger, LedgerFile
 from trainwatch.exporters.node.training.receiver import Receiver, bind_socket
 from trainwatch.exporters.node.training.store import DEPARTED_AFTER_SECONDS, Store
 
@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--goodput-state", type=Path, default=None,
                         help="SQLite file that keeps the goodput counters across exporter "
                         "restarts (memory only without it; docs/goodput.md)")
+    parser.add_argument("--goodput-zero-seconds", type=float, default=ZERO_HOLD_SECONDS,
+                        help="serve a new job's goodput counters at zero this long first, so "
+                        "that rate() counts its startup: at least the scrape interval")
     args = parser.parse_args(argv)
     try:
         ipaddress.ip_address(args.bind)
@@ -85,6 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--command-log directory {args.command_log.parent} does not exist")
     if args.goodput_state is not None and not args.goodput_state.parent.is_dir():
         parser.error(f"--goodput-state directory {args.goodput_state.parent} does not exist")
+    if not 0 <= args.goodput_zero_seconds <= 3600:
+        parser.error("--goodput-zero-seconds must be between 0 and 3600")
     if not 1 <= args.threads <= 64:
         parser.error("--threads must be between 1 and 64")
     return args
@@ -98,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     if token is None:
         log.warning("no --token-file: control API answers 503 (fail closed)")
     try:
-        ledger = Ledger(LedgerFile(args.goodput_state) if args.goodput_state else None)
+        ledger = Ledger(LedgerFile(args.goodput_state) if args.goodput_state else None,
+                        end_after=args.rank_departed_seconds,
+                        zero_hold=args.goodput_zero_seconds)
     except sqlite3.Error as exc:
         raise SystemExit(f"--goodput-state {args.goodput_state}: {exc}") from None
     store = Store(args.job_expiry_seconds, departed_after=args.rank_departed_seconds,
