@@ -10,11 +10,16 @@ window) serve the module; each shape is its own job:
 * a job killed, away longer than the exporter's job expiry, then relaunched from scratch: the
   job's series must last through the gap and the downtime must count;
 * a job that hangs and is then killed for good, never relaunched: the hang must count, once.
+
+And TrainingGoodputLow (demo: ETTR over 30 s under 0.9) fires for a job whose measured ETTR
+over its window is under the target (a slow loader), and never for one running beside it
+whose measured ETTR is above it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import time
@@ -29,8 +34,9 @@ import yaml
 from alert_rules import goodput as rules
 from tests.support.net import wait_until
 from tests.support.procs import ManagedProcess, prometheus
-from tests.training.goodput_support import Measured, launch, newest_step, node_totals, starts
+from tests.training.goodput_support import Measured, launch, newest_step, starts
 from tests.training.support import JOB_BASE_ENV, Exporter, events, exporter, of
+from trainwatch.exporters.contract import catalog
 from trainwatch.exporters.contract import goodput as gp
 from trainwatch.exporters.rank.shipper import HEARTBEAT_SECONDS
 
@@ -70,17 +76,19 @@ def query(url: str, expr: str) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
-def settled_ettr(url: str, exp: Exporter, job: str, wall: float) -> float:
-    """The 1 h ETTR once the exporter has counted the job's whole wall (as measured, less
-    what it cannot see: a killed rank's life after its last heartbeat) and a rate window has
-    passed over the last increase (the recorded wall rate is back at 0)."""
+def settled_ettr(url: str, job: str, wall: float) -> float:
+    """The 1 h ETTR once Prometheus has seen the job's whole wall counted (as measured, less
+    what the exporter cannot see: a killed rank's life after its last heartbeat) and a rate
+    window has passed over the last increase (the recorded wall rate is back at 0)."""
     blind = 2 * HEARTBEAT_SECONDS + 0.5  # two ranks
+    seen = (f"sum(max_over_time({catalog.TRAINING_NODE_WALL}"
+            f'{{training_job="{job}"}}[1h]))')
     try:
-        wait_until(lambda: node_totals(exp, job).get("wall", 0.0) >= wall - blind,
-                   timeout=60, what=f"{job}'s wall counted by the exporter")
+        wait_until(lambda: (query(url, seen) or 0.0) >= wall - blind,
+                   timeout=60, what=f"{job}'s wall counted in Prometheus")
     except TimeoutError as exc:
-        raise AssertionError(f"{exc}: measured wall {wall:.2f}, served "
-                             f"{node_totals(exp, job)}") from None
+        raise AssertionError(f"{exc}: measured wall {wall:.2f}, "
+                             f"Prometheus saw {query(url, seen)}") from None
     counted = time.time()
 
     def ready() -> float | None:
@@ -139,7 +147,7 @@ def test_first_incarnation_startup_reaches_the_hour_ettr(
     e = measured.expected
     e["unattributed"] = unattributed(found)
     want = truth(e)
-    got = settled_ettr(url, exp, job_name, e["wall"])
+    got = settled_ettr(url, job_name, e["wall"])
     print(f"1 h ETTR {got:.4f}, measured {want:.4f}")
     assert e["startup"] > 2.0  # the shape: a startup worth counting
     assert abs(got - want) <= 0.01, (got, want)
@@ -181,7 +189,7 @@ def test_a_gap_longer_than_the_job_expiry_keeps_the_series_and_counts_the_downti
     # no checkpoint: the relaunch threw away everything the first launch kept
     e["discarded_restart"] = sum(s for r in (0, 1) for _, s in one[r]["productive"])
     want = truth(e)
-    got = settled_ettr(url, exp, job_name, e["wall"])
+    got = settled_ettr(url, job_name, e["wall"])
     print(f"1 h ETTR {got:.4f}, measured {want:.4f} (downtime {e['downtime']:.1f} s)")
     assert abs(got - want) <= 0.01, (got, want)
 
@@ -209,7 +217,48 @@ def test_a_hang_then_a_kill_never_relaunched_counts_the_hang(
     measured.launch(found, start, dict.fromkeys((0, 1), killed_at))
     e["stall"] = sum(killed_at - of(found, "step", rank=r)[-1]["wall"] for r in (0, 1))
     want = truth(e)
-    got = settled_ettr(url, exp, job_name, e["wall"])
+    got = settled_ettr(url, job_name, e["wall"])
     print(f"1 h ETTR {got:.4f}, measured {want:.4f} (stall {e['stall']:.1f} s)")
     assert e["stall"] > 15.0
     assert abs(got - want) <= 0.01, (got, want)
+
+
+def window_truth(found: list[dict[str, Any]], since: float) -> float:
+    """ETTR of the steps reported after `since` (Unix time), from the job's own clocks:
+    each interval between two reports less the data wait the loop measured in it."""
+    total = kept = 0.0
+    for rank in (0, 1):
+        steps = [s for s in of(found, "step", rank=rank) if s["wall"] >= since]
+        for previous, step in itertools.pairwise(steps):
+            interval = step["perf"] - previous["perf"]
+            total += interval
+            kept += interval - step["data_wait"]
+    return kept / total
+
+
+def test_the_alert_fires_for_the_job_below_target_and_only_for_it(
+        stack: tuple[Exporter, str], tmp_path: Path) -> None:
+    exp, url = stack
+    endless = ("--steps", "1000000", "--step-time", "0.05")
+    slow = launch(tmp_path, "slow", {**JOB_BASE_ENV, **exp.job_env("gp-slow")},
+                  (*endless, "--slow-data-steps", "0-1000000", "--data-delay", "0.1"),
+                  checkpoints="ckpt-slow")
+    fast = launch(tmp_path, "fast", {**JOB_BASE_ENV, **exp.job_env("gp-fast")}, endless,
+                  checkpoints="ckpt-fast")
+    began = time.time()
+    firing = 'ALERTS{alertname="TrainingGoodputLow",alertstate="firing",training_job="%s"}'
+    try:
+        wait_until(lambda: query(url, firing % "gp-slow") == 1.0, timeout=180,
+                   what="TrainingGoodputLow firing for the slow job")
+        fired = time.time()
+        slow_found, fast_found = events(slow), events(fast)
+        never = query(url, f'max_over_time(ALERTS{{alertname="TrainingGoodputLow",'
+                           f'training_job="gp-fast"}}[{int(time.time() - began) + 5}s])')
+    finally:
+        slow.stop()
+        fast.stop()
+    # the alert's window (30 s) before it fired: the slow job's truth was below the target,
+    # the fast job's above it all along
+    assert window_truth(slow_found, fired - 30) < 0.9
+    assert window_truth(fast_found, began) > 0.9
+    assert never is None  # neither pending nor firing, ever
