@@ -44,7 +44,7 @@ def _share(rate: str) -> str:
     """A recorded per-job rate as a share of the sum of the job's kind rates: the kinds stack
     to exactly 1 (the wall counter's own rate is extrapolated differently from each kind's,
     so dividing by it does not add up). Absent, never NaN, while nothing is counted."""
-    return (f"{rate}\n/ on (training_job) group_left\n"
+    return (f"{rate}\n/ on (training_job) group_left ()\n"
             f"(sum by (training_job) ({rules.KIND_RATE}{{{J}}}) > 0)")
 
 
