@@ -96,7 +96,8 @@ def settled_ettr(url: str, job: str, wall: float) -> float:
             return None
         rate = query(url, f'{rules.WALL_RATE}{{training_job="{job}"}}')
         ettr = query(url, f'{rules.ETTR_1H}{{training_job="{job}"}}')
-        return ettr if rate == 0.0 and ettr is not None else None
+        # 0, or absent: what the code before kept no series for once the job expired
+        return ettr if rate in (0.0, None) and ettr is not None else None
 
     return wait_until(ready, timeout=90, what=f"{job}'s 1 h ETTR settled")
 
