@@ -46,7 +46,7 @@ class NoAccount:
     def finish(self, at: float) -> None:
         pass
 
-    def wire(self) -> None:
+    def wire(self, now: float) -> None:
         return None
 
 

@@ -74,7 +74,7 @@ def _node(n: int) -> Iterator[Series]:
     yield Series("training_node_compute_slowest_seconds",
                  {**job_node, "rank": str(n * GPUS_PER_NODE)}, "1.55")
     yield Series("training_node_compute_ranks", job_node, str(GPUS_PER_NODE))
-    # goodput (exporters/contract/goodput.py): rank-seconds of its 8 ranks by kind, 7/8
+    # goodput (exporters/node/training/ledger.py): rank-seconds of its 8 ranks by kind, 7/8
     # productive and 1/8 data wait, nothing discarded
     yield Series("training_node_wall_seconds_total", job_node, "secs8")
     for kind in KINDS:

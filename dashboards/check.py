@@ -42,6 +42,8 @@ FAILURE_ONLY: dict[tuple[str, str], str] = {
         "observed when a playbook finished acting on a job; the mean is over the rate interval",
     ("trainwatch-goodput", "Time to recover by playbook"):
         "observed when a playbook finished acting on a job; the mean is over the rate interval",
+    ("trainwatch-goodput", "Cost of each fault, saved by each healing"):
+        "observed when a playbook finished acting on a job",
     ("trainwatch-remediation-alerts", "Intents by state"):
         "intents exist only after an alert with a playbook reached the remediation service",
 }

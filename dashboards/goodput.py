@@ -16,12 +16,17 @@ from dashboards.panels import (
     instance_label_variable,
     scoped_dashboard,
     stat_panel,
+    table_panel,
     timeseries_panel,
 )
 from trainwatch.exporters.contract import catalog as c
 from trainwatch.exporters.contract.goodput import PRODUCTIVE
 
 UID = "trainwatch-goodput"
+# What one fault costs when a person answers it instead of a playbook: page, diagnosis and the
+# fix by hand. An assumption (30 minutes), not a measurement: set it to your on-call's own
+# median time from page to mitigation (docs/goodput.md).
+HUMAN_RESPONSE_SECONDS = 1800
 J = 'training_job=~"$training_job"'
 T = f"{SCOPE},{J}"
 JOB = "{{training_job}}"
@@ -36,15 +41,39 @@ def _mean_per_playbook(histogram: str) -> str:
 
 
 def _share(rate: str) -> str:
-    """A recorded per-job rate as a share of the job's wall rate (stacks to 1 over kinds)."""
-    return f"{rate} / on (training_job) group_left {rules.WALL_RATE}{{{J}}}"
+    """A recorded per-job rate as a share of the sum of the job's kind rates: the kinds stack
+    to exactly 1 (the wall counter's own rate is extrapolated differently from each kind's,
+    so dividing by it does not add up). Absent, never NaN, while nothing is counted."""
+    return (f"{rate}\n/ on (training_job) group_left ()\n"
+            f"(sum by (training_job) ({rules.KIND_RATE}{{{J}}}) > 0)")
+
+
+def _over_range(histogram: str, part: str) -> str:
+    return f"sum by (playbook) (increase({histogram}_{part}{{{CLUSTER}}}[$__range]))"
+
+
+def _cost_and_saving() -> list[Q]:
+    """Per playbook over the dashboard's range: the faults it healed, the seconds each cost
+    with healing (to detection, to recovery), and what each saved against a person's
+    response."""
+    healed = _over_range(c.REMEDIATION_TIME_TO_RECOVER, "count")
+    detect = (f"{_over_range(c.REMEDIATION_TIME_TO_DETECT, 'sum')}\n"
+              f"/ {_over_range(c.REMEDIATION_TIME_TO_DETECT, 'count')}")
+    recover = f"{_over_range(c.REMEDIATION_TIME_TO_RECOVER, 'sum')}\n/ {healed}"
+    return [Q(healed, "faults healed"), Q(detect, "seconds to detect"),
+            Q(recover, "seconds to recover"),
+            Q(f"{HUMAN_RESPONSE_SECONDS} - ({recover})", "seconds saved per fault")]
 
 
 def _annotations(dashboard: gd.Dashboard) -> gd.Dashboard:
     """What remediation did to the job (the commands its ranks applied: LR cuts, rollbacks,
     checkpoints) and the alerts that fired for it, as marks on every time panel."""
-    applied = (f"sum by (training_job, command) (increase({c.TRAINING_COMMANDS_APPLIED}"
-               f"{{{T}}}[$__rate_interval])) > 0")
+    # a command type's counter is born at 1 (its first command): increase() never sees that
+    # one, so a series new in the interval counts as an event too
+    series = f"{c.TRAINING_COMMANDS_APPLIED}{{{T}}}"
+    applied = (f"sum by (training_job, command) (\n"
+               f"  increase({series}[$__rate_interval]) > 0\n"
+               f"  or ({series} unless {series} offset $__rate_interval))")
     firing = f'ALERTS{{alertstate="firing",{J}}}'
     return (dashboard
             .annotation(gd.AnnotationQuery().name("Remediation: commands applied")
@@ -71,15 +100,18 @@ def build() -> gd.Dashboard:
                    Q(f"{rules.ETTR_1H}{{{J}}}", JOB)),
         stat_panel("ETTR (24 h)", "The same over the last day.", "percentunit",
                    Q(f"{rules.ETTR_24H}{{{J}}}", JOB)),
-        stat_panel("Ranks counted", "Wall rank-seconds per second over the rate window: "
-                   "the ranks whose time is being counted (every second of a rank slot "
-                   "counts, downtime between incarnations included).", "none",
-                   Q(f"{rules.WALL_RATE}{{{J}}}", JOB)),
+        stat_panel("Ranks counted", "The job's world size: the ranks whose every second is "
+                   "counted (through stalls and the downtime between incarnations too: their "
+                   "seconds are booked when the stall or the downtime ends).", "none",
+                   Q(f"max by (training_job) ({c.TRAINING_WORLD_SIZE}{{{T}}})", JOB)),
         timeseries_panel("ETTR over time", "Goodput over wall over the rate window (thin) and "
                          "over the last hour; TrainingGoodputLow fires when the hour stays "
-                         "under the target.", "percentunit",
-                         Q(f"{rules.GOODPUT_RATE}{{{J}}} / {rules.WALL_RATE}{{{J}}}",
-                           f"{JOB} now"),
+                         "under the target. The thin line is absent while no second is "
+                         "counted, and 0 in a window where a restart's or rollback's "
+                         "discarded seconds (counted when the steps ran) outweigh its "
+                         "productive ones.", "percentunit",
+                         Q(f"clamp({rules.GOODPUT_RATE}{{{J}}}\n"
+                           f"/ ({rules.WALL_RATE}{{{J}}} > 0), 0, 1)", f"{JOB} now"),
                          Q(f"{rules.ETTR_1H}{{{J}}}", f"{JOB} 1 h"), min_value=0),
         timeseries_panel("Time by kind", "Share of the job's time in each kind: productive "
                          "and every badput cause (startup, data wait, checkpoint save and "
@@ -121,4 +153,12 @@ def build() -> gd.Dashboard:
                          "new LR).", "s",
                          Q(_mean_per_playbook(c.REMEDIATION_TIME_TO_RECOVER), "{{playbook}}"),
                          min_value=0),
+        table_panel("Cost of each fault, saved by each healing", "Per playbook over the "
+                    "dashboard's time range: the faults it healed, the mean seconds each "
+                    "cost with healing (first evidence to the alert firing, and to the job "
+                    f"going again), and the seconds saved per fault against a person's "
+                    f"response ({HUMAN_RESPONSE_SECONDS // 60} minutes from page to fix, "
+                    "an assumption: docs/goodput.md). The work each fault threw away is in "
+                    "\"Discarded by cause\"; each second is rank-seconds there.", "s",
+                    *_cost_and_saving()),
     )

@@ -286,6 +286,10 @@ TRAINING_NODE_DISCARDED = _define(
     "training", "training_node_discarded_seconds_total", COUNTER,
     "Productive seconds of steps later thrown away, by cause (rollback, restart).",
     (*TRAINING_NODE_LABELS, "cause"), "seconds")
+TRAINING_NODE_NEGATIVE_INTERVALS = _define(
+    "training", "training_node_negative_intervals_total", COUNTER,
+    "Intervals of the job's accounting that ended before they began (two clocks or late "
+    "datagrams): counted here, booked nowhere.", TRAINING_NODE_LABELS)
 # Per rank, only the causes that point at one rank (its loader, its checkpoint storage): two
 # series per rank that no rule reads; the rules read the per-node kinds above.
 TRAINING_RANK_BADPUT = _training(

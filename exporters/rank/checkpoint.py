@@ -73,10 +73,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from trainwatch.exporters.contract.atomic_file import atomic_write
-from trainwatch.exporters.contract.goodput import RESTORE, SAVE, blocking
 from trainwatch.exporters.rank import train_state as ts
 from trainwatch.exporters.rank.checkpoint_writer import WriterError, WriterProcess, shared_writer
 from trainwatch.exporters.rank.counters import RankCounters
+from trainwatch.exporters.rank.goodput import RESTORE, SAVE, blocking
 from trainwatch.exporters.rank.serial_thread import SerialThread
 
 log = logging.getLogger(__name__)
@@ -300,8 +300,8 @@ class CheckpointManager:
         self.asynchronous = asynchronous
         self.state = ts.TrainState()
         self.health: Callable[[], bool] | None = None  # set by TrainingMonitor
-        # Failed saves are counted here; a TrainingMonitor replaces this with its own
-        # counters (carrying the count over), so its datagrams report them.
+        # Failed saves are counted here; a TrainingMonitor given this manager reports these
+        # counters (it adopts them as its own), so its datagrams carry them.
         self.counters = RankCounters()
         self.last_failure: str | None = None
         self._distributed = dist.is_available() and dist.is_initialized()

@@ -32,10 +32,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainwatch.exporters.contract import catalog, goodput, identity
+from trainwatch.exporters.contract import catalog, identity
 from trainwatch.exporters.contract import commands as cmd
 from trainwatch.exporters.contract.launcher import RankInfo, detect
-from trainwatch.exporters.rank import departure, sync
+from trainwatch.exporters.rank import departure, goodput, sync
 from trainwatch.exporters.rank import flops as flops_table
 from trainwatch.exporters.rank.collectives import CollectiveWatch
 from trainwatch.exporters.rank.config import MonitorConfig
@@ -120,20 +120,17 @@ class TrainingMonitor:
         self._group = process_group
         self.sync_every: int = config.sync_every  # type: ignore[assignment]  # resolved
         # What the training thread writes and the shipper reads (or the shipper fills in for
-        # it): one object, exporters/rank/counters.py. The counters start with the checkpoint
-        # manager's failed saves so far, and the manager counts further ones into them.
-        self._counters = RankCounters()
-        if checkpoints is not None:
-            self._counters.checkpoint_failures = checkpoints.failed_saves
-            checkpoints.counters = self._counters
+        # it): one object, exporters/rank/counters.py. With a checkpoint manager they are the
+        # manager's own, which counts its failed saves into them.
+        self._counters = checkpoints.counters if checkpoints is not None else RankCounters()
         wall_offset = time.time() - time.perf_counter()
-        # Goodput (exporters/contract/goodput.py): this process's seconds from its start,
+        # Goodput (exporters/rank/goodput.py): this process's seconds from its start,
         # counted by the shipper thread from the step reports and the checkpoint manager.
-        started = goodput.process_start_wall() or time.time()
+        started = time.perf_counter() - (goodput.process_age() or 0.0)
         self._shared = RankShared(
             buffer=deque(maxlen=config.buffer_size), counters=self._counters,
             incarnation=self.incarnation, collectives=collectives,
-            goodput=goodput.RankAccount(started - wall_offset, started, checkpoints),
+            goodput=goodput.RankAccount(started, checkpoints),
             wall_offset=wall_offset, command_types=self._command_types,
             schemas=self._schemas, cuda_memory=self._cuda_memory)
         self._buffer = self._shared.buffer  # the hot path's own reference: one lookup less

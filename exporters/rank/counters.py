@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainwatch.exporters.contract import catalog
-from trainwatch.exporters.contract.goodput import RankAccount
 from trainwatch.exporters.rank.collectives import CollectiveWatch
+from trainwatch.exporters.rank.goodput import RankAccount
 
 
 # slots: report() updates these on the training thread every step; a slot is the cheapest

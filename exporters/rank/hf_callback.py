@@ -60,6 +60,28 @@ class HuggingFaceCallback(FrameworkCallback, TrainerCallback):
             state.global_step = restored
         self._hook = model.register_forward_hook(self._capture, with_kwargs=True)
 
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState,
+                      control: TrainerControl, **kwargs: Any) -> None:
+        """After the Trainer fetched the step's micro-batches (all of them, up front)."""
+        self._batch_ready()
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               **kwargs: Any) -> None:
+        self._after_own_work()
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState,
+                    control: TrainerControl, **kwargs: Any) -> None:
+        self._after_own_work()
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> None:
+        self._after_own_work()
+
+    def _after_own_work(self) -> None:
+        """Logging, evaluation and saving run after on_step_end: not the loader's time."""
+        if self._loading_since is not None:
+            self._work_done()
+
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> None:
         """Once per optimizer step (after the whole accumulation window)."""

@@ -77,6 +77,14 @@ class LightningCallback(FrameworkCallback, Callback):
         pl_module.on_train_batch_start = on_train_batch_start  # type: ignore[method-assign]
         self._wrapped = pl_module
 
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._batch_ready()  # the fetch loop just handed the batch over
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._loading_since is not None:  # evaluation is not the loader's time
+            self._work_done()
+
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         if self.monitor is None:
@@ -84,6 +92,7 @@ class LightningCallback(FrameworkCallback, Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         self._observe(loss if isinstance(loss, torch.Tensor) else None)
         if trainer.global_step == self._last_global_step:
+            self._work_done()  # the next micro-batch's fetch is data wait of this step
             return  # a micro-batch inside the accumulation window: no optimizer step yet
         self._last_global_step = trainer.global_step
         self.step += 1

@@ -177,7 +177,7 @@ class Shipper(threading.Thread):
             "collective": collectives.current(shared.last_report),
             "collective_key": collectives.key,  # of the collective just described
             "compute": [collectives.compute.seconds, collectives.compute.steps],
-            "goodput": shared.goodput.wire(),
+            "goodput": shared.goodput.wire(time.perf_counter()),
         }
 
     def _flush(self, force: bool = False) -> None:

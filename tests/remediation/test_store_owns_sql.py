@@ -23,7 +23,7 @@ from trainwatch.remediation.playbooks import load_playbooks
 # node exporter's command log, the goodput ledger's file).
 STORE_MODULES = frozenset({
     "remediation/store.py", "remediation/pgstore.py", "remediation/schema.py",
-    "exporters/node/training/command_log.py", "exporters/contract/goodput.py"})
+    "exporters/node/training/command_log.py", "exporters/node/training/ledger.py"})
 SKIPPED_DIRS = frozenset({"tests", "node_modules", "build", "dist", "__pycache__"})
 # A statement, or a fragment of one (a WHERE clause concatenated onto another string).
 # Upper case only, as the project writes SQL: English prose in messages does not match.

@@ -68,7 +68,7 @@ def exporters_running(workdir: Path) -> Iterator[dict[str, str]]:
         stack.enter_context(running(
             [_script("training-exporter"), "--bind", "127.0.0.1", "--port", str(ports["training"]),
              "--socket", str(workdir / "training.sock"), "--token-file", str(token),
-             "--node", "check"],
+             "--node", "check", "--goodput-zero-seconds", "1"],  # 1 s scrapes
             workdir / "training.log", ready_url=url["training"]))
         (workdir / "logs").mkdir(exist_ok=True)
         stack.enter_context(running(

@@ -15,6 +15,7 @@ inside it).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,30 @@ class Rows:
 def monitor_options(rows: Rows, job: str) -> dict[str, Any]:
     return {"rank_info": RankInfo(job, 0, 0, 1, 0), "socket_path": None, "control": False,
             "sync_every": 1, "forwarders": [rows], "flush_interval": 0.01}
+
+
+class SlowRows(list):
+    """The training rows, each read in `delay` seconds: the loader's stopwatch."""
+
+    delay = 0.004
+
+    def __init__(self, rows: list[Any]) -> None:
+        super().__init__(rows)
+        self.seconds = 0.0
+
+    def __getitem__(self, index: Any) -> Any:
+        began = time.perf_counter()
+        time.sleep(self.delay)
+        item = super().__getitem__(index)
+        self.seconds += time.perf_counter() - began
+        return item
+
+
+def check_data_wait(rows: Rows, data: SlowRows) -> None:
+    """Every second the loader took is the steps' data wait, none of it productive."""
+    reported = sum(r[6] or 0.0 for r in rows.rows)  # None: no data wait reported
+    assert data.seconds > 0.5
+    assert abs(reported - data.seconds) <= 0.1 * data.seconds + 0.05, (reported, data.seconds)
 
 
 ROLLBACK = {"id": "rb-1", "type": "rollback", "args": {"skip_batches": 3}}
@@ -79,9 +104,10 @@ def test_hf_trainer_callback(tmp_path: Path) -> None:
     config = transformers.GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1,
                                      n_head=2)
     model = transformers.GPT2LMHeadModel(config)
-    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 32, (256, 8))]
+    data = SlowRows([{"input_ids": ids, "labels": ids}
+                     for ids in torch.randint(0, 32, (256, 8))])
     rows, digests, fetched, trained = Rows(), {}, [], []
-    first_rows = {tuple(item["input_ids"].tolist()): i for i, item in enumerate(data)}
+    first_rows = {tuple(item["input_ids"].tolist()): i for i, item in enumerate(list(data))}
 
     def record_batch(module, args, kwargs):  # which batch each training forward runs on
         if module.training:
@@ -125,6 +151,7 @@ def test_hf_trainer_callback(tmp_path: Path) -> None:
     # Trainer run the 2 rolled-back steps again to reach max_steps: 10 + 8.
     assert len(rows.rows) == 18
     check(rows, tw, fetched, digests, trained)
+    check_data_wait(rows, data)
 
 
 def test_lightning_callback(tmp_path: Path) -> None:
@@ -148,8 +175,8 @@ def test_lightning_callback(tmp_path: Path) -> None:
 
     torch.manual_seed(0)
     module = Module()
-    data = [(torch.randn(8), torch.randn(1)) for _ in range(256)]
-    first_rows = {tuple(x.tolist()): i for i, (x, _) in enumerate(data)}
+    data = SlowRows([(torch.randn(8), torch.randn(1)) for _ in range(256)])
+    first_rows = {tuple(x.tolist()): i for i, (x, _) in enumerate(list(data))}
     rows, digests, fetched, trained = Rows(), {}, [], []
     tw = TrainwatchCallback(checkpoint_dir=str(tmp_path / "ckpt"), save_every=4,
                             **monitor_options(rows, "pl-job"))
@@ -185,3 +212,4 @@ def test_lightning_callback(tmp_path: Path) -> None:
     trainer.fit(module, DataLoader(dataset, batch_size=4))
     assert len(rows.rows) == 16  # Lightning's own step count is not rewound: 16 steps in all
     check(rows, tw, fetched, digests, trained)
+    check_data_wait(rows, data)

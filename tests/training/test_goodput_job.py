@@ -15,26 +15,20 @@ to the time of the steps the rollback and the restart threw away.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import signal
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
-import requests
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.net import free_port, wait_until
-from tests.support.procs import ManagedProcess
+from tests.support.net import wait_until
+from tests.training.goodput_support import Measured, launch, newest_step, node_totals, starts
 from tests.training.support import JOB_BASE_ENV, events, exporter, of
 from trainwatch.exporters.contract import catalog
 from trainwatch.exporters.contract import goodput as gp
 
 pytestmark = pytest.mark.slow
-WORKER = Path(__file__).with_name("jobs") / "goodput_worker.py"
 JOB = "goodput-job"
 STALL_SECONDS = 60.0
 ROLLBACK_FROM = 70
@@ -44,85 +38,6 @@ ARGS = ("--steps", "260", "--step-time", "0.05", "--slow-data-steps", "20-39",
         "--stall-at-step", "120", "--stall-seconds", str(STALL_SECONDS))
 
 
-def launch(tmp_path: Path, name: str, env: dict[str, str]) -> ManagedProcess:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(WORKER),
-            *ARGS, "--checkpoint-dir", str(tmp_path / "ckpt")]
-    return ManagedProcess(argv, tmp_path / f"{name}.log", env=env)
-
-
-def started_at(pid: int) -> float:
-    """Unix time a live process started, from the kernel's own record (/proc)."""
-    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    uptime = float(Path("/proc/uptime").read_text().split()[0])
-    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
-
-
-def starts(job: ManagedProcess) -> dict[int, float]:
-    """Each rank's process start, read while the ranks live."""
-    found = wait_until(lambda: (s := of(events(job), "start")) and len(s) == 2 and s,
-                       timeout=120, what="both ranks started")
-    return {e["rank"]: started_at(e["pid"]) for e in found}
-
-
-def newest_step(job: ManagedProcess, rank: int = 0) -> int:
-    return max((e["step"] for e in of(events(job), "step", rank=rank)), default=-1)
-
-
-def node_totals(exp: Any) -> dict[str, float]:
-    """The job's goodput counters on the node, all from one scrape."""
-    text = requests.get(exp.url + "/metrics", timeout=5).text
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = sample.labels
-            if labels.get(catalog.LABEL_JOB) != JOB:
-                continue
-            if sample.name == catalog.TRAINING_NODE_TIME:
-                totals[labels["kind"]] = sample.value
-            elif sample.name == catalog.TRAINING_NODE_DISCARDED:
-                totals[f"discarded_{labels['cause']}"] = sample.value
-            elif sample.name == catalog.TRAINING_NODE_WALL:
-                totals["wall"] = totals.get("wall", 0.0) + sample.value
-    return totals
-
-
-class Measured:
-    """What the job's own clocks say, per launch and rank."""
-
-    def __init__(self) -> None:
-        self.expected = dict.fromkeys((*gp.CAUSES, "discarded_rollback", "discarded_restart",
-                                       "wall"), 0.0)
-
-    def launch(self, found: list[dict[str, Any]], start: dict[int, float],
-               end: dict[int, float], resumed_step: int | None = None) -> dict[int, dict]:
-        """Add one launch's measured seconds; returns each rank's productive time per step."""
-        e = self.expected
-        per_rank = {}
-        for rank in (0, 1):
-            steps = of(found, "step", rank=rank)
-            saved = {s["step"]: s["seconds"] for s in of(found, "saved", rank=rank)}
-            rolled = {r["step"]: r for r in of(found, "rolled_back", rank=rank)}
-            resumed = of(found, "resumed", rank=rank)[0]
-            first = steps[0]
-            e["startup"] += (first["wall"] - start[rank] - resumed["seconds"]
-                             - first["data_wait"])
-            e["checkpoint_restore"] += resumed["seconds"]
-            e["data_wait"] += sum(s["data_wait"] for s in steps)
-            productive: list[tuple[int, float]] = []
-            for previous, step in itertools.pairwise(steps):
-                blocked = saved.get(previous["step"], 0.0)
-                if previous["step"] in rolled and rolled[previous["step"]]["seconds"] > 0:
-                    blocked += rolled[previous["step"]]["seconds"]
-                productive.append((step["step"], step["perf"] - previous["perf"]
-                                   - step["data_wait"] - blocked))
-            e["checkpoint_save"] += sum(saved.values())
-            e["checkpoint_restore"] += sum(r["seconds"] for r in rolled.values())
-            e["wall"] += end[rank] - start[rank]
-            per_rank[rank] = {"steps": steps, "productive": productive, "rolled": rolled}
-        return per_rank
-
-
 def test_every_second_of_a_restarted_rolled_back_stalled_job_is_counted(
         tmp_path: Path) -> None:
     state = tmp_path / "goodput.db"
@@ -130,7 +45,7 @@ def test_every_second_of_a_restarted_rolled_back_stalled_job_is_counted(
     e = measured.expected
     with exporter(tmp_path, extra=("--goodput-state", str(state))) as exp:
         env = {**JOB_BASE_ENV, **exp.job_env(JOB)}
-        first = launch(tmp_path, "first", env)
+        first = launch(tmp_path, "first", env, ARGS)
         try:
             start1 = starts(first)
             wait_until(lambda: newest_step(first) >= ROLLBACK_FROM, timeout=180,
@@ -142,9 +57,9 @@ def test_every_second_of_a_restarted_rolled_back_stalled_job_is_counted(
                        what="rollback applied on both ranks")
             # Acceptance 2: an exporter restart neither resets nor double counts.
             wait_until(lambda: newest_step(first) >= 110, timeout=60, what="step 110")
-            before = node_totals(exp)
+            before = node_totals(exp, JOB)
             exp.restart()
-            after = wait_until(lambda: (t := node_totals(exp)).get("wall", 0) > 0 and t,
+            after = wait_until(lambda: (t := node_totals(exp, JOB)).get("wall", 0) > 0 and t,
                                timeout=30, what="goodput served after the exporter restart")
             assert all(after[k] >= before[k] for k in before), (before, after)
             wait_until(lambda: of(events(first), "stalled"), timeout=STALL_SECONDS + 60,
@@ -162,8 +77,8 @@ def test_every_second_of_a_restarted_rolled_back_stalled_job_is_counted(
             found1 = events(first)
         finally:
             first.stop()
-        before_relaunch = wait_until(lambda: node_totals(exp), timeout=10, what="totals")
-        second = launch(tmp_path, "second", env)
+        before_relaunch = wait_until(lambda: node_totals(exp, JOB), timeout=10, what="totals")
+        second = launch(tmp_path, "second", env, ARGS)
         try:
             start2 = starts(second)
             wait_until(lambda: not second.alive(), timeout=240, what="relaunched job finished")
@@ -171,7 +86,7 @@ def test_every_second_of_a_restarted_rolled_back_stalled_job_is_counted(
             wait_until(lambda: exp.by_rank(catalog.TRAINING_FINISHED, JOB) == {"0": 1.0,
                                                                                  "1": 1.0},
                        timeout=30, what="both ranks' final datagrams")
-            totals = node_totals(exp)
+            totals = node_totals(exp, JOB)
             found2 = events(second)
         finally:
             second.stop()

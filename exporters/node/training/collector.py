@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from trainwatch.exporters.contract import catalog as c
 from trainwatch.exporters.contract import goodput as gp
+from trainwatch.exporters.node.training.ledger import NEGATIVE
 from trainwatch.exporters.node.training.store import (
     STEP_DURATION_BUCKETS,
     RankState,
@@ -83,16 +84,23 @@ def _family(name: str) -> Metric:
 
 
 def _goodput_families(store: Store, jobs: Mapping[str, object], node: str) -> Iterator[Metric]:
-    """The live jobs' goodput counters on this node (one series per job, node and kind)."""
+    """The goodput counters of every job the ledger keeps on this node (one series per job,
+    node and kind: they last through the gaps between a job's incarnations), and the live
+    jobs' per-rank causes."""
     wall = _family(c.TRAINING_NODE_WALL)
     kinds = _family(c.TRAINING_NODE_TIME)
     discarded = _family(c.TRAINING_NODE_DISCARDED)
-    for job, totals in store.goodput.totals(jobs).items():
+    negative = _family(c.TRAINING_NODE_NEGATIVE_INTERVALS)
+    ledger = store.goodput
+    ledger.settle()  # incarnations that ended for good: their last interval, once
+    ledger.flush()  # what is served now survives an exporter restart
+    for job, totals in ledger.totals(ledger.jobs()).items():
         wall.add_metric([job, node], totals["wall"])
         for kind in gp.KINDS:
             kinds.add_metric([job, node, kind], totals[kind])
         for cause in gp.DISCARD_CAUSES:
             discarded.add_metric([job, node, cause], totals[f"discarded_{cause}"])
+        negative.add_metric([job, node], totals[NEGATIVE])
     per_rank = _family(c.TRAINING_RANK_BADPUT)
     for job, ranks in store.goodput.rank_seconds(jobs).items():
         for rank, seconds in sorted(ranks.items()):
@@ -101,6 +109,7 @@ def _goodput_families(store: Store, jobs: Mapping[str, object], node: str) -> It
     yield wall
     yield kinds
     yield discarded
+    yield negative
     yield per_rank
 
 

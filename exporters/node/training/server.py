@@ -20,12 +20,12 @@ from prometheus_client import CollectorRegistry
 from trainwatch.exporters import add_version_argument
 from trainwatch.exporters.contract import serving
 from trainwatch.exporters.contract.catalog import DEFAULT_EXPORTER_SOCKET, PORTS
-from trainwatch.exporters.contract.goodput import Ledger, LedgerFile
 from trainwatch.exporters.contract.launcher import node_name
 from trainwatch.exporters.contract.tokens import SecretFileError, read_token_file
 from trainwatch.exporters.node.training.collector import TrainingCollector
 from trainwatch.exporters.node.training.command_log import CommandLog
 from trainwatch.exporters.node.training.control_api import MAX_BODY_BYTES, ControlApp
+from trainwatch.exporters.node.training.ledger import ZERO_HOLD_SECONDS, Ledger, LedgerFile
 from trainwatch.exporters.node.training.receiver import Receiver, bind_socket
 from trainwatch.exporters.node.training.store import DEPARTED_AFTER_SECONDS, Store
 
@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--goodput-state", type=Path, default=None,
                         help="SQLite file that keeps the goodput counters across exporter "
                         "restarts (memory only without it; docs/goodput.md)")
+    parser.add_argument("--goodput-zero-seconds", type=float, default=ZERO_HOLD_SECONDS,
+                        help="serve a new job's goodput counters at zero this long first, so "
+                        "that rate() counts its startup: at least the scrape interval")
     args = parser.parse_args(argv)
     try:
         ipaddress.ip_address(args.bind)
@@ -85,6 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--command-log directory {args.command_log.parent} does not exist")
     if args.goodput_state is not None and not args.goodput_state.parent.is_dir():
         parser.error(f"--goodput-state directory {args.goodput_state.parent} does not exist")
+    if not 0 <= args.goodput_zero_seconds <= 3600:
+        parser.error("--goodput-zero-seconds must be between 0 and 3600")
     if not 1 <= args.threads <= 64:
         parser.error("--threads must be between 1 and 64")
     return args
@@ -97,12 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     token = read_token(args.token_file)
     if token is None:
         log.warning("no --token-file: control API answers 503 (fail closed)")
-    store = Store(args.job_expiry_seconds, departed_after=args.rank_departed_seconds)
-    if args.goodput_state is not None:
-        try:
-            store.goodput = Ledger(LedgerFile(args.goodput_state))
-        except sqlite3.Error as exc:
-            raise SystemExit(f"--goodput-state {args.goodput_state}: {exc}") from None
+    try:
+        ledger = Ledger(LedgerFile(args.goodput_state) if args.goodput_state else None,
+                        end_after=args.rank_departed_seconds,
+                        zero_hold=args.goodput_zero_seconds)
+    except sqlite3.Error as exc:
+        raise SystemExit(f"--goodput-state {args.goodput_state}: {exc}") from None
+    store = Store(args.job_expiry_seconds, departed_after=args.rank_departed_seconds,
+                  goodput=ledger)
     registry = CollectorRegistry()
     registry.register(TrainingCollector(store, args.node))
     try:
@@ -121,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def on_stop() -> None:
         receiver.stop()
-        store.goodput.close()  # the counters as last served stay on disk
+        ledger.close()  # the counters as last served stay on disk
         sock.close()
         # A new exporter may already have bound its own socket file at this path (a restart
         # that overlapped this one's exit): remove the file only if it is still ours.

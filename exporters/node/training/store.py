@@ -21,9 +21,9 @@ from typing import Any
 
 from trainwatch.exporters.contract import catalog
 from trainwatch.exporters.contract import commands as cmd
-from trainwatch.exporters.contract.goodput import Ledger
 from trainwatch.exporters.contract.wire import RankReport
 from trainwatch.exporters.node.training.command_log import CommandLog
+from trainwatch.exporters.node.training.ledger import Ledger
 
 STEP_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                          60.0, 120.0)
@@ -182,7 +182,8 @@ class Store:
             self._log = log
 
     def __init__(self, job_expiry_seconds: float, clock: Any = time.monotonic,
-                 wall: Any = time.time, departed_after: float = DEPARTED_AFTER_SECONDS) -> None:
+                 wall: Any = time.time, departed_after: float = DEPARTED_AFTER_SECONDS,
+                 goodput: Ledger | None = None) -> None:
         self._wall = wall
         self._departed_after = departed_after
         self._lock = threading.Lock()
@@ -191,9 +192,9 @@ class Store:
         self._clock = clock
         self.datagrams = 0
         self.malformed = 0
-        # Goodput counters per job (exporters/contract/goodput.py); the server makes them
-        # durable with a LedgerFile (--goodput-state).
-        self.goodput = Ledger(wall=wall)
+        # Goodput counters per job (exporters/node/training/ledger.py): the server passes one
+        # kept in a LedgerFile (--goodput-state); memory only without it.
+        self.goodput = goodput if goodput is not None else Ledger(wall=wall)
 
     # --- ingest (receiver thread) ---------------------------------------------------------
     def ingest(self, report: RankReport) -> None:

@@ -51,6 +51,9 @@ def main() -> int:
     parser.add_argument("--stall-at-step", type=int, default=None)
     parser.add_argument("--stall-seconds", type=float, default=0.0)
     parser.add_argument("--checkpoint-dir", required=True)
+    parser.add_argument("--flush-interval", type=float, default=0.05,
+                        help="the monitor's; 0: its default (the first datagram may then "
+                        "come after the first step)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -60,8 +63,9 @@ def main() -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     checkpoints = CheckpointManager(args.checkpoint_dir, model, optimizer, keep=10,
                                     asynchronous=False)
+    timing = {"flush_interval": args.flush_interval} if args.flush_interval else {}
     monitor = TrainingMonitor(optimizer=optimizer, checkpoints=checkpoints, sync_every=2,
-                              flush_interval=0.05, poll_interval=0.1)
+                              poll_interval=0.1, **timing)
     began = time.perf_counter()
     restored = checkpoints.resume()
     emit("resumed", rank=rank, seconds=time.perf_counter() - began,

@@ -1,0 +1,103 @@
+"""The goodput tests' own stopwatch: real 2-rank torchrun jobs of jobs/goodput_worker.py, the
+processes' start times from /proc, and every cause measured with the job's own clocks."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.net import free_port, wait_until
+from tests.support.procs import ManagedProcess
+from tests.training.support import events, of
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.contract import goodput as gp
+
+WORKER = Path(__file__).with_name("jobs") / "goodput_worker.py"
+
+
+def launch(tmp_path: Path, name: str, env: dict[str, str], args: tuple[str, ...],
+           checkpoints: str = "ckpt") -> ManagedProcess:
+    """A real 2-rank torchrun launch of the goodput worker (gloo, CPU)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(WORKER),
+            *args, "--checkpoint-dir", str(tmp_path / checkpoints)]
+    return ManagedProcess(argv, tmp_path / f"{name}.log", env=env)
+
+
+def started_at(pid: int) -> float:
+    """Unix time a live process started, from the kernel's own record (/proc)."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def starts(job: ManagedProcess) -> dict[int, float]:
+    """Each rank's process start, read while the ranks live."""
+    found = wait_until(lambda: (s := of(events(job), "start")) and len(s) == 2 and s,
+                       timeout=120, what="both ranks started")
+    return {e["rank"]: started_at(e["pid"]) for e in found}
+
+
+def newest_step(job: ManagedProcess, rank: int = 0) -> int:
+    return max((e["step"] for e in of(events(job), "step", rank=rank)), default=-1)
+
+
+def node_totals(exp: Any, job: str) -> dict[str, float]:
+    """The job's goodput counters on the node, all from one scrape."""
+    text = requests.get(exp.url + "/metrics", timeout=5).text
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = sample.labels
+            if labels.get(catalog.LABEL_JOB) != job:
+                continue
+            if sample.name == catalog.TRAINING_NODE_TIME:
+                totals[labels["kind"]] = sample.value
+            elif sample.name == catalog.TRAINING_NODE_DISCARDED:
+                totals[f"discarded_{labels['cause']}"] = sample.value
+            elif sample.name == catalog.TRAINING_NODE_WALL:
+                totals["wall"] = totals.get("wall", 0.0) + sample.value
+    return totals
+
+
+class Measured:
+    """What the job's own clocks say, per launch and rank."""
+
+    def __init__(self) -> None:
+        self.expected = dict.fromkeys((*gp.CAUSES, "discarded_rollback", "discarded_restart",
+                                       "wall"), 0.0)
+
+    def launch(self, found: list[dict[str, Any]], start: dict[int, float],
+               end: dict[int, float], resumed_step: int | None = None) -> dict[int, dict]:
+        """Add one launch's measured seconds; returns each rank's productive time per step."""
+        e = self.expected
+        per_rank = {}
+        for rank in (0, 1):
+            steps = of(found, "step", rank=rank)
+            saved = {s["step"]: s["seconds"] for s in of(found, "saved", rank=rank)}
+            rolled = {r["step"]: r for r in of(found, "rolled_back", rank=rank)}
+            resumed = of(found, "resumed", rank=rank)[0]
+            first = steps[0]
+            e["startup"] += (first["wall"] - start[rank] - resumed["seconds"]
+                             - first["data_wait"])
+            e["checkpoint_restore"] += resumed["seconds"]
+            e["data_wait"] += sum(s["data_wait"] for s in steps)
+            productive: list[tuple[int, float]] = []
+            for previous, step in itertools.pairwise(steps):
+                blocked = saved.get(previous["step"], 0.0)
+                if previous["step"] in rolled and rolled[previous["step"]]["seconds"] > 0:
+                    blocked += rolled[previous["step"]]["seconds"]
+                productive.append((step["step"], step["perf"] - previous["perf"]
+                                   - step["data_wait"] - blocked))
+            e["checkpoint_save"] += sum(saved.values())
+            e["checkpoint_restore"] += sum(r["seconds"] for r in rolled.values())
+            e["wall"] += end[rank] - start[rank]
+            per_rank[rank] = {"steps": steps, "productive": productive, "rolled": rolled}
+        return per_rank
