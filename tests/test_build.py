@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from scripts import build
-from tests.support.repo_copy import changed_files, copy_repository
+from tests.support.repo_copy import changed_files, copy_repository, python_path
 
 
 def run_build(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "scripts.build", *args], cwd=repo,
-                          env={**os.environ, "PYTHONPATH": str(repo)},
+                          env={**os.environ, "PYTHONPATH": python_path(repo)},
                           capture_output=True, text=True, timeout=900, check=False)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from scripts import build, doc_facts
-from tests.support.repo_copy import ROOT, changed_files, copy_repository
+from tests.support.repo_copy import ROOT, changed_files, copy_repository, python_path
 
 SECTION = "## Add a GPU metric with an alert and a panel"
 # ```LANG recipe PATH MODE [ANCHOR] ... ```
@@ -98,7 +98,7 @@ def test_the_recipe_adds_a_gpu_metric_with_an_alert_and_a_panel(tmp_path: Path) 
     for step in steps:
         if step.path == "run":
             done = subprocess.run(["bash", "-euo", "pipefail", "-c", step.text], cwd=repo,
-                                  env={**os.environ, "PYTHONPATH": str(repo)},
+                                  env={**os.environ, "PYTHONPATH": python_path(repo)},
                                   capture_output=True, text=True, timeout=1500, check=False)
             assert done.returncode == 0, (f"the recipe's commands failed:\n{step.text}\n"
                                           f"{done.stdout[-4000:]}{done.stderr[-3000:]}")

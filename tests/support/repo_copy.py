@@ -38,6 +38,20 @@ def copy_repository(dest: Path) -> Path:
     return dest
 
 
+def python_path(repo: Path) -> str:
+    """PYTHONPATH under which a copy imports its own code: the copy itself (scripts,
+    alert_rules, dashboards, tests) and a namespace folder beside it whose `trainwatch`
+    holds links to the copy's exporters/ and remediation/. The path entries come before the
+    editable install's finder, so `trainwatch.*` resolves to the copy, not to the checkout
+    the virtualenv was installed from."""
+    namespace = repo.with_name(repo.name + ".namespace") / "trainwatch"
+    if not namespace.is_dir():
+        namespace.mkdir(parents=True)
+        for folder in ("exporters", "remediation"):
+            (namespace / folder).symlink_to(repo / folder, target_is_directory=True)
+    return f"{namespace.parent}{os.pathsep}{repo}"
+
+
 def changed_files(repo: Path) -> list[str]:
     """Paths `git status` reports as modified, added, deleted or new, sorted."""
     out = git(repo, "status", "--porcelain", "--untracked-files=all")
