@@ -7,13 +7,17 @@ or a scheduled job on the remediation host, is the only way back, and it refuses
 
 1. HOST is one inventory host of the scheduler node mapping (no pattern, no hostlist),
 2. its node is drained, by Trainwatch (a node drained by a person or by Slurm is theirs),
-3. Prometheus saw no XID on that node since the drain (the exporter's XID counter; NVML keeps
+3. it is not kept out as a lemon (quarantined `lemon_faults` times inside the window,
+   trainwatch.remediation.actions.quarantine.kept_out),
+4. Prometheus saw no XID on that node since the drain (the exporter's XID counter; NVML keeps
    no history),
-4. the node_health_check Ansible playbook passes on exactly that host (NVML state of every
+5. the node_health_check Ansible playbook passes on exactly that host (NVML state of every
    GPU, pending or failed row remaps, uncorrectable ECC; a short burn and all-reduce where
    there is CUDA).
 
-Every outcome is written to the audit (decision `node_resumed` or `node_resume_refused`).
+Every outcome is written to the audit (decision `node_resumed` or `node_resume_refused`); a
+resume ends the node's quarantine grant in the same transaction, so its next fault drains it
+again at once.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import requests
 from trainwatch.exporters import add_version_argument
 from trainwatch.exporters.contract import catalog
 from trainwatch.remediation.actions import ansible as ansible_action
+from trainwatch.remediation.actions import quarantine as quarantine_action
 from trainwatch.remediation.actions.base import ActionContext, ActionError
 from trainwatch.remediation.actions.prometheus import PrometheusError, instant_query
 from trainwatch.remediation.config import Config, ConfigError, load_config
@@ -98,6 +103,15 @@ def resume_node(config: Config, host: str) -> dict[str, Any]:
         raise ResumeRefused(f"{node} was drained by someone else ({state.reason!r}); "
                             "Trainwatch leaves it to them")
     report: dict[str, Any] = {"host": host, "node": node, "drain_reason": state.reason}
+    if config.scheduler is not None:
+        store = open_store(config)
+        try:
+            with store.transaction() as tx:
+                why = quarantine_action.kept_out(tx, node, config.scheduler, time.time())
+        finally:
+            store.close()
+        if why is not None:
+            raise ResumeRefused(why)
     xids = xids_since(config, host, drained_since(state.since, time.time()))
     report["xids_since_drain"] = xids
     if xids:
@@ -113,10 +127,13 @@ def resume_node(config: Config, host: str) -> dict[str, Any]:
     return report
 
 
-def _audit(config: Config, decision: str, host: str, reason: str, detail: Any) -> None:
+def _audit(config: Config, decision: str, host: str, reason: str, detail: Any,
+           resumed_node: str | None = None) -> None:
     store = open_store(config)
     try:
         with store.transaction() as tx:
+            if resumed_node is not None:
+                quarantine_action.end_quarantine(tx, resumed_node, time.time())
             tx.audit(decision, playbook="node_health_check", target_key=host,
                         action="resume_node", reason=reason[:4000], detail=detail)
     finally:
@@ -141,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         _audit(config, "node_resume_refused", args.host, str(exc), {"host": args.host})
         print(json.dumps({"resumed": False, "reason": str(exc)}))
         return 1
-    _audit(config, "node_resumed", args.host, "health check passed; node resumed", report)
+    _audit(config, "node_resumed", args.host, "health check passed; node resumed", report,
+           resumed_node=report["node"])
     print(json.dumps({"resumed": True, **report}))
     return 0
 

@@ -761,6 +761,10 @@ class Store:
                          " WHERE state='running' AND lease_owner=?", (lease_seconds, owner))
 
     # --- reads outside a transaction ------------------------------------------------------
+    def grant_history(self, playbook: str, since: float) -> list[GrantRow]:
+        """Transaction.grant_history, read outside a transaction (/metrics)."""
+        return Transaction(self._conn()).grant_history(playbook, since)
+
     def grants_by_priority(self, since: float) -> dict[int, int]:
         """Grants since `since` by priority (the breakers' gauges: /metrics)."""
         rows = self._conn().execute(

@@ -274,6 +274,16 @@ def kept_out(tx: Transaction, node: str, settings: SchedulerSettings, now: float
             f"{window:.0f}s old")
 
 
+def node_faults(store: Store, settings: SchedulerSettings, now: float) -> dict[str, list[float]]:
+    """Every node quarantined inside the window: when, oldest first (for /metrics)."""
+    history = store.grant_history(GRANT_PLAYBOOK, now - settings.quarantine_window_seconds)
+    out: dict[str, list[float]] = {}
+    for row in history:
+        if happened(row):
+            out.setdefault(row.target_key, []).append(row.at)
+    return out
+
+
 def end_quarantine(tx: Transaction, node: str, now: float) -> int:
     """The node is back in service (trainwatch-resume-node): its quarantine no longer holds,
     and its next fault drains it again. It stays in the fault history."""
