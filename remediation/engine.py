@@ -72,7 +72,8 @@ class Engine:
         plans: dict[str, Plan] = {}
         for name in dict.fromkeys(step["action"] for step in book.steps):
             try:
-                plan = ACTIONS[name].plan(intent, self.config, self.store)
+                steps = tuple(step for step in book.steps if step["action"] == name)
+                plan = ACTIONS[name].plan(intent, steps, self.config, self.store)
             except ActionError as exc:
                 raise _PlanFailed(name, str(exc)) from exc
             if plan is not None:

@@ -93,11 +93,16 @@ class Action:
 
     name: ClassVar[str]
     outlives_resolve: ClassVar[bool] = False
+    # The JSON schema of this action's step (`{"action": {"const": name}, ...}`), added to
+    # the playbook schema's steps; None for the steps schemas/playbook.schema.json describes.
+    step_schema: ClassVar[dict[str, Any] | None] = None
 
     def check(self, step: dict[str, Any], labels: Mapping[str, str], config: Config) -> None:
         return None
 
-    def plan(self, intent: Intent, config: Config, store: Store) -> Plan | None:
+    def plan(self, intent: Intent, steps: tuple[dict[str, Any], ...], config: Config,
+             store: Store) -> Plan | None:
+        """`steps`: the playbook's steps of this action."""
         return None
 
     def rails(self, tx: Transaction, plan: Plan, config: Config,

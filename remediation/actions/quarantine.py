@@ -441,7 +441,8 @@ class Quarantine(Action):
     name = NAME
     outlives_resolve = True  # a resolved alert does not mean a healthy node
 
-    def plan(self, intent: Intent, config: Config, store: Store) -> QuarantinePlan:
+    def plan(self, intent: Intent, steps: tuple[dict[str, Any], ...], config: Config,
+             store: Store) -> QuarantinePlan:
         diagnostics = diagnostics_for(intent, config, store) \
             if needs_diagnostics(intent.labels, config) else None
         try:
