@@ -26,7 +26,7 @@ from tests.remediation.conftest import (  # noqa: F401 - pg_cluster, store_secti
     store_section,
 )
 from tests.remediation.helpers import APPROVERS, alert, auth, payload, stub_server
-from tests.remediation.test_outgoing import TricklingServer
+from tests.remediation.trickle import TricklingServer
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.fixtures import (
     HOSTS,
