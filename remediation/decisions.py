@@ -32,7 +32,6 @@ class Decision(StrEnum):
     ALREADY_QUARANTINED = "already_quarantined"
     NOT_ACTIONABLE = "not_actionable"
     RESTART_LIMITED = "restart_limited"
-    KEPT_OUT = "kept_out"
     # a hold that outlived its alert and was never decided
     EXPIRED = "expired"
     # the approval API
