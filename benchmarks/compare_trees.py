@@ -130,11 +130,14 @@ def check_isolation(trees: dict[str, tuple[Path, Path]]) -> None:
     # a base from before the one namespace (ad1fd2a and older) imports `exporters` and
     # `remediation` from its own tree; the working tree's `trainwatch.*` comes from the
     # virtualenv's editable install, which points at this checkout
-    probe = ("import json\n"
-             "try:\n    import trainwatch.exporters as e, trainwatch.remediation as r\n"
-             "except ImportError:\n    import exporters as e, remediation as r\n"
-             "print(json.dumps([e.__file__, r.__file__]))")
     for name, (tree, python) in trees.items():
+        # the names the tree's own pyproject installs (the virtualenv provides trainwatch.*
+        # for the working tree, so a base from before it must be probed by its own names)
+        names = ("trainwatch.exporters", "trainwatch.remediation") \
+            if "trainwatch.exporters" in (tree / "pyproject.toml").read_text() \
+            else ("exporters", "remediation")
+        probe = (f"import json, {names[0]} as e, {names[1]} as r\n"
+                 "print(json.dumps([e.__file__, r.__file__]))")
         env = {**os.environ, "PYTHONPATH": str(tree)}
         paths = json.loads(subprocess.run([str(python), "-c", probe], cwd=tree, env=env,
                                           capture_output=True, text=True,

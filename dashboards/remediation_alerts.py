@@ -42,6 +42,15 @@ def build() -> gd.Dashboard:
                    Q(f"max({c.REMEDIATION_OLDEST_PENDING_AGE}{{{R}}})")),
         table_panel("Firing alerts", "Every firing alert with its labels.", "none",
                     Q(f'ALERTS{{{C},alertstate="firing"}}')),
+        table_panel("Lemon nodes", "Nodes quarantined inside the quarantine window: how often "
+                    "(node_faults), the time between their last two faults, and whether one is "
+                    "kept out (quarantined lemon_faults times: trainwatch-resume-node refuses "
+                    "it until its faults leave the window). Worst first.", "none",
+                    Q(f"sort_desc(max by (node) ({c.REMEDIATION_NODE_FAULTS}{{{R}}}))",
+                      "faults"),
+                    Q(f"min by (node) ({c.REMEDIATION_NODE_FAULT_INTERVAL}{{{R}}})",
+                      "seconds between the last two"),
+                    Q(f"max by (node) ({c.REMEDIATION_NODE_KEPT_OUT}{{{R}}})", "kept out")),
         timeseries_panel("Firing alerts by severity", "Firing alerts over time, by severity.",
                          "none", Q(f'sum by (severity) (ALERTS{{{C},alertstate="firing"}})',
                                    "{{severity}}"), min_value=0),

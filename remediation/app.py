@@ -223,7 +223,8 @@ def _set_approval(intent_id: int, approve: bool) -> Response:
                       + ("" if svc.config.approvers_file else
                          " (no approvers configured: set approvers_file)"))
     with svc.store.transaction() as tx:
-        outcome, state = lifecycle.approve(tx, intent_id, who, approved=approve)
+        answer = lifecycle.approve(tx, intent_id, who, approved=approve)
+    outcome, state = answer.outcome, answer.state
     if outcome == "missing":
         return _error(404, f"no intent {intent_id}")
     if outcome == "not_awaiting":
@@ -233,7 +234,7 @@ def _set_approval(intent_id: int, approve: bool) -> Response:
     if approve and svc.worker is not None:
         svc.worker.wake()
     return jsonify({"id": intent_id, "state": "pending" if approve else "rejected",
-                    "by": who})
+                    "by": who, "overrides": list(answer.overrides)})
 
 
 @bp.post(f"/v1/actions/<int(max={MAX_INTENT_ID}):intent_id>/approve")
@@ -257,6 +258,8 @@ def readyz() -> Response:
     problems = svc.readiness.problems()
     if svc.worker is not None and not svc.worker.alive():
         problems.append("worker threads not running")
+    if svc.worker is not None and (stuck := svc.worker.stuck()):
+        problems.append(f"{stuck} worker thread(s) stuck in a step past its timeout")
     if problems:
         resp = jsonify({"status": "not ready", "problems": problems})
         resp.status_code = 503

@@ -86,6 +86,13 @@ class SchedulerSettings:
     max_quarantined: int = 2
     quarantine_window_seconds: float = 3600.0
     min_healthy_fraction: float = 0.75
+    # the lemon_faults-th quarantine of one node inside quarantine_window keeps it out (pages)
+    lemon_faults: int = 3
+    # a restart-only fault restarts one job at most max_restarts times per restart_window
+    max_restarts: int = 3
+    restart_window_seconds: float = 3600.0
+    # how long a quarantine held for approval waits for a decision (past its alert's resolve)
+    hold_expiry_seconds: float = 3600.0
     fault_classes_file: Path | None = None
 
 
@@ -169,10 +176,12 @@ def _scheduler(raw: dict[str, object], base: Path) -> SchedulerSettings:
     for key, name in (("command_timeout", "command_timeout_seconds"),
                       ("quarantine_window", "quarantine_window_seconds"),
                       ("retry_until", "retry_until_seconds"),
-                      ("retry_backoff_max", "retry_backoff_max_seconds")):
+                      ("retry_backoff_max", "retry_backoff_max_seconds"),
+                      ("restart_window", "restart_window_seconds"),
+                      ("hold_expiry", "hold_expiry_seconds")):
         if key in raw:
             out[name] = seconds(raw[key])  # type: ignore[arg-type]
-    for key in ("max_quarantined", "min_healthy_fraction"):
+    for key in ("max_quarantined", "min_healthy_fraction", "lemon_faults", "max_restarts"):
         if key in raw:
             out[key] = raw[key]
     return SchedulerSettings(**out)  # type: ignore[arg-type]

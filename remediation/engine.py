@@ -24,106 +24,150 @@ from typing import Any
 import requests
 
 from trainwatch.remediation import lifecycle
-from trainwatch.remediation.actions import quarantine as quarantine_action
-from trainwatch.remediation.actions import silence as silence_action
-from trainwatch.remediation.actions.base import ActionContext, ActionError
+from trainwatch.remediation.actions.base import (
+    Action,
+    ActionContext,
+    ActionError,
+    EvidencePending,
+    Plan,
+    RailsContext,
+    Verdict,
+    timeout_of,
+)
 from trainwatch.remediation.actions.registry import ACTIONS, check_targets
 from trainwatch.remediation.config import Config
-from trainwatch.remediation.ingest import ESCALATION_PLAYBOOK
+from trainwatch.remediation.decisions import RUNS_STEPS, Decision
+from trainwatch.remediation.ingest import ESCALATION_PLAYBOOK, escalation_playbook
 from trainwatch.remediation.labels import LabelError, safe_labels
 from trainwatch.remediation.lifecycle import Grant, LostLease, cancel_if_resolved, hold
+from trainwatch.remediation.pager import Page, Pager
 from trainwatch.remediation.playbooks import Playbook
-from trainwatch.remediation.recovery import RecoveryTimes, unix_time
-from trainwatch.remediation.schedulers.base import SchedulerError
+from trainwatch.remediation.recovery import RecoveryTimes
 from trainwatch.remediation.store import PRIORITIES, Intent, Store, Transaction
 
 log = logging.getLogger(__name__)
-
-
-def escalation_playbook() -> Playbook:
-    """Built in: page a human when Alertmanager truncated alerts from a notification."""
-    return Playbook(
-        name=ESCALATION_PLAYBOOK, alertnames=frozenset({"TruncatedAlerts"}), matchers=(),
-        target=(), steps=({"action": "http", "url": "${config.pager_url}", "json": {
-            "event": "truncated_alerts",
-            "summary": "Alertmanager truncated alerts from a remediation notification: they "
-                       "were not remediated; see GET /v1/actions?decision=truncated_escalated"}},))
+# The retry policy of a failure outside any action's step (no playbook, a crash)
+DEFAULT_ACTION = Action()
+# How long past its timeout a step may run before /readyz calls its worker stuck.
+STUCK_GRACE_SECONDS = 60.0
 
 
 class Engine:
     def __init__(self, config: Config, store: Store, books: Mapping[str, Playbook],
-                 owner: str) -> None:
+                 owner: str, pager: Pager | None = None) -> None:
         self.config = config
         self.store = store
         self.books = {**books, ESCALATION_PLAYBOOK: escalation_playbook()}
         self.owner = owner
         self.session = requests.Session()
+        self.pager = pager or Pager(config.pager_url, config.request_timeout_seconds)
         # what self-healing saved (remediation/recovery.py); the server wires it in
         self.recovery: RecoveryTimes | None = None
         # how soon a resolve waiting for a running firing intent looks again
         self._recheck = min(max(config.poll_interval_seconds * 5, 0.25), 2.0)
+        # monotonic time by which the running step should have ended (None: no step runs)
+        self.step_deadline: float | None = None
+
+    # --- planning -------------------------------------------------------------------------
+    def _plans(self, intent: Intent, book: Playbook) -> dict[str, Plan]:
+        """Each step action's plan (Action.plan), before anything is decided. Raises
+        EvidencePending, LabelError, or ActionError as (action name, error)."""
+        plans: dict[str, Plan] = {}
+        for name in dict.fromkeys(step["action"] for step in book.steps):
+            try:
+                steps = tuple(step for step in book.steps if step["action"] == name)
+                plan = ACTIONS[name].plan(intent, steps, self.config, self.store)
+            except ActionError as exc:
+                raise _PlanFailed(name, str(exc)) from exc
+            if plan is not None:
+                plans[name] = plan
+        return plans
 
     # --- decision -------------------------------------------------------------------------
     def _decide(self, intent: Intent, book: Playbook, labels_ok: bool, reason: str,
-                plan: quarantine_action.Plan | None = None) -> str:
+                plans: Mapping[str, Plan]) -> str:
         """Returns 'act', 'resolve_act', 'deferred', or a terminal decision already written to
-        the audit. With a quarantine `plan`, its rails run here, in the same transaction."""
+        the audit. Each action's rails run here, in the same transaction; pages go out once
+        it committed."""
+        pages: list[Page] = []
         with self.store.transaction() as tx:
-            now = tx.now  # the store's clock: grants and windows agree across replicas
-            seen = hold(tx, intent, self.owner)
+            decision = self._decide_in(tx, intent, book, labels_ok, reason, plans, pages)
+        for page in pages:
+            self.pager.send(page)
+        return decision
 
-            def finish(decision: str, state: str, why: str, detail: Any = None) -> str:
-                return lifecycle.finish(tx, intent, decision, state, why, detail)
+    def _decide_in(self, tx: Transaction, intent: Intent, book: Playbook, labels_ok: bool,
+                   reason: str, plans: Mapping[str, Plan], pages: list[Page]) -> str:
+        now = tx.now  # the store's clock: grants and windows agree across replicas
+        seen = hold(tx, intent, self.owner)
 
-            if not labels_ok:
-                return finish("refused", "refused", reason)
-            if intent.phase == "resolve":
-                return self._decide_resolve(tx, intent, finish)
-            if cancel_if_resolved(tx, seen, intent.next_step):
-                return "cancelled"
-            if self.config.dry_run or book.dry_run:
-                return finish("dry_run", "done", "dry-run: steps planned, not executed",
-                              {"steps": list(book.steps)})
-            if book.requires_approval and not intent.approved:
-                return finish("awaiting_approval", "awaiting_approval",
-                              "playbook requires approval (POST /v1/actions/<id>/approve)")
-            if plan is not None:
-                assert self.config.scheduler is not None  # plan_for refuses without one
-                verdict = quarantine_action.decide(
-                    tx, plan, approved=intent.approved, observe_only=book.observe_only,
-                    settings=self.config.scheduler, now=now)
-                if verdict is not None:
-                    return finish(*verdict)
-            key = intent.target_key or ""
-            priority = PRIORITIES[book.priority]
-            breaker = intent.playbook != ESCALATION_PLAYBOOK
-            grants = tx.grant_counts(
-                book.name, key,
-                cooldown_since=now - book.cooldown_seconds if book.cooldown_seconds > 0 else None,
-                rate_since=(now - book.rate_limit_window_seconds
-                            if book.rate_limit_count is not None else None),
-                breaker_since=now - self.config.breaker_window_seconds if breaker else None,
-                min_priority=priority)
-            if grants.last is not None:
-                return finish("cooled_down", "done",
-                              f"acted on {key} {now - grants.last:.0f}s ago; cooldown "
-                              f"{book.cooldown_seconds:.0f}s")
-            if book.rate_limit_count is not None and \
-                    grants.in_rate_window >= book.rate_limit_count:
-                return finish("rate_limited", "done",
-                              f"{grants.in_rate_window} actions on {key} in the last "
-                              f"{book.rate_limit_window_seconds:.0f}s (limit "
-                              f"{book.rate_limit_count})")
-            limit = self.config.breaker_limit(book.priority)
-            if breaker and grants.in_breaker_window >= limit:
-                return finish("refused", "refused",
-                              f"circuit breaker open ({book.priority} priority): "
-                              f"{grants.in_breaker_window} actions at this priority or above "
-                              f"in the last {self.config.breaker_window_seconds:.0f}s "
-                              f"(limit {limit})")
-            if plan is not None:
-                quarantine_action.record_grant(tx, plan, now)
-            return lifecycle.grant(tx, intent, [Grant(book.name, key, priority)], now)
+        def finish(decision: str, state: str, why: str, detail: Any = None) -> str:
+            return lifecycle.finish(tx, intent, decision, state, why, detail)
+
+        if not labels_ok:
+            return finish(Decision.REFUSED, "refused", reason)
+        if intent.phase == "resolve":
+            return self._decide_resolve(tx, intent, finish)
+        if cancel_if_resolved(tx, seen, intent.next_step):
+            return Decision.CANCELLED
+        if self.config.dry_run or book.dry_run:
+            return finish(Decision.DRY_RUN, "done", "dry-run: steps planned, not executed",
+                          {"steps": list(book.steps)})
+        if book.requires_approval and not intent.approved:
+            return finish(Decision.AWAITING_APPROVAL, "awaiting_approval",
+                          "playbook requires approval (POST /v1/actions/<id>/approve)")
+        context = RailsContext(
+            approved=intent.approved,
+            approved_rails=(lifecycle.approved_rails(tx, intent.id) if intent.approved
+                            else frozenset()),
+            observe_only=book.observe_only, now=now, alertname=intent.alertname)
+        for name, plan in plans.items():
+            verdict = ACTIONS[name].rails(tx, plan, self.config, context)
+            if verdict is not None:
+                return self._apply(tx, intent, verdict, pages, finish, now)
+        key = intent.target_key or ""
+        priority = PRIORITIES[book.priority]
+        breaker = intent.playbook != ESCALATION_PLAYBOOK
+        grants = tx.grant_counts(
+            book.name, key,
+            cooldown_since=now - book.cooldown_seconds if book.cooldown_seconds > 0 else None,
+            rate_since=(now - book.rate_limit_window_seconds
+                        if book.rate_limit_count is not None else None),
+            breaker_since=now - self.config.breaker_window_seconds if breaker else None,
+            min_priority=priority)
+        if grants.last is not None:
+            return finish(Decision.COOLED_DOWN, "done",
+                          f"acted on {key} {now - grants.last:.0f}s ago; cooldown "
+                          f"{book.cooldown_seconds:.0f}s")
+        if book.rate_limit_count is not None and \
+                grants.in_rate_window >= book.rate_limit_count:
+            return finish(Decision.RATE_LIMITED, "done",
+                          f"{grants.in_rate_window} actions on {key} in the last "
+                          f"{book.rate_limit_window_seconds:.0f}s (limit "
+                          f"{book.rate_limit_count})")
+        limit = self.config.breaker_limit(book.priority)
+        if breaker and grants.in_breaker_window >= limit:
+            return finish(Decision.REFUSED, "refused",
+                          f"circuit breaker open ({book.priority} priority): "
+                          f"{grants.in_breaker_window} actions at this priority or above "
+                          f"in the last {self.config.breaker_window_seconds:.0f}s "
+                          f"(limit {limit})")
+        for name, plan in plans.items():
+            page = ACTIONS[name].granted(tx, plan, self.config, context)
+            if page is not None:
+                pages.append(page)
+        return lifecycle.grant(tx, intent, [Grant(book.name, key, priority)], now)
+
+    @staticmethod
+    def _apply(tx: Transaction, intent: Intent, verdict: Verdict, pages: list[Page],
+               finish: Any, now: float) -> str:
+        """An action's rails decided instead of the grant: audited, held or ended, paged."""
+        if verdict.page is not None:
+            pages.append(verdict.page)
+        if verdict.state == "awaiting_approval" and verdict.hold_seconds is not None:
+            return lifecycle.hold_for_approval(tx, intent, verdict.reason, verdict.detail,
+                                               now + verdict.hold_seconds)
+        return str(finish(verdict.decision, verdict.state, verdict.reason, verdict.detail))
 
     def _decide_resolve(self, tx: Transaction, intent: Intent, finish: Any) -> str:
         """on_resolve runs once, after the firing steps that ran have stopped, and only if
@@ -134,9 +178,21 @@ class Engine:
             return lifecycle.defer(tx, intent, time.time() + self._recheck)
         lifecycle.cancel_unstarted(tx, fire)
         if fire is None or not fire.acted:
-            return finish("resolved_recorded", "done",
+            return finish(Decision.RESOLVED_RECORDED, "done",
                           "resolved; the firing alert was never acted on, nothing to undo")
         return lifecycle.resolve_act(tx, intent)
+
+    def expire_holds(self) -> int:
+        """End the approval holds nobody decided in time, with a page each."""
+        with self.store.transaction() as tx:
+            expired = lifecycle.expire_holds(tx, tx.now)
+        for intent in expired:
+            self.pager.send(Page(f"hold_{Decision.EXPIRED}", intent.id, intent.alertname,
+                                 f"intent {intent.id} ({intent.playbook}) was held for "
+                                 "approval and not decided in time: nothing was done, the "
+                                 "fault may still be there", {"playbook": intent.playbook,
+                                                              "labels": intent.labels}))
+        return len(expired)
 
     # --- execution ------------------------------------------------------------------------
     def process(self, intent: Intent) -> None:
@@ -147,108 +203,77 @@ class Engine:
             return
         try:
             labels = safe_labels(intent.labels, sorted(book.used_labels))
-            if intent.decision not in ("act", "resolve_act"):  # not yet decided
+            if intent.decision not in RUNS_STEPS:  # not yet decided
                 check_targets([*book.steps, *book.on_resolve], labels, self.config)
             labels_ok, reason = True, ""
         except LabelError as exc:
             labels, labels_ok, reason = {}, False, str(exc)
-        plan = None
-        if labels_ok and intent.phase == "fire" and any(
-                step["action"] == "quarantine" for step in book.steps):
-            try:  # classify and resolve the node before anything is decided (issue 23)
-                diagnostics = None
-                if quarantine_action.needs_diagnostics(intent.labels, self.config):
-                    diagnostics = self._diagnostics(intent)
-                plan = quarantine_action.plan_for(intent.id, intent.labels, self.config,
-                                                  diagnostics)
-            except quarantine_action.EvidencePending as exc:
+        plans: dict[str, Plan] = {}
+        if labels_ok and intent.phase == "fire":
+            try:  # what each action would do, on what evidence, before anything is decided
+                plans = self._plans(intent, book)
+            except EvidencePending as exc:
                 self._defer(intent, str(exc))
                 return
             except LabelError as exc:
                 labels_ok, reason = False, str(exc)
-            except SchedulerError as exc:
-                self._fail(intent, "quarantine", str(exc), terminal=False)
+            except _PlanFailed as exc:
+                self._fail(intent, exc.action, exc.message, terminal=False)
                 return
         decision = intent.decision
-        if decision in ("act", "resolve_act"):  # resumed: a retry or a dead process's work
+        if decision in RUNS_STEPS:  # resumed: a retry or a dead process's work
             with self.store.transaction() as tx:
                 if cancel_if_resolved(tx, hold(tx, intent, self.owner), intent.next_step):
                     return
         else:
-            decision = self._decide(intent, book, labels_ok, reason, plan)
-            if plan is not None and decision in quarantine_action.PAGED_DECISIONS:
-                last = self.store.list_audit(1, intent.id)
-                quarantine_action.page(self.session, self.config, decision,
-                                       last[0]["reason"] if last else decision, plan,
-                                       intent.labels)
-        if decision not in ("act", "resolve_act"):
+            decision = self._decide(intent, book, labels_ok, reason, plans)
+        if decision not in RUNS_STEPS:
             return
-        steps = book.on_resolve if decision == "resolve_act" else book.steps
+        steps = book.on_resolve if decision == Decision.RESOLVE_ACT else book.steps
         ctx = ActionContext(config=self.config, labels=labels, session=self.session,
-                            idempotency_key=intent.idempotency_key, plan=plan)
+                            idempotency_key=intent.idempotency_key)
         results = list(intent.results)
         for index in range(intent.next_step, len(steps)):
             step = steps[index]
             ctx.idempotency_key = f"{intent.idempotency_key}|step{index}"
+            ctx.plan = plans.get(step["action"])
+            self.step_deadline = (time.monotonic() + STUCK_GRACE_SECONDS
+                                  + timeout_of(step, self.config.action_timeout_seconds))
             try:
-                outcome = ACTIONS[step["action"]](step, ctx)
+                outcome = ACTIONS[step["action"]].run(step, ctx)
             except ActionError as exc:
                 self._fail(intent, step["action"], str(exc),
-                           terminal=getattr(exc, "terminal", False), results=results)
+                           terminal=exc.terminal, results=results)
                 return
             except Exception as exc:
                 log.exception("action %s crashed", step["action"])
                 self._fail(intent, step["action"], f"{type(exc).__name__}: {exc}",
                            terminal=False, results=results)
                 return
+            finally:
+                self.step_deadline = None
             results.append({"step": index, "action": step["action"], "result": outcome})
             if index == len(steps) - 1:
                 break  # the last step's progress is committed with the completion below
             with self.store.transaction() as tx:
                 if not lifecycle.advance(tx, intent, self.owner, index + 1, results):
                     return
-        self._expire_silences(results, ctx)
+        for item in results:
+            ACTIONS[item["action"]].after_playbook(item.get("result") or {}, ctx)
         with self.store.transaction() as tx:
             lifecycle.complete(tx, intent, self.owner, list(steps), results,
-                               "on_resolve steps completed" if decision == "resolve_act"
+                               "on_resolve steps completed" if decision == Decision.RESOLVE_ACT
                                else "all steps completed")
-        if decision == "act" and self.recovery is not None:
+        if decision == Decision.ACT and self.recovery is not None:
             self.recovery.observe_intent(self.session, self.config.prometheus_url, book.name,
                                          intent.alertname, intent.labels, intent.starts_at,
                                          time.time())
-
-    def _diagnostics(self, intent: Intent) -> quarantine_action.Diagnostics:
-        """The stall's diagnostics record, from the job's stalled_job_diagnostics intent
-        (this alert's, or another alert's of the same stall: that playbook runs once per job
-        and cooldown). EvidencePending while it may still act: the record decides which node
-        is suspect, so the quarantine waits for it, up to two action timeouts and a minute
-        after the alert started; past that, or without one, the alert's own rank is."""
-        key = quarantine_action.diagnostics_target(intent.labels)
-        if key is None:
-            return quarantine_action.Diagnostics(note="no training_job label to find the "
-                                                 "diagnostics by")
-        now = time.time()
-        started = unix_time(intent.starts_at) or now
-        with self.store.transaction() as tx:
-            rows = tx.recent_firing_intents(
-                quarantine_action.DIAGNOSTICS_PLAYBOOK, key,
-                started - quarantine_action.DIAGNOSTICS_CLOCK_SLACK_SECONDS)
-        return quarantine_action.find_diagnostics(
-            rows, waited=now - started,
-            wait_limit=2 * self.config.action_timeout_seconds + 60)
 
     def _defer(self, intent: Intent, why: str) -> None:
         """Look at this intent again soon, undecided and without counting an attempt."""
         with self.store.transaction() as tx:
             lifecycle.wait_for_evidence(tx, intent, self.owner, time.time() + self._recheck)
         log.debug("intent %d (%s) waits: %s", intent.id, intent.playbook, why)
-
-    def _expire_silences(self, results: list[dict[str, Any]], ctx: ActionContext) -> None:
-        for item in results:
-            res = item.get("result") or {}
-            if item["action"] == "silence" and res.get("silence_id") and res.get(
-                    "expire_after_playbook", True):
-                silence_action.expire(res["silence_id"], ctx)
 
     def release_after_crash(self, intent: Intent, message: str) -> None:
         """An unexpected error outside a step: retry later (or fail for good), audited."""
@@ -258,23 +283,30 @@ class Engine:
     def _fail(self, intent: Intent, action: str, message: str, *, terminal: bool,
               results: list[dict[str, Any]] | None = None) -> None:
         attempts = intent.attempts + 1
-        if action == "quarantine" and self.config.scheduler is not None:
-            # the scheduler may be away (a slurmctld restart): keep trying until its deadline
-            delay = quarantine_action.retry_delay(self.config, attempts)
-        else:
-            delay = (None if attempts >= self.config.max_attempts
-                     else self.config.retry_backoff_seconds * attempts)
+        policy = ACTIONS.get(action, DEFAULT_ACTION)  # the action's retry policy
+        delay = policy.retry_delay(self.config, attempts)
         give_up = terminal or delay is None
         with self.store.transaction() as tx:
             if not lifecycle.fail(
                     tx, intent, self.owner, action=action, message=message, attempts=attempts,
                     give_up=give_up, results=results, not_before=time.time() + (delay or 0)):
                 return  # no retry of a firing step once the alert resolved
-        if give_up and action == "quarantine":
-            quarantine_action.page_failure(self.session, self.config, intent, attempts, message)
         if give_up:
+            page = policy.gave_up(intent, attempts, message, self.config)
+            if page is not None:
+                self.pager.send(page)
             log.error("intent %d (%s) failed after %d attempts: %s", intent.id, intent.playbook,
                       attempts, message[:500])
         else:
             log.warning("intent %d (%s) attempt %d failed, will retry: %s", intent.id,
                         intent.playbook, attempts, message[:500])
+
+
+class _PlanFailed(Exception):
+    """An action's plan failed in a way a retry may fix (ActionError), with the action's
+    name for the audit."""
+
+    def __init__(self, action: str, message: str) -> None:
+        super().__init__(message)
+        self.action = action
+        self.message = message

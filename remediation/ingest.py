@@ -38,6 +38,16 @@ MAX_REASON = 500
 FINGERPRINT = re.compile(r"[0-9a-f]{1,32}")  # as in schemas/alert.schema.json
 
 
+def escalation_playbook() -> Playbook:
+    """Built in: page a human when Alertmanager truncated alerts from a notification."""
+    return Playbook(
+        name=ESCALATION_PLAYBOOK, alertnames=frozenset({"TruncatedAlerts"}), matchers=(),
+        target=(), steps=({"action": "http", "url": "${config.pager_url}", "json": {
+            "event": "truncated_alerts",
+            "summary": "Alertmanager truncated alerts from a remediation notification: they "
+                       "were not remediated; see GET /v1/actions?decision=truncated_escalated"}},))
+
+
 @dataclass
 class IngestResult:
     accepted: int = 0

@@ -14,7 +14,10 @@ SQL, this module owns which state follows which and what the audit says about it
               runs), `defer` (a resolve waiting for its running firing intent: pending
               again), or `finish` with a terminal decision (refused, dry_run, cooled_down,
               rate_limited, a quarantine rail's) or awaiting_approval
-    awaiting_approval -> pending (`approve`), rejected (`reject`), or cancelled (resolved)
+    awaiting_approval -> pending (`approve`), rejected (`reject`), or cancelled (resolved);
+              a hold that outlives its alert (`hold_for_approval`: an action's
+              `outlives_resolve`) is not cancelled by the resolve; it ends approved, rejected
+              or expired (`expire_holds`)
     act       -> step by step (`advance`) -> done (`complete`, audited acted), pending again
               (`fail`, a retry after backoff), failed (`fail`, given up), or cancelled (the
               alert resolved: `cancel_if_resolved`, checked at every step boundary)
@@ -30,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trainwatch.remediation.decisions import Decision
 from trainwatch.remediation.store import Intent, NewIntent, Seen, Transaction
 
 
@@ -64,7 +68,7 @@ def retry_failed(tx: Transaction, fire: Intent | None, now: float) -> bool:
         return False
     tx.update_intent(fire.id, state="pending", attempts=0, lease_owner=None, lease_until=None,
                      not_before=now)
-    tx.audit("retried", **ids(fire), reason="the alert is still firing after this intent "
+    tx.audit(Decision.RETRIED, **ids(fire), reason="the alert is still firing after this intent "
              f"failed: tried again from step {fire.next_step + 1}",
              detail={"decision": fire.decision, "next_step": fire.next_step})
     return True
@@ -77,8 +81,9 @@ def duplicate(tx: Transaction, new: NewIntent, reason: str) -> None:
 
 def cancel_unstarted(tx: Transaction, fire: Intent | None) -> None:
     """The alert resolved: its firing intent's steps that are not running now never will.
-    A running intent is left to stop itself at its next step boundary."""
-    if fire is None or fire.state not in ("pending", "awaiting_approval"):
+    A running intent is left to stop itself at its next step boundary; a hold that outlives
+    its alert stays."""
+    if fire is None or fire.state not in ("pending", "awaiting_approval") or fire.hold_until:
         return
     tx.update_intent(fire.id, state="cancelled", decision="cancelled", lease_owner=None,
                      lease_until=None)
@@ -101,9 +106,9 @@ def hold(tx: Transaction, intent: Intent, owner: str) -> Seen:
 def cancel_if_resolved(tx: Transaction, seen: Seen, next_step: int,
                        results: list[dict[str, Any]] | None = None) -> bool:
     """If the alert of this firing intent has resolved, mark the intent cancelled (steps from
-    `next_step` on never run) and audit it."""
+    `next_step` on never run) and audit it. An intent held past its alert's resolve goes on."""
     intent = seen.intent
-    if intent.phase != "fire" or not seen.resolved:
+    if intent.phase != "fire" or not seen.resolved or intent.hold_until:
         return False
     kept = results if results is not None else intent.results
     tx.update_intent(intent.id, state="cancelled", decision="cancelled", lease_owner=None,
@@ -121,6 +126,29 @@ def finish(tx: Transaction, intent: Intent, decision: str, state: str, reason: s
                      lease_until=None)
     tx.audit(decision, reason=reason, detail=detail, **ids(intent))
     return decision
+
+
+def hold_for_approval(tx: Transaction, intent: Intent, reason: str, detail: Any,
+                      until: float) -> str:
+    """Awaiting approval until `until`, whatever the alert does meanwhile: its resolve does
+    not cancel it (nor its steps once approved); `expire_holds` ends it at `until`."""
+    tx.update_intent(intent.id, state="awaiting_approval",
+                     decision=Decision.AWAITING_APPROVAL, lease_owner=None, lease_until=None,
+                     hold_until=until)
+    tx.audit(Decision.AWAITING_APPROVAL, reason=reason, detail=detail, **ids(intent))
+    return Decision.AWAITING_APPROVAL
+
+
+def expire_holds(tx: Transaction, now: float) -> list[Intent]:
+    """Holds nobody decided before their `hold_until`: cancelled, audited `expired`; the
+    caller pages for each."""
+    expired = tx.expire_holds(now)
+    for intent in expired:
+        tx.audit(Decision.EXPIRED, reason="held for approval and not decided in time: nothing "
+                 "was done; the fault may still be there", detail={"hold_until":
+                                                                   intent.hold_until},
+                 **ids(intent))
+    return expired
 
 
 def defer(tx: Transaction, intent: Intent, not_before: float) -> str:
@@ -166,7 +194,7 @@ def advance(tx: Transaction, intent: Intent, owner: str, next_step: int,
     """A step is done: record the progress (one statement while the lease holds and the alert
     has not resolved). False when the alert resolved and the intent was cancelled instead;
     LostLease when the lease is gone."""
-    firing = intent.phase == "fire"
+    firing = intent.phase == "fire" and not intent.hold_until
     if tx.update_held(intent, owner, unless_resolved=firing, next_step=next_step,
                       results=results):
         return True
@@ -201,7 +229,8 @@ def fail(tx: Transaction, intent: Intent, owner: str, *, action: str, message: s
         return True
     retry = {"state": "pending", "attempts": attempts, "lease_owner": None, "lease_until": None,
              "not_before": not_before}
-    if tx.update_held(intent, owner, unless_resolved=intent.phase == "fire", **retry):
+    firing = intent.phase == "fire" and not intent.hold_until
+    if tx.update_held(intent, owner, unless_resolved=firing, **retry):
         return True
     failed_step = len(results) if results is not None else intent.next_step
     if cancel_if_resolved(tx, hold(tx, intent, owner), failed_step, results):
@@ -211,24 +240,45 @@ def fail(tx: Transaction, intent: Intent, owner: str, *, action: str, message: s
 
 
 # --- awaiting approval (the approval API) --------------------------------------------------
-def approve(tx: Transaction, intent_id: int, who: str, *, approved: bool
-            ) -> tuple[str, str | None]:
-    """An approver's answer to an intent awaiting approval, as (outcome, the intent's state
-    before): 'approved' (pending again, decided with the approval next), 'rejected', or why
-    nothing was recorded: 'missing', 'not_awaiting' (the state says what it is), 'cancelled'
-    (approved, but the alert resolved: cancelled instead)."""
+@dataclass(frozen=True)
+class Approval:
+    """An approver's answer as recorded: the outcome ('approved', 'rejected', or why nothing
+    was recorded: 'missing', 'not_awaiting', 'cancelled'), the intent's state before, and the
+    rails the approval overrides (those the hold named; the rails are checked again when the
+    approval is used, and any other that tripped since holds it again)."""
+
+    outcome: str
+    state: str | None
+    overrides: tuple[str, ...] = ()
+
+
+def approved_rails(tx: Transaction, intent_id: int) -> frozenset[str]:
+    """The rails the intent's newest approval overrode."""
+    detail = tx.latest_audit_detail(intent_id, Decision.APPROVED) or {}
+    return frozenset(str(r) for r in detail.get("overrides", ()))
+
+
+def approve(tx: Transaction, intent_id: int, who: str, *, approved: bool) -> Approval:
+    """An approver's answer to an intent awaiting approval: approved (pending again, decided
+    with the approval next), rejected, or nothing recorded: missing, not awaiting (the state
+    says what it is), cancelled (approved, but the alert resolved: cancelled instead)."""
     seen = tx.look(intent_id)
     if seen is None:
-        return "missing", None
+        return Approval("missing", None)
     intent = seen.intent
     if intent.state != "awaiting_approval":
-        return "not_awaiting", intent.state
+        return Approval("not_awaiting", intent.state)
     if approved and cancel_if_resolved(tx, seen, intent.next_step):
-        return "cancelled", intent.state
+        return Approval("cancelled", intent.state)
+    held = tx.latest_audit_detail(intent_id, Decision.AWAITING_APPROVAL) or {}
+    overrides = tuple(str(r) for r in held.get("rails", ()))
     if approved:
         tx.update_intent(intent_id, state="pending", decision=None, approved=1)
     else:
-        tx.update_intent(intent_id, state="rejected", decision="rejected")
-    outcome = "approved" if approved else "rejected"
-    tx.audit(outcome, reason=f"{outcome} by {who}", detail={"approver": who}, **ids(intent))
-    return outcome, intent.state
+        tx.update_intent(intent_id, state="rejected", decision=Decision.REJECTED)
+    outcome = Decision.APPROVED if approved else Decision.REJECTED
+    reason = f"{outcome} by {who}" + (f", overriding {', '.join(overrides)}"
+                                      if approved and overrides else "")
+    tx.audit(outcome, reason=reason, detail={"approver": who, "overrides": list(overrides)},
+             **ids(intent))
+    return Approval(str(outcome), intent.state, overrides)

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from trainwatch.exporters.contract import catalog as c
+from trainwatch.remediation.actions.quarantine import node_faults
 from trainwatch.remediation.config import Config
 from trainwatch.remediation.store import PRIORITIES, Store
 
@@ -73,6 +74,24 @@ class StoreCollector(Collector):
         yield by_priority
         total = at_or_above(0)
         yield _family(c.REMEDIATION_ACTIONS_IN_BREAKER_WINDOW, total)
+        yield from self._lemon_nodes()
+
+    def _lemon_nodes(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        """Per node quarantined in the window: how often, how far apart the last two, and
+        whether it is kept out (the operator's lemon-node list)."""
+        faults = _family(c.REMEDIATION_NODE_FAULTS)
+        interval = _family(c.REMEDIATION_NODE_FAULT_INTERVAL)
+        kept = _family(c.REMEDIATION_NODE_KEPT_OUT)
+        settings = self.config.scheduler
+        if settings is not None:
+            for node, times in sorted(node_faults(self.store, settings, time.time()).items()):
+                faults.add_metric([node], len(times))
+                if len(times) > 1:
+                    interval.add_metric([node], times[-1] - times[-2])
+                kept.add_metric([node], 1.0 if len(times) >= settings.lemon_faults else 0.0)
+        yield faults
+        yield interval
+        yield kept
 
 
 class WebhookMetrics:

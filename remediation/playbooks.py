@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -9,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from jsonschema import Draft202012Validator
 
 from trainwatch.exporters.contract import commands as training_commands
+from trainwatch.remediation.actions.registry import ACTIONS
 from trainwatch.remediation.durations import seconds
-from trainwatch.remediation.schemas import first_error
+from trainwatch.remediation.schemas import first_error, validator
 from trainwatch.remediation.templating import referenced_labels
 
 
@@ -74,9 +78,19 @@ def _check_command_args(step: dict[str, Any], where: str) -> None:
         raise PlaybookError(f"{where}/args: {exc}") from None
 
 
+@functools.cache
+def playbook_validator() -> Draft202012Validator:
+    """schemas/playbook.schema.json with the step of every registered action that describes
+    its own (Action.step_schema): a new action's step is described in its module."""
+    schema = copy.deepcopy(validator("playbook").schema)
+    schema["$defs"]["step"]["oneOf"].extend(
+        action.step_schema for action in ACTIONS.values() if action.step_schema is not None)
+    return Draft202012Validator(schema)
+
+
 def parse_playbook(doc: object, source: Path) -> Playbook:
     """Validate one parsed playbook document and type it."""
-    error = first_error("playbook", doc)
+    error = first_error("playbook", doc, using=playbook_validator())
     if error:
         raise PlaybookError(f"{source}: {error}")
     assert isinstance(doc, dict)

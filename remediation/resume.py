@@ -10,13 +10,18 @@ or a scheduled job on the remediation host, is the only way back, and it refuses
    writes (`trainwatch: ... intent <id>`). A node drained, down or reserved by a person or by
    Slurm is theirs: refused, audited `node_not_ours` and paged, and checked again right before
    the resume (the health check takes a while),
-3. Prometheus saw no XID on that node since the drain (the exporter's XID counter; NVML keeps
+3. it is not kept out as a lemon (quarantined `lemon_faults` times inside the window,
+   trainwatch.remediation.actions.quarantine.kept_out),
+4. Prometheus saw no XID on that node since the drain (the exporter's XID counter; NVML keeps
    no history),
-4. the node_health_check Ansible playbook passes on exactly that host (NVML state of every
+5. the node_health_check Ansible playbook passes on exactly that host (NVML state of every
    GPU, pending or failed row remaps, uncorrectable ECC; a short burn and all-reduce where
    there is CUDA).
 
-Every outcome is written to the audit (decision `node_resumed` or `node_resume_refused`).
+Every outcome is written to the audit (decision `node_resumed`, `node_resume_refused` or
+`node_not_ours`); a
+resume ends the node's quarantine grant in the same transaction, so its next fault drains it
+again at once.
 """
 
 from __future__ import annotations
@@ -34,11 +39,15 @@ import requests
 from trainwatch.exporters import add_version_argument
 from trainwatch.exporters.contract import catalog
 from trainwatch.remediation.actions import ansible as ansible_action
+from trainwatch.remediation.actions import quarantine as quarantine_action
 from trainwatch.remediation.actions.base import ActionContext, ActionError
 from trainwatch.remediation.actions.prometheus import PrometheusError, instant_query
 from trainwatch.remediation.config import Config, ConfigError, load_config
+from trainwatch.remediation.decisions import Decision
 from trainwatch.remediation.faults import NodeMap
 from trainwatch.remediation.labels import LabelError
+from trainwatch.remediation.outgoing import CallFailed, call
+from trainwatch.remediation.pager import Page
 from trainwatch.remediation.schedulers import for_config
 from trainwatch.remediation.schedulers.base import NodeNotOurs, SchedulerError
 from trainwatch.remediation.stores import open_store
@@ -105,6 +114,15 @@ def resume_node(config: Config, host: str) -> dict[str, Any]:
         raise NotOurs(f"{node} is {state.state} by someone else ({state.reason!r}); "
                       "Trainwatch leaves it to them")
     report: dict[str, Any] = {"host": host, "node": node, "drain_reason": state.reason}
+    if config.scheduler is not None:
+        store = open_store(config)
+        try:
+            with store.transaction() as tx:
+                why = quarantine_action.kept_out(tx, node, config.scheduler, tx.now)
+        finally:
+            store.close()
+        if why is not None:
+            raise ResumeRefused(why)
     xids = xids_since(config, host, drained_since(state.since, time.time()))
     report["xids_since_drain"] = xids
     if xids:
@@ -124,23 +142,32 @@ def resume_node(config: Config, host: str) -> dict[str, Any]:
 
 
 def _page(config: Config, host: str, reason: str) -> None:
-    """Tell the on-call that a node someone else has out of service was asked back."""
+    """Tell the on-call that a node someone else has out of service was asked back (one
+    deadline for the whole call, trainwatch.remediation.outgoing)."""
     if not config.pager_url:
         return
+    page = Page(Decision.NODE_NOT_OURS, None, "", f"trainwatch-resume-node {host} refused: "
+                f"{reason}", {"host": host})
     try:
-        requests.post(config.pager_url, timeout=config.request_timeout_seconds, json={
-            "event": "node_not_ours", "host": host,
-            "summary": f"trainwatch-resume-node {host} refused: {reason}"})
-    except requests.RequestException as exc:
+        answer = call("POST", config.pager_url, json_body=page.body(),
+                      deadline_seconds=config.request_timeout_seconds)
+    except CallFailed as exc:
         print(f"trainwatch-resume-node: paging failed: {exc}", file=sys.stderr)
+        return
+    if answer.status >= 300:
+        print(f"trainwatch-resume-node: paging failed: the pager answered {answer.status}",
+              file=sys.stderr)
 
 
-def _audit(config: Config, decision: str, host: str, reason: str, detail: Any) -> None:
+def _audit(config: Config, decision: str, host: str, reason: str, detail: Any,
+           resumed_node: str | None = None) -> None:
     store = open_store(config)
     try:
         with store.transaction() as tx:
+            if resumed_node is not None:
+                quarantine_action.end_quarantine(tx, resumed_node, tx.now)
             tx.audit(decision, playbook="node_health_check", target_key=host,
-                        action="resume_node", reason=reason[:4000], detail=detail)
+                     action="resume_node", reason=reason[:4000], detail=detail)
     finally:
         store.close()
 
@@ -161,13 +188,15 @@ def main(argv: list[str] | None = None) -> int:
         report = resume_node(config, args.host)
     except (ResumeRefused, SchedulerError) as exc:
         not_ours = isinstance(exc, NotOurs)
-        _audit(config, "node_not_ours" if not_ours else "node_resume_refused", args.host,
+        _audit(config, Decision.NODE_NOT_OURS if not_ours else Decision.NODE_RESUME_REFUSED,
+               args.host,
                str(exc), {"host": args.host})
         if not_ours:
             _page(config, args.host, str(exc))
         print(json.dumps({"resumed": False, "reason": str(exc)}))
         return 1
-    _audit(config, "node_resumed", args.host, "health check passed; node resumed", report)
+    _audit(config, Decision.NODE_RESUMED, args.host, "health check passed; node resumed", report,
+           resumed_node=report["node"])
     print(json.dumps({"resumed": True, **report}))
     return 0
 

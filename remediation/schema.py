@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS intents (
     lease_gen INTEGER NOT NULL DEFAULT 0,
     lease_beat INTEGER NOT NULL DEFAULT 0,
     lease_seconds {real},
+    hold_until {real} NOT NULL DEFAULT 0,
     UNIQUE (fingerprint, starts_at, playbook, phase)
 );
 CREATE INDEX IF NOT EXISTS intents_claim ON intents (state, not_before);
@@ -68,7 +69,8 @@ CREATE TABLE IF NOT EXISTS grants (
     playbook TEXT NOT NULL,
     target_key TEXT NOT NULL,
     intent_id {big} NOT NULL,
-    priority INTEGER NOT NULL DEFAULT 1
+    priority INTEGER NOT NULL DEFAULT 1,
+    ended_at {real}
 );
 CREATE INDEX IF NOT EXISTS grants_target ON grants (playbook, target_key, at);
 CREATE INDEX IF NOT EXISTS grants_at ON grants (at);
@@ -95,7 +97,9 @@ ADDED_COLUMNS: Final = (("intents", "acted", "INTEGER NOT NULL DEFAULT 0"),
                         ("grants", "priority", "INTEGER NOT NULL DEFAULT 1"),
                         ("intents", "lease_gen", "INTEGER NOT NULL DEFAULT 0"),
                         ("intents", "lease_beat", "INTEGER NOT NULL DEFAULT 0"),
-                        ("intents", "lease_seconds", "{real}"))
+                        ("intents", "lease_seconds", "{real}"),
+                        ("intents", "hold_until", "{real} NOT NULL DEFAULT 0"),
+                        ("grants", "ended_at", "{real}"))
 
 SQLITE_TYPES: Final = {"id": "INTEGER PRIMARY KEY", "real": "REAL", "big": "INTEGER",
                        "counters_options": " WITHOUT ROWID"}

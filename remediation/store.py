@@ -121,6 +121,9 @@ class Intent(NewIntent):
     lease_owner: str | None
     acted: bool = False
     lease_gen: int = 0  # the claim's fencing token (Store.claim, Store.owns)
+    # 0, or until when an approval hold outlives its alert's resolve (an action's
+    # `outlives_resolve`): a resolve neither cancels it nor its steps once approved
+    hold_until: float = 0.0
 
     @property
     def idempotency_key(self) -> str:
@@ -135,7 +138,8 @@ class Intent(NewIntent):
             target_key=row["target_key"], state=row["state"], decision=row["decision"],
             next_step=row["next_step"], attempts=row["attempts"], approved=bool(row["approved"]),
             results=json.loads(row["results"]), lease_owner=row["lease_owner"],
-            acted=bool(row["acted"]), lease_gen=int(row["lease_gen"]))
+            acted=bool(row["acted"]), lease_gen=int(row["lease_gen"]),
+            hold_until=float(row["hold_until"] or 0))
 
 
 class LeaseWatch:
@@ -407,6 +411,24 @@ class GrantCounts:
 
 
 
+@dataclass(frozen=True)
+class GrantRow:
+    """One grant as an action's rails read it (Transaction.grant_history)."""
+
+    target_key: str
+    at: float
+    intent_id: int
+    ended_at: float | None
+    intent_state: str | None  # None once retention removed the intent
+
+    @property
+    def holds(self) -> bool:
+        """Still holding: not ended, and its intent neither failed nor was cancelled or
+        refused (its steps did or may still do what was granted)."""
+        return self.ended_at is None and self.intent_state not in (
+            "failed", "cancelled", "refused", "rejected")
+
+
 def _resolved(row: str) -> str:
     """SQL: the resolve of the same alert and playbook as the intents row `row` is recorded."""
     return (f"EXISTS (SELECT 1 FROM intents r WHERE r.fingerprint = {row}.fingerprint"  # noqa: S608
@@ -416,7 +438,7 @@ def _resolved(row: str) -> str:
 
 SAVEPOINT_NAMES = frozenset({"part", "alert", "delivery"})
 UPDATABLE = frozenset({"state", "decision", "next_step", "attempts", "not_before", "lease_owner",
-                       "lease_until", "approved", "results", "acted"})
+                       "lease_until", "approved", "results", "acted", "hold_until"})
 
 
 class Transaction:
@@ -579,6 +601,50 @@ class Transaction:
             "SELECT DISTINCT target_key FROM grants WHERE playbook=? AND at>=?",
             (playbook, since)).fetchall()
         return sorted(str(row[0]) for row in rows)
+
+    def grant_history(self, playbook: str, since: float,
+                      target_key: str | None = None) -> list[GrantRow]:
+        """`playbook`'s grants since `since` (on one target, or all), oldest first, each with
+        its intent's state: what an action's rails read of what it was granted before."""
+        where = "g.playbook=? AND g.at>=?" + (" AND g.target_key=?" if target_key else "")
+        args = (playbook, since, target_key) if target_key else (playbook, since)
+        rows = self._conn.execute(
+            "SELECT g.target_key, g.at, g.intent_id, g.ended_at, i.state FROM grants g"  # noqa: S608
+            f" LEFT JOIN intents i ON i.id = g.intent_id WHERE {where} ORDER BY g.at, g.id",
+            args).fetchall()
+        return [GrantRow(str(r[0]), float(r[1]), int(r[2]),
+                         float(r[3]) if r[3] is not None else None, r[4]) for r in rows]
+
+    def end_grants(self, playbook: str, at: float, *, target_key: str | None = None,
+                   intent_id: int | None = None) -> int:
+        """Mark `playbook`'s open grants on a target (or of an intent) ended at `at`: they
+        stay in the history (a count of faults) but no longer hold anything."""
+        if (target_key is None) == (intent_id is None):
+            raise ValueError("end_grants: one of target_key or intent_id")
+        column, value = ("target_key", target_key) if target_key is not None \
+            else ("intent_id", intent_id)
+        return int(self._conn.execute(
+            f"UPDATE grants SET ended_at=? WHERE playbook=? AND {column}=?"  # noqa: S608
+            " AND ended_at IS NULL", (at, playbook, value)).rowcount)
+
+    def latest_audit_detail(self, intent_id: int, decision: str) -> dict[str, Any] | None:
+        """The detail of an intent's newest audit row with `decision` (None without one)."""
+        row = self._conn.execute(
+            "SELECT detail FROM audit WHERE intent_id=? AND decision=? ORDER BY id DESC"
+            " LIMIT 1", (intent_id, decision)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        detail = json.loads(row[0])
+        return detail if isinstance(detail, dict) else None
+
+    def expire_holds(self, now: float) -> list[Intent]:
+        """The intents awaiting approval whose hold ran out (`hold_until` passed): cancelled,
+        decision `expired`, returned for the caller to audit and page."""
+        rows = self._conn.execute(
+            "UPDATE intents SET state='cancelled', decision='expired', updated_at=?"
+            " WHERE state='awaiting_approval' AND hold_until > 0 AND hold_until < ?"
+            " RETURNING *", (now, now)).fetchall()
+        return [Intent.from_row(r) for r in rows]
 
     # --- retention ------------------------------------------------------------------------
     def prune(self, keep: float, max_step: float | None) -> tuple[int, int] | str:
@@ -796,6 +862,10 @@ class Store:
                          " WHERE state='running' AND lease_owner=?", (lease_seconds, owner))
 
     # --- reads outside a transaction ------------------------------------------------------
+    def grant_history(self, playbook: str, since: float) -> list[GrantRow]:
+        """Transaction.grant_history, read outside a transaction (/metrics)."""
+        return Transaction(self._conn()).grant_history(playbook, since)
+
     def grants_by_priority(self, since: float) -> dict[int, int]:
         """Grants since `since` by priority (the breakers' gauges: /metrics)."""
         rows = self._conn().execute(

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from trainwatch.remediation.config import Config
 from trainwatch.remediation.engine import Engine
 from trainwatch.remediation.lifecycle import LostLease
+from trainwatch.remediation.pager import Pager
 from trainwatch.remediation.playbooks import Playbook
 from trainwatch.remediation.recovery import RecoveryTimes
 from trainwatch.remediation.store import ClockSkew, ClockSuspect, Store
@@ -40,6 +41,9 @@ class Worker:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._threads: list[threading.Thread] = []
+        # pages go out from one thread of their own, never from a worker's
+        self.pager = Pager(config.pager_url, config.request_timeout_seconds)
+        self._engines: list[Engine] = []
         self.recovery: RecoveryTimes | None = None  # set before start() to record them
 
     def start(self) -> None:
@@ -54,6 +58,13 @@ class Worker:
     def alive(self) -> bool:
         return bool(self._threads) and all(t.is_alive() for t in self._threads)
 
+    def stuck(self) -> int:
+        """How many worker threads run a step well past its timeout (each outgoing call has
+        a deadline, so one that is must be stuck in something else)."""
+        now = time.monotonic()
+        return sum(1 for engine in list(self._engines)
+                   if engine.step_deadline is not None and now > engine.step_deadline)
+
     def wake(self) -> None:
         """Called after an accepted webhook so new work starts without waiting for a poll."""
         self._wake.set()
@@ -63,12 +74,18 @@ class Worker:
         self._wake.set()
         for t in self._threads:
             t.join(timeout)
+        self.pager.stop()
 
     def _heartbeat(self) -> None:
         """Renews leases; also applies audit retention, once at start and then hourly."""
         self.store.use_worker_durability()
         next_prune = time.monotonic()
+        holds = Engine(self.config, self.store, self.books, self.owner, self.pager)
         while True:
+            try:
+                holds.expire_holds()
+            except Exception:
+                log.exception("expiring approval holds failed")
             if time.monotonic() >= next_prune:
                 next_prune = time.monotonic() + PRUNE_EVERY
                 try:
@@ -93,8 +110,9 @@ class Worker:
 
     def _loop(self) -> None:
         self.store.use_worker_durability()
-        engine = Engine(self.config, self.store, self.books, self.owner)
+        engine = Engine(self.config, self.store, self.books, self.owner, self.pager)
         engine.recovery = self.recovery
+        self._engines.append(engine)
         while not self._stop.is_set():
             try:
                 intent = self.store.claim(self.owner, self.config.lease_seconds)

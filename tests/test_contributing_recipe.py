@@ -1,7 +1,8 @@
-"""Issue 27: CONTRIBUTING.md's recipe "Add a GPU metric with an alert and a panel" is carried
-out, block by block as the page writes it, in a copy of the repository: every edit must find
-its place in the code, and the build and the checks the recipe names must pass afterwards. A
-step that stops matching the code fails here, not in a newcomer's hands."""
+"""CONTRIBUTING.md's recipes ("Add a GPU metric with an alert and a panel", "Add a remediation
+action with rails") are carried out, block by block as the page writes them, in a copy of the
+repository: every edit must find its place in the code, and the build and the checks the
+recipe names must pass afterwards. A step that stops matching the code fails here, not in a
+newcomer's hands."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from scripts import build, doc_facts
 from tests.support.repo_copy import ROOT, changed_files, copy_repository, python_path
 
 SECTION = "## Add a GPU metric with an alert and a panel"
+ACTION_SECTION = "## Add a remediation action with rails: 1 module plus its test"
 # ```LANG recipe PATH MODE [ANCHOR] ... ```
 BLOCK = re.compile(r"^```(\w+) recipe (\S+)(?: (before|after|replace|create|append)"
                    r"(?: ([^\n]+))?)?\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -31,11 +33,11 @@ class Step:
     text: str
 
 
-def recipe(page: Path) -> list[Step]:
+def recipe(page: Path, section_title: str = SECTION) -> list[Step]:
     """The recipe's blocks in page order."""
     text = page.read_text()
-    start = text.index(SECTION)
-    end = text.find("\n## ", start + len(SECTION))
+    start = text.index(section_title)
+    end = text.find("\n## ", start + len(section_title))
     section = text[start:end if end >= 0 else len(text)]
     steps = []
     for _lang, path, mode, anchor, body in BLOCK.findall(section):
@@ -95,13 +97,7 @@ def test_the_recipe_adds_a_gpu_metric_with_an_alert_and_a_panel(tmp_path: Path) 
         if step.path != "run":
             apply(repo, step)
     edited = {s.path for s in steps if s.path != "run"}
-    for step in steps:
-        if step.path == "run":
-            done = subprocess.run(["bash", "-euo", "pipefail", "-c", step.text], cwd=repo,
-                                  env={**os.environ, "PYTHONPATH": python_path(repo)},
-                                  capture_output=True, text=True, timeout=1500, check=False)
-            assert done.returncode == 0, (f"the recipe's commands failed:\n{step.text}\n"
-                                          f"{done.stdout[-4000:]}{done.stderr[-3000:]}")
+    run_commands(repo, steps)
     changed = changed_files(repo)
     assert edited <= set(changed)
     # what the build and the golden test regenerated, and nothing else
@@ -117,3 +113,29 @@ def test_the_recipe_adds_a_gpu_metric_with_an_alert_and_a_panel(tmp_path: Path) 
     golden = (repo / "tests/gpu/golden/simulated_8_gpus.prom").read_text()
     assert "trainwatch_gpu_fan_speed_ratio{" in golden
     assert "GpuFanSpeedHigh" in (repo / build.RULES_DIR / "production" / "gpu.yml").read_text()
+
+
+def run_commands(repo: Path, steps: list[Step]) -> None:
+    """The recipe's command blocks, in the copy, importing trainwatch.* from the copy."""
+    for step in steps:
+        if step.path == "run":
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", step.text], cwd=repo,
+                                  env={**os.environ, "PYTHONPATH": python_path(repo)},
+                                  capture_output=True, text=True, timeout=1500, check=False)
+            assert done.returncode == 0, (f"the recipe's commands failed:\n{step.text}\n"
+                                          f"{done.stdout[-4000:]}{done.stderr[-3000:]}")
+
+
+@pytest.mark.slow
+def test_the_recipe_adds_a_remediation_action_with_rails_in_one_module(tmp_path: Path) -> None:
+    """The new action is one module (and its test): no other file changes, the engine least
+    of all, and the action's own test and the interface test pass in the copy."""
+    repo = copy_repository(tmp_path / "repo")
+    steps = recipe(repo / "CONTRIBUTING.md", ACTION_SECTION)
+    for step in steps:
+        if step.path != "run":
+            apply(repo, step)
+    edited = {s.path for s in steps if s.path != "run"}
+    assert edited == {"remediation/actions/ticket.py", "tests/remediation/test_ticket.py"}
+    run_commands(repo, steps)
+    assert set(changed_files(repo)) == edited

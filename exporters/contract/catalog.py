@@ -608,6 +608,15 @@ REMEDIATION_CIRCUIT_BREAKER_PRIORITY_OPEN = _remediation(
     "1 while the circuit breaker of this playbook priority refuses to act", ("priority",))
 REMEDIATION_ACTIONS_IN_BREAKER_WINDOW = _remediation(
     "actions_in_breaker_window", GAUGE, "Actions granted inside the circuit breaker window")
+REMEDIATION_NODE_FAULTS = _remediation(
+    "node_faults", GAUGE, "Times the node was quarantined inside the quarantine window (a lemon "
+    "node at lemon_faults and above: kept out of service)", ("node",))
+REMEDIATION_NODE_FAULT_INTERVAL = _remediation(
+    "node_fault_interval_seconds", GAUGE, "Time between the node's last two quarantines inside "
+    "the quarantine window", ("node",), unit="seconds")
+REMEDIATION_NODE_KEPT_OUT = _remediation(
+    "node_kept_out", GAUGE, "1 while the node is a lemon node: quarantined lemon_faults times in "
+    "the window, trainwatch-resume-node refuses it", ("node",))
 REMEDIATION_WEBHOOK_REQUESTS = _remediation("webhook_requests_total", COUNTER,
                                             "Webhook requests by HTTP status", ("code",))
 REMEDIATION_WEBHOOK_DURATION = _remediation("webhook_duration_seconds", HISTOGRAM,

@@ -27,7 +27,7 @@ from typing import Any
 import ansible_runner
 
 from trainwatch.exporters.contract.catalog import LABEL_JOB, LABEL_NODE
-from trainwatch.remediation.actions.base import ActionContext, ActionError, timeout_of
+from trainwatch.remediation.actions.base import Action, ActionContext, ActionError, timeout_of
 from trainwatch.remediation.actions.prometheus import job_instances
 from trainwatch.remediation.config import Config
 from trainwatch.remediation.inventory import TargetError, resolve_hosts
@@ -175,3 +175,16 @@ def _registered_output(runner: Any) -> tuple[dict[str, Any], dict[str, dict[str,
         captured[task] = str(res.get("stdout", ""))[-OUTPUT_LIMIT:]
         by_host.setdefault(str(data.get("host", "")), {})[task] = captured[task]
     return captured, by_host
+
+
+class Ansible(Action):
+    name = "ansible"
+
+    def check(self, step: dict[str, Any], labels: Mapping[str, str], config: Config) -> None:
+        check(step, labels, config)
+
+    def run(self, step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
+        return run(step, ctx)
+
+
+ACTION = Ansible()

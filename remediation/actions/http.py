@@ -1,13 +1,16 @@
-"""`http`: call a URL (a pager, a ticketing hook, an annotation API) with an Idempotency-Key."""
+"""`http`: call a URL (a pager, a ticketing hook, an annotation API) with an Idempotency-Key.
+
+The step's `timeout` (default the action timeout) is one deadline for the whole call
+(trainwatch.remediation.outgoing), not for each read: a server that trickles its answer fails
+the step at the deadline instead of holding a worker."""
 
 from __future__ import annotations
 
 from typing import Any
 from urllib.parse import urlsplit
 
-import requests
-
-from trainwatch.remediation.actions.base import ActionContext, ActionError, timeout_of
+from trainwatch.remediation.actions.base import Action, ActionContext, ActionError, timeout_of
+from trainwatch.remediation.outgoing import CallFailed, call
 from trainwatch.remediation.templating import TemplateError, render
 
 
@@ -25,10 +28,20 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
         return {"would_call": f"{method} {url}", "json": body}
     headers = {**headers, "Idempotency-Key": ctx.command_id()}
     try:
-        resp = ctx.session.request(method, url, json=body, headers=headers,
-                                   timeout=timeout_of(step, ctx.config.action_timeout_seconds))
-    except requests.RequestException as exc:
-        raise ActionError(f"http: {method} {url} failed: {type(exc).__name__}") from exc
-    if resp.status_code >= 300:
-        raise ActionError(f"http: {method} {url} answered {resp.status_code}")
-    return {"called": f"{method} {url}", "status": resp.status_code}
+        answer = call(method, url, json_body=body, headers=headers,
+                      deadline_seconds=timeout_of(step, ctx.config.action_timeout_seconds))
+    except CallFailed as exc:
+        raise ActionError(f"http: {method} {url} failed: {exc}") from exc
+    if answer.status >= 300:
+        raise ActionError(f"http: {method} {url} answered {answer.status}")
+    return {"called": f"{method} {url}", "status": answer.status}
+
+
+class Http(Action):
+    name = "http"
+
+    def run(self, step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
+        return run(step, ctx)
+
+
+ACTION = Http()

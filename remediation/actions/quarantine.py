@@ -1,27 +1,37 @@
 """`quarantine`: take the faulty node out of the scheduler and restart the job without it.
 
-Three parts, in the engine's order (remediation/engine.py calls the first two):
+The engine calls it through the action interface (trainwatch.remediation.actions.base):
 
-1. `plan_for` (before the decision, outside any transaction): classify the alert with the
-   fault-class table (trainwatch.remediation.faults), resolve the suspect through the inventory's
-   node
-   mapping (a label that is a hostlist, a pattern or an unknown name raises LabelError: the
-   intent is refused before any command runs) and read the pool's state from the scheduler.
-2. `decide` (inside the engine's decision transaction, so two replicas are serialised):
-   the rails. Observe-only playbooks record what would be done and page. A node already
-   quarantined inside the window (the same fault seen again: XID 79, then GpuLost) is not
-   drained or requeued again. Past `max_quarantined` nodes per window, or below
-   `min_healthy_fraction` of the pool in service, the intent waits for approval and the
-   on-call is paged. A granted quarantine is recorded as a grant row of its own
-   (playbook `:quarantine`, target the scheduler node, priority -1 so no breaker counts it).
-3. `run` (the step): drain with a reason naming the alert, the intent and the intent's plan,
-   then requeue the jobs running on the node (the job restarts from its newest committed
+1. `plan` (before the decision, outside any transaction): classify the alert with the
+   fault-class table (trainwatch.remediation.faults), resolve the suspect through the
+   inventory's node mapping (a label that is a hostlist, a pattern or an unknown name raises
+   LabelError: the intent is refused before any command runs) and read the pool's state from
+   the scheduler. A stall's suspects come from its diagnostics record: EvidencePending while
+   the diagnostics may still act.
+2. `rails` (inside the engine's decision transaction, so two replicas are serialised):
+   observe-only playbooks record what would be done and page. A node whose quarantine still
+   holds (drained and not returned, or a drain under way) is not drained or requeued again.
+   Past `max_quarantined` nodes drained per window, or below `min_healthy_fraction` of the
+   pool in service, the intent waits for approval with a page naming every rail that tripped;
+   an approval overrides exactly those, and the rails are checked again when it is used. A
+   restart-only fault restarts a job at most `max_restarts` times per `restart_window`, then
+   pages instead.
+3. `granted`: the quarantine is a grant row of its own (playbook `:quarantine`, target the
+   scheduler node, priority -1 so no breaker counts it) that holds while its intent's drain
+   happened or may still happen: it ends when its intent failed or was cancelled, and when
+   trainwatch-resume-node returns the node (`end_quarantine`). A node returned and faulting
+   again is drained again at once; the `lemon_faults`-th drain of one node inside the window
+   pages, and the node is kept out (`kept_out`: resume refuses) until its faults leave the
+   window.
+4. `run` (the step): drain with a reason naming the alert, the intent and the plan, then
+   requeue the jobs running on the node (the job restarts from its newest committed
    checkpoint on the nodes in service). For `restart` (the evidence names more than one
    node, or the fault is the job's), the jobs are requeued and nothing is drained.
 
-A node returns to service only through `trainwatch.remediation.cli resume-node` after the
-node_health_check playbook passed on it, never because an alert resolved (a lost GPU stops
-being scraped, so its alert resolves by itself): this action has no on_resolve.
+A node returns to service only through `trainwatch-resume-node` after the node_health_check
+playbook passed on it, never because an alert resolved (a lost GPU stops being scraped, so its
+alert resolves by itself): this action has no on_resolve, and an intent its rails hold for
+approval outlives the alert's resolve until it is decided or its hold expires (with a page).
 """
 
 from __future__ import annotations
@@ -29,16 +39,24 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from trainwatch.exporters.contract.catalog import LABEL_JOB
-from trainwatch.remediation.actions.base import ActionContext, ActionError
+from trainwatch.remediation.actions.base import (
+    Action,
+    ActionContext,
+    ActionError,
+    EvidencePending,
+    Plan,
+    RailsContext,
+    Verdict,
+)
 from trainwatch.remediation.config import Config, SchedulerSettings
+from trainwatch.remediation.decisions import Decision
 from trainwatch.remediation.faults import (
     DEFAULT_TABLE,
     Evidence,
@@ -51,24 +69,29 @@ from trainwatch.remediation.faults import (
     merge_records,
 )
 from trainwatch.remediation.labels import LabelError, safe_labels
+from trainwatch.remediation.pager import Page
+from trainwatch.remediation.recovery import unix_time
 from trainwatch.remediation.schedulers import for_config
 from trainwatch.remediation.schedulers.base import NodeNotOurs, SchedulerError
 from trainwatch.remediation.schedulers.base import retry_delay as _retry_delay
-from trainwatch.remediation.store import Intent, Transaction
+from trainwatch.remediation.store import GrantRow, Intent, Store, Transaction
 
 log = logging.getLogger(__name__)
 
+NAME = "quarantine"
 GRANT_PLAYBOOK = ":quarantine"  # no playbook name starts with ':' (schema: ^[a-z])
+RESTART_GRANTS = ":restart"  # one grant per job restarted for a restart-only fault
 GRANT_PRIORITY = -1  # below every breaker's minimum: the playbook's own grant counts there
-# The decisions the on-call is paged for (the engine pages after the decision is committed).
-PAGED_DECISIONS = ("observe_only", "awaiting_approval", "node_not_ours")
+# The rails an approval can override (named in the hold's page and audit).
+MAX_QUARANTINED = "max_quarantined"
+MIN_HEALTHY = "min_healthy_fraction"
 # The labels classification reads (each allowlisted first, like every label the engine uses).
 CLASSIFY_LABELS = ("alertname", "node", "xid", "rank", "training_job", "gpu")
 
 
 # The playbook whose record names a stall's suspects (scope `suspects` in fault_classes.yaml):
-# its `ansible` step captures trainwatch.exporters.node.tools.stack_dump's record on every node of
-# the job.
+# its `ansible` step captures trainwatch.exporters.node.tools.stack_dump's record on every node
+# of the job.
 DIAGNOSTICS_PLAYBOOK = "stalled_job_diagnostics"
 # How much earlier than the alert's startsAt a diagnostics intent of the same stall may have
 # been created (the service's clock against Prometheus's)
@@ -80,11 +103,6 @@ class Refused(ActionError):
     intent's failure and paged)."""
 
     terminal = True
-
-
-class EvidencePending(Exception):
-    """The stall's diagnostics are still running: decide once their record is in (the engine
-    looks again soon; no attempt is counted)."""
 
 
 @dataclass(frozen=True)
@@ -103,9 +121,10 @@ class Diagnostics:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What the engine decided to do about one intent, before any step runs, and on what
-    evidence (the alert's labels; for a stall, the diagnostics record)."""
+class QuarantinePlan(Plan):
+    """What the quarantine will do about one intent, before any step runs, and on what
+    evidence (the alert's labels; for a stall, the diagnostics record; for a restart-only
+    fault, the jobs running on the nodes)."""
 
     intent_id: int
     fault: Fault
@@ -113,18 +132,21 @@ class Plan:
     unavailable: tuple[str, ...]  # pool nodes the scheduler has out of service now
     alert: Mapping[str, str] | None = None
     diagnostics: Diagnostics | None = None
+    jobs: tuple[str, ...] = ()  # restart-only: the jobs on the nodes when planned
     # the fault's nodes someone else has out of service (drained, down, reserved), as read
     not_ours: tuple[Mapping[str, str], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        out = {"intent_id": self.intent_id, "fault": self.fault.as_dict(),
-               "pool": list(self.pool), "unavailable": list(self.unavailable)}
+        out: dict[str, Any] = {"intent_id": self.intent_id, "fault": self.fault.as_dict(),
+                               "pool": list(self.pool), "unavailable": list(self.unavailable)}
         if self.not_ours:
             out["not_ours"] = [dict(n) for n in self.not_ours]
         if self.alert is not None:
             out["alert"] = dict(self.alert)
         if self.diagnostics is not None:
             out["evidence"] = self.diagnostics.as_dict()
+        if self.jobs:
+            out["jobs"] = list(self.jobs)
         return out
 
 
@@ -193,7 +215,7 @@ def find_diagnostics(rows: list[Any], *, waited: float, wait_limit: float) -> Di
 
 
 def plan_for(intent_id: int, labels: Mapping[str, str], config: Config,
-             diagnostics: Diagnostics | None = None) -> Plan:
+             diagnostics: Diagnostics | None = None) -> QuarantinePlan:
     """Classify and resolve (LabelError: refuse) and read the pool (SchedulerError: retry).
     A stall's suspects are the nodes of the ranks its diagnostics record blames."""
     from trainwatch.remediation.actions.ansible import state_dir
@@ -217,63 +239,196 @@ def plan_for(intent_id: int, labels: Mapping[str, str], config: Config,
     unavailable = tuple(n for n in nodes.pool if n not in states or not states[n].in_service)
     not_ours = tuple(states[n].as_dict() for n in fault.nodes
                      if n in states and states[n].someone_elses)
-    return Plan(intent_id, fault, nodes.pool, unavailable, alert=clean,
-                diagnostics=diagnostics, not_ours=not_ours)
+    jobs: tuple[str, ...] = ()
+    if fault.action == "restart":
+        jobs = tuple(sorted({job.job_id for node in fault.nodes
+                             for job in scheduler.jobs_on(node)}))
+    return QuarantinePlan(intent_id, fault, nodes.pool, unavailable, alert=clean,
+                          diagnostics=diagnostics, jobs=jobs, not_ours=not_ours)
 
 
-def recent_quarantines(tx: Transaction, since: float) -> list[str]:
-    return tx.grant_targets(GRANT_PLAYBOOK, since)
+def diagnostics_for(intent: Intent, config: Config, store: Store) -> Diagnostics:
+    """The stall's diagnostics record, from the job's stalled_job_diagnostics intent
+    (this alert's, or another alert's of the same stall: that playbook runs once per job
+    and cooldown). EvidencePending while it may still act: the record decides which node
+    is suspect, so the quarantine waits for it, up to two action timeouts and a minute
+    after the alert started; past that, or without one, the alert's own rank is."""
+    key = diagnostics_target(intent.labels)
+    if key is None:
+        return Diagnostics(note="no training_job label to find the diagnostics by")
+    now = time.time()
+    started = unix_time(intent.starts_at) or now
+    with store.transaction() as tx:
+        rows = tx.recent_firing_intents(DIAGNOSTICS_PLAYBOOK, key,
+                                        started - DIAGNOSTICS_CLOCK_SLACK_SECONDS)
+    return find_diagnostics(rows, waited=now - started,
+                            wait_limit=2 * config.action_timeout_seconds + 60)
 
 
-def decide(tx: Transaction, plan: Plan, *, approved: bool, observe_only: bool,
-           settings: SchedulerSettings, now: float) -> tuple[str, str, str, dict[str, Any]] | None:
-    """Inside the engine's decision transaction: None to go on (grant), else (decision, state,
-    reason, detail) to finish the intent with. The caller pages for observe_only and
-    awaiting_approval."""
+# --- the rails ------------------------------------------------------------------------------
+def happened(row: GrantRow) -> bool:
+    """A grant whose steps ran or may still run (not failed, cancelled, refused, rejected)."""
+    return row.intent_state not in ("failed", "cancelled", "refused", "rejected")
+
+
+def faults_of(history: list[GrantRow], node: str) -> list[float]:
+    """When `node` was quarantined, oldest first, in `history` (drains that happened)."""
+    return [row.at for row in history if row.target_key == node and happened(row)]
+
+
+def kept_out(tx: Transaction, node: str, settings: SchedulerSettings, now: float) -> str | None:
+    """Why `node` stays out of service (a lemon: `lemon_faults` quarantines inside the
+    window), or None. trainwatch-resume-node refuses while this says why."""
+    window = settings.quarantine_window_seconds
+    faults = faults_of(tx.grant_history(GRANT_PLAYBOOK, now - window, node), node)
+    if len(faults) < settings.lemon_faults:
+        return None
+    return (f"{node} was quarantined {len(faults)} times in the last {window:.0f}s "
+            f"(lemon_faults {settings.lemon_faults}): kept out until the oldest of them is "
+            f"{window:.0f}s old")
+
+
+def node_faults(store: Store, settings: SchedulerSettings, now: float) -> dict[str, list[float]]:
+    """Every node quarantined inside the window: when, oldest first (for /metrics)."""
+    history = store.grant_history(GRANT_PLAYBOOK, now - settings.quarantine_window_seconds)
+    out: dict[str, list[float]] = {}
+    for row in history:
+        if happened(row):
+            out.setdefault(row.target_key, []).append(row.at)
+    return out
+
+
+def end_quarantine(tx: Transaction, node: str, now: float) -> int:
+    """The node is back in service (trainwatch-resume-node): its quarantine no longer holds,
+    and its next fault drains it again. It stays in the fault history."""
+    return tx.end_grants(GRANT_PLAYBOOK, now, target_key=node)
+
+
+def _hold(plan: QuarantinePlan, tripped: dict[str, str], detail: dict[str, Any],
+          context: RailsContext, settings: SchedulerSettings) -> Verdict:
+    rails = tuple(sorted(tripped))
+    node = plan.fault.nodes[0]
+    again = (f" (approved over {sorted(context.approved_rails)}, but "
+             f"{sorted(set(rails) - context.approved_rails)} tripped since)"
+             if context.approved else "")
+    reason = ("rails: " + "; ".join(tripped[r] for r in rails)
+              + f"; draining {node} needs approval{again}")
+    detail = {**detail, "rails": list(rails)}
+    page = Page(f"quarantine_{Decision.AWAITING_APPROVAL}", plan.intent_id, context.alertname,
+                reason, {"rails": list(rails), "plan": plan.as_dict()})
+    return Verdict(Decision.AWAITING_APPROVAL, "awaiting_approval", reason, detail, rails,
+                   page, hold_seconds=settings.hold_expiry_seconds)
+
+
+def _restart_rails(tx: Transaction, plan: QuarantinePlan, settings: SchedulerSettings,
+                   context: RailsContext, detail: dict[str, Any]) -> Verdict | None:
+    """A restart-only fault restarts each job at most `max_restarts` times per
+    `restart_window`; past it, the on-call is paged instead."""
+    window = settings.restart_window_seconds
+    history = tx.grant_history(RESTART_GRANTS, context.now - window)
+    counts = {job: sum(1 for row in history if row.target_key == job and happened(row))
+              for job in plan.jobs}
+    over = sorted(job for job, n in counts.items() if n >= settings.max_restarts)
+    if not over:
+        return None
+    reason = (f"job(s) {', '.join(over)} restarted {max(counts[j] for j in over)} times in "
+              f"the last {window:.0f}s (max_restarts {settings.max_restarts}): not restarted "
+              "again; a person decides")
+    detail = {**detail, "restarts_in_window": counts}
+    page = Page(f"quarantine_{Decision.RESTART_LIMITED}", plan.intent_id, context.alertname,
+                reason, {"jobs": over, "plan": plan.as_dict()})
+    return Verdict(Decision.RESTART_LIMITED, "done", reason, detail, page=page)
+
+
+def rails(tx: Transaction, plan: QuarantinePlan, settings: SchedulerSettings,
+          context: RailsContext) -> Verdict | None:
+    """Inside the engine's decision transaction: None to go on (grant), else the verdict."""
     fault = plan.fault
     detail: dict[str, Any] = {"plan": plan.as_dict()}
     if fault.action == "none":
-        return ("not_actionable", "done", f"{fault.alertname}: {fault.reason}; nothing "
-                "automatic (the alert pages)", detail)
+        return Verdict(Decision.NOT_ACTIONABLE, "done", f"{fault.alertname}: {fault.reason}; "
+                       "nothing automatic (the alert pages)", detail)
     if plan.not_ours:
-        named = "; ".join(f"{n['node']} is {n['state']} ({n['reason']!r})" for n in plan.not_ours)
-        return ("node_not_ours", "done", f"{named}: out of service by someone else, so "
-                "Trainwatch neither drains nor requeues there; the on-call decides", detail)
-    recent = recent_quarantines(tx, now - settings.quarantine_window_seconds)
-    detail["quarantined_in_window"] = recent
-    if fault.action == "quarantine":
-        node = fault.nodes[0]
-        if node in recent:
-            return ("already_quarantined", "done", f"{node} is already quarantined for this "
-                    f"fault (within {settings.quarantine_window_seconds:.0f}s): not drained or "
-                    "requeued again", detail)
-    if observe_only:
-        return ("observe_only", "done", "observe-only: would " + describe(plan), detail)
-    if fault.action == "quarantine" and not approved:
-        node = fault.nodes[0]
-        if len(recent) >= settings.max_quarantined:
-            return ("awaiting_approval", "awaiting_approval",
-                    f"rail: {len(recent)} nodes quarantined in the last "
-                    f"{settings.quarantine_window_seconds:.0f}s (max_quarantined "
-                    f"{settings.max_quarantined}); draining {node} needs approval", detail)
-        out = set(plan.unavailable) | set(recent) | {node}
-        healthy = len([n for n in plan.pool if n not in out])
-        detail["healthy_after"] = healthy
-        if healthy < settings.min_healthy_fraction * len(plan.pool):
-            return ("awaiting_approval", "awaiting_approval",
-                    f"rail: draining {node} would leave {healthy} of {len(plan.pool)} nodes "
-                    f"in service, below min_healthy_fraction {settings.min_healthy_fraction:g}; "
-                    "needs approval", detail)
+        return _not_ours(plan, detail, context)
+    if fault.action == "restart":
+        if context.observe_only:
+            return _observe(plan, detail, context)
+        return _restart_rails(tx, plan, settings, context, detail)
+    node = fault.nodes[0]
+    window = settings.quarantine_window_seconds
+    history = tx.grant_history(GRANT_PLAYBOOK, context.now - window)
+    holding = sorted({row.target_key for row in history if row.holds})
+    detail["quarantined_now"] = holding
+    if node in holding:
+        return Verdict(Decision.ALREADY_QUARANTINED, "done",
+                       f"{node} is already quarantined for this fault (its drain holds until "
+                       "trainwatch-resume-node returns it): not drained or requeued again",
+                       detail)
+    if context.observe_only:
+        return _observe(plan, detail, context)
+    drained = sorted({row.target_key for row in history if happened(row)} - {node})
+    detail["drained_in_window"] = drained
+    tripped: dict[str, str] = {}
+    if len(drained) >= settings.max_quarantined:
+        tripped[MAX_QUARANTINED] = (
+            f"{len(drained)} other nodes quarantined in the last {window:.0f}s "
+            f"(max_quarantined {settings.max_quarantined})")
+    out = set(plan.unavailable) | set(holding) | {node}
+    healthy = len([n for n in plan.pool if n not in out])
+    detail["healthy_after"] = healthy
+    if healthy < settings.min_healthy_fraction * len(plan.pool):
+        tripped[MIN_HEALTHY] = (
+            f"draining {node} would leave {healthy} of {len(plan.pool)} nodes in service, "
+            f"below min_healthy_fraction {settings.min_healthy_fraction:g}")
+    unapproved = set(tripped) - (context.approved_rails if context.approved else set())
+    if unapproved:
+        return _hold(plan, tripped, detail, context, settings)
     return None
 
 
-def record_grant(tx: Transaction, plan: Plan, now: float) -> None:
-    """Next to the engine's own grant: this node counts as quarantined from now on."""
-    if plan.fault.action == "quarantine":
-        tx.add_grant(now, GRANT_PLAYBOOK, plan.fault.nodes[0], plan.intent_id, GRANT_PRIORITY)
+def _not_ours(plan: QuarantinePlan, detail: dict[str, Any], context: RailsContext) -> Verdict:
+    """A node of the fault is out of service by someone else (a person or Slurm drained, downed
+    or reserved it): Trainwatch neither drains nor requeues there, and pages."""
+    named = "; ".join(f"{n['node']} is {n['state']} ({n['reason']!r})" for n in plan.not_ours)
+    reason = (f"{named}: out of service by someone else, so Trainwatch neither drains nor "
+              "requeues there; the on-call decides")
+    page = Page(f"quarantine_{Decision.NODE_NOT_OURS}", plan.intent_id, context.alertname,
+                reason, {"plan": plan.as_dict()})
+    return Verdict(Decision.NODE_NOT_OURS, "done", reason, detail, page=page)
 
 
-def describe(plan: Plan) -> str:
+def _observe(plan: QuarantinePlan, detail: dict[str, Any], context: RailsContext) -> Verdict:
+    reason = "observe-only: would " + describe(plan)
+    page = Page(f"quarantine_{Decision.OBSERVE_ONLY}", plan.intent_id, context.alertname,
+                reason, {"plan": plan.as_dict()})
+    return Verdict(Decision.OBSERVE_ONLY, "done", reason, detail, page=page)
+
+
+def granted(tx: Transaction, plan: QuarantinePlan, settings: SchedulerSettings,
+            now: float, alertname: str) -> Page | None:
+    """Next to the engine's own grant: the node counts as quarantined from now on (a
+    restart-only fault: each job as restarted). The `lemon_faults`-th quarantine of a node in
+    the window pages: it stays out."""
+    fault = plan.fault
+    if fault.action == "restart":
+        for job in plan.jobs:
+            tx.add_grant(now, RESTART_GRANTS, job, plan.intent_id, GRANT_PRIORITY)
+        return None
+    if fault.action != "quarantine":
+        return None
+    node = fault.nodes[0]
+    tx.add_grant(now, GRANT_PLAYBOOK, node, plan.intent_id, GRANT_PRIORITY)
+    why = kept_out(tx, node, settings, now)
+    if why is None:
+        return None
+    return Page("quarantine_lemon_node", plan.intent_id, alertname, why,
+                {"node": node, "plan": plan.as_dict()})
+
+
+
+
+
+def describe(plan: QuarantinePlan) -> str:
     fault = plan.fault
     if fault.action == "quarantine":
         return (f"drain {fault.nodes[0]} and requeue the jobs running on it "
@@ -284,33 +439,11 @@ def describe(plan: Plan) -> str:
     return f"nothing: no node to find the job on ({fault.alertname})"
 
 
-def drain_reason(plan: Plan) -> str:
+def drain_reason(plan: QuarantinePlan) -> str:
     fault = plan.fault
     xid = f" XID {fault.xid}" if fault.xid is not None else ""
     return (f"{fault.alertname}{xid} intent {plan.intent_id}: quarantine ({fault.fault_class}),"
             f" job requeued, resume after node_health_check")
-
-
-def post_page(session: requests.Session, config: Config, body: dict[str, Any]) -> None:
-    """Post one page to pager_url; a page that fails is logged (the audit has the same
-    content)."""
-    if not config.pager_url:
-        log.warning("quarantine %s for intent %s: no pager_url to page", body.get("event"),
-                    body.get("intent_id"))
-        return
-    try:
-        session.post(config.pager_url, json=body, timeout=config.request_timeout_seconds)
-    except requests.RequestException as exc:
-        log.warning("quarantine: paging failed: %s", exc)
-
-
-def page(session: requests.Session, config: Config, decision: str, reason: str,
-         plan: Plan, labels: Mapping[str, str]) -> None:
-    """Tell the on-call (pager_url) what the rails held back, what observe-only would have
-    done, or whose node Trainwatch left alone."""
-    post_page(session, config, {
-        "event": f"quarantine_{decision}", "intent_id": plan.intent_id,
-        "alertname": labels.get("alertname", ""), "summary": reason, "plan": plan.as_dict()})
 
 
 def retry_delay(config: Config, attempts: int) -> float | None:
@@ -322,19 +455,16 @@ def retry_delay(config: Config, attempts: int) -> float | None:
                         until=settings.retry_until_seconds)
 
 
-def page_failure(session: requests.Session, config: Config, intent: Intent, attempts: int,
-                 message: str) -> None:
+def failure_page(intent: Intent, attempts: int, message: str) -> Page:
     """The quarantine failed for good (the scheduler did not answer, or answered something
     that did not read back, until its deadline; or a node turned out to be someone else's):
     nothing more happens unless the alert fires again, so a person must look."""
-    post_page(session, config, {
-        "event": "quarantine_failed", "intent_id": intent.id, "alertname": intent.alertname,
-        "summary": f"quarantine of intent {intent.id} ({intent.alertname}) failed after "
-                   f"{attempts} attempts: {message[:1000]}",
-        "target": intent.target_key})
+    return Page("quarantine_failed", intent.id, intent.alertname,
+                f"quarantine of intent {intent.id} ({intent.alertname}) failed after "
+                f"{attempts} attempts: {message[:1000]}", {"target": intent.target_key})
 
 
-def jobs_to_requeue(scheduler: Any, plan: Plan) -> tuple[list[Any], str]:
+def jobs_to_requeue(scheduler: Any, plan: QuarantinePlan) -> tuple[list[Any], str]:
     """The Slurm jobs the fault stopped, and how they were found. A node's fault stops every
     job on the node; a stall stops its own job only: the Slurm job ids its ranks carry
     (SLURM_JOB_ID, in the diagnostics record), among the jobs on the suspect nodes. A stall
@@ -352,8 +482,8 @@ def jobs_to_requeue(scheduler: Any, plan: Plan) -> tuple[list[Any], str]:
 
 
 def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
-    plan: Plan | None = ctx.plan
-    if plan is None:
+    plan = ctx.plan
+    if not isinstance(plan, QuarantinePlan):
         raise ActionError("quarantine: no plan (the engine computes one before the steps)")
     scheduler = for_config(ctx.config)
     fault = plan.fault
@@ -369,3 +499,44 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     except SchedulerError as exc:
         raise ActionError(f"quarantine: {exc}") from exc
     return result
+
+
+class Quarantine(Action):
+    name = NAME
+    outlives_resolve = True  # a resolved alert does not mean a healthy node
+
+    def plan(self, intent: Intent, steps: tuple[dict[str, Any], ...], config: Config,
+             store: Store) -> QuarantinePlan:
+        diagnostics = diagnostics_for(intent, config, store) \
+            if needs_diagnostics(intent.labels, config) else None
+        try:
+            return plan_for(intent.id, intent.labels, config, diagnostics)
+        except SchedulerError as exc:
+            raise ActionError(f"quarantine: {exc}") from exc
+
+    def rails(self, tx: Transaction, plan: Plan, config: Config,
+              context: RailsContext) -> Verdict | None:
+        assert isinstance(plan, QuarantinePlan)
+        return rails(tx, plan, settings_of(config), context)
+
+    def granted(self, tx: Transaction, plan: Plan, config: Config,
+                context: RailsContext) -> Page | None:
+        assert isinstance(plan, QuarantinePlan)
+        return granted(tx, plan, settings_of(config), context.now, context.alertname)
+
+    def run(self, step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
+        return run(step, ctx)
+
+    def retry_delay(self, config: Config, attempts: int) -> float | None:
+        """The scheduler may be away (a slurmctld restart or failover): keep trying, with
+        back-off, until the scheduler's retry_until."""
+        if config.scheduler is None:
+            return super().retry_delay(config, attempts)
+        return retry_delay(config, attempts)
+
+    def gave_up(self, intent: Intent, attempts: int, message: str,
+                config: Config) -> Page | None:
+        return failure_page(intent, attempts, message)
+
+
+ACTION = Quarantine()

@@ -6,12 +6,13 @@ problem the remediation did not fix pages again instead of staying silenced.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import requests
 
-from trainwatch.remediation.actions.base import ActionContext, ActionError
+from trainwatch.remediation.actions.base import Action, ActionContext, ActionError
 from trainwatch.remediation.durations import seconds
 
 
@@ -53,3 +54,19 @@ def expire(silence_id: str, ctx: ActionContext) -> bool:
     except requests.RequestException:
         return False
     return resp.status_code == 200
+
+
+class Silence(Action):
+    name = "silence"
+
+    def after_playbook(self, result: Mapping[str, Any], ctx: ActionContext) -> None:
+        """A silence set for the playbook's run ends with it (unless the step said not to), so
+        a problem the remediation did not fix pages again."""
+        if result.get("silence_id") and result.get("expire_after_playbook", True):
+            expire(str(result["silence_id"]), ctx)
+
+    def run(self, step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
+        return run(step, ctx)
+
+
+ACTION = Silence()

@@ -28,7 +28,7 @@ import requests
 
 from trainwatch.exporters.contract.catalog import LABEL_JOB
 from trainwatch.exporters.contract.finite import NonFiniteError, require_finite
-from trainwatch.remediation.actions.base import ActionContext, ActionError, timeout_of
+from trainwatch.remediation.actions.base import Action, ActionContext, ActionError, timeout_of
 from trainwatch.remediation.actions.prometheus import job_instances
 from trainwatch.remediation.templating import TemplateError, render
 
@@ -116,3 +116,13 @@ def wait_applied(ctx: ActionContext, job: str, command_id: str, instances: list[
             raise ActionError(f"training_command: {command_id} not applied by every rank "
                               f"before the deadline: {dict(sorted(last.items()))}")
         time.sleep(POLL_INTERVAL)
+
+
+class TrainingCommand(Action):
+    name = "training_command"
+
+    def run(self, step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
+        return run(step, ctx)
+
+
+ACTION = TrainingCommand()

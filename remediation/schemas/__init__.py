@@ -20,18 +20,21 @@ def validator(name: str) -> Draft202012Validator:
     return Draft202012Validator(schema)
 
 
-def first_error(name: str, document: object) -> str | None:
+def first_error(name: str, document: object, *,
+                using: Draft202012Validator | None = None) -> str | None:
     """A one-line description of the first schema violation, naming the key path; None if valid.
 
     A NaN or infinite number anywhere is a violation of every schema here, checked first:
     `json.loads` and YAML (`.nan`, `.inf`) produce them, and a schema's numeric bounds let NaN
     through (every comparison with it is false), so a cooldown, a rate limit or a training
-    command's argument could otherwise be NaN.
+    command's argument could otherwise be NaN. `using`: a validator derived from the named
+    schema (the playbook schema with the steps of the registered actions).
     """
     bad = first_non_finite(document)
     if bad is not None:
         return f"{bad}: must be a finite number"
-    errors = sorted(validator(name).iter_errors(document), key=lambda e: list(e.absolute_path))
+    errors = sorted((using or validator(name)).iter_errors(document),
+                    key=lambda e: list(e.absolute_path))
     if not errors:
         return None
     err = errors[0]

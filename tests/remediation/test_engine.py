@@ -103,7 +103,7 @@ def test_approval_gate_with_api_and_reject(service_factory) -> None:
         assert [r.path for r in state.posts()] == ["/hook/a"]
         assert {a["decision"] for a in svc.audit()} >= {"approved", "rejected", "acted"}
         assert svc.audit("approved")[0]["reason"] == "approved by bob"
-        assert svc.audit("approved")[0]["detail"] == {"approver": "bob"}
+        assert svc.audit("approved")[0]["detail"] == {"approver": "bob", "overrides": []}
         assert svc.audit("rejected")[0]["reason"] == "rejected by alice"
 
 

@@ -36,7 +36,7 @@ from tests.slurm.fixtures import (
 )
 from tests.slurm.test_quarantine import NODE_HOST, deliver, running_on, services, settings
 from tests.support.net import wait_until
-from trainwatch.remediation.actions.quarantine import Diagnostics, Plan, jobs_to_requeue
+from trainwatch.remediation.actions.quarantine import Diagnostics, QuarantinePlan, jobs_to_requeue
 from trainwatch.remediation.faults import Fault, StallRecord
 from trainwatch.remediation.resume import main as resume_main
 from trainwatch.remediation.schedulers.base import NodeNotOurs, NodeState, SchedulerError
@@ -261,16 +261,17 @@ def test_a_stall_requeues_its_own_slurm_job_only(slurm: SlurmCluster) -> None:
     node = running_on(slurm, job)[0]
     scheduler = SlurmScheduler(settings(slurm))
 
-    def plan(scheduler_jobs: tuple[str, ...] | None) -> Plan:
+    def plan(scheduler_jobs: tuple[str, ...] | None) -> QuarantinePlan:
         record = None if scheduler_jobs is None else StallRecord(
             {"suspects": ["1"]}, {1: (NODE_HOST[node],)}, (), scheduler_jobs)
         fault = Fault("TrainingStalled", "hang", "quarantine", (node,), "stalled")
-        return Plan(1, fault, slurm.nodes, (), diagnostics=Diagnostics(1, record))
+        return QuarantinePlan(1, fault, slurm.nodes, (), diagnostics=Diagnostics(1, record))
 
     assert jobs_to_requeue(scheduler, plan((job,)))[0] == scheduler.jobs_on(node)
     for other in (("999999",), (), None):
         jobs, why = jobs_to_requeue(scheduler, plan(other))
         assert jobs == [], why
     # not a stall (a lost GPU): every job on the node stopped with it
-    lost = Plan(1, Fault("GpuLost", "hardware", "quarantine", (node,), "lost"), slurm.nodes, ())
+    lost = QuarantinePlan(1, Fault("GpuLost", "hardware", "quarantine", (node,), "lost"),
+                          slurm.nodes, ())
     assert [j.job_id for j in jobs_to_requeue(scheduler, lost)[0]] == [job]
