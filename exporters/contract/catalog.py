@@ -298,6 +298,12 @@ TRAINING_EXPORTER_DATAGRAMS = _define("training", TRAINING_EXPORTER_PREFIX + "da
 TRAINING_EXPORTER_MALFORMED = _define(
     "training", TRAINING_EXPORTER_PREFIX + "malformed_datagrams_total", COUNTER,
     "Datagrams ignored because they broke the protocol.", ())
+TRAINING_EXPORTER_REFUSED = _define(
+    "training", TRAINING_EXPORTER_PREFIX + "refused_total", COUNTER,
+    "Calls refused because the caller spoke for a job that is not its own: datagrams "
+    "(channel=report) and command polls (channel=commands) from a process of another "
+    "identity than the job's, control API calls without the remediation credential "
+    "(channel=control_api).", ("channel",))
 # The per-rank values the datagram carries as plain numbers, one field per row (`wire`): the
 # datagram's decoder, the store's rank state and the collector's mapping all iterate these.
 RANK_WIRE: tuple[Metric, ...] = tuple(row for row in metrics_of("training") if row.wire)
