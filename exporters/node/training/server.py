@@ -19,14 +19,16 @@ from prometheus_client import CollectorRegistry
 
 from trainwatch.exporters import add_version_argument
 from trainwatch.exporters.contract import serving
-from trainwatch.exporters.contract.catalog import DEFAULT_EXPORTER_SOCKET, PORTS
+from trainwatch.exporters.contract.catalog import DEFAULT_EXPORTER_SOCKET, PORTS, command_socket
 from trainwatch.exporters.contract.goodput import Ledger, LedgerFile
 from trainwatch.exporters.contract.launcher import node_name
 from trainwatch.exporters.contract.tokens import SecretFileError, read_token_file
 from trainwatch.exporters.node.training.collector import TrainingCollector
 from trainwatch.exporters.node.training.command_log import CommandLog
+from trainwatch.exporters.node.training.command_socket import CommandSocket
 from trainwatch.exporters.node.training.control_api import MAX_BODY_BYTES, ControlApp
 from trainwatch.exporters.node.training.receiver import Receiver, bind_socket
+from trainwatch.exporters.node.training.senders import Resolver
 from trainwatch.exporters.node.training.store import DEPARTED_AFTER_SECONDS, Store
 
 log = logging.getLogger("trainwatch.training_exporter")
@@ -116,11 +118,15 @@ def main(argv: list[str] | None = None) -> int:
         store.attach_log(CommandLog(args.command_log))
     sock = bind_socket(args.socket)
     inode = args.socket.stat().st_ino
-    receiver = Receiver(sock, store)
+    resolver = Resolver()
+    receiver = Receiver(sock, store, resolver)
     receiver.start()
+    commands = CommandSocket(Path(command_socket(str(args.socket))), store, resolver)
+    commands.start()
 
     def on_stop() -> None:
         receiver.stop()
+        commands.close()
         store.goodput.close()  # the counters as last served stay on disk
         sock.close()
         # A new exporter may already have bound its own socket file at this path (a restart
@@ -131,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         except FileNotFoundError:
             pass
 
-    log.info("receiving on %s, serving on %s:%d", args.socket, args.bind, args.port)
+    log.info("receiving on %s, commands on %s, serving on %s:%d", args.socket, commands.path,
+             args.bind, args.port)
     serving.serve_until_signal(server, on_stop=on_stop)
     return 0
 

@@ -473,6 +473,20 @@ class Store:
                     if pending_for_rank is None
                     or (pending_for_rank not in r.ranks and r.closed is None)]
 
+    def pending_for(self, job_name: str, rank: int, sender: Identity) -> list[dict[str, Any]]:
+        """The commands a rank of the job has not applied, for a process of that job only
+        (the command socket's one question). Nothing yet before the job's first report binds
+        it; another identity's question is counted and NotOwner raised."""
+        with self._lock:
+            job = self._jobs.get(job_name)
+            if job is None or job.owner is None or job.last_seen < self._clock() - self._expiry:
+                return []
+            if job.owner != sender:
+                self.refused["commands"] += 1
+                raise NotOwner(job_name, job.owner)
+            return [self._describe(job, r) for r in job.commands.values()
+                    if rank not in r.ranks and r.closed is None]
+
     def list_jobs(self) -> list[dict[str, Any]]:
         cutoff = self._clock() - self._expiry
         with self._lock:
