@@ -12,6 +12,7 @@ import argparse
 import ipaddress
 import logging
 import sqlite3
+import ssl
 import sys
 from pathlib import Path
 
@@ -54,6 +55,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="Unix datagram socket the ranks send to")
     parser.add_argument("--token-file", type=Path, default=None,
                         help="file holding the control API bearer token (API off without it)")
+    parser.add_argument("--tls-cert", type=Path, default=None,
+                        help="certificate (chain) to serve HTTPS with; with --tls-key, the "
+                        "port speaks only TLS (the control API carries a token)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="the certificate's key")
     parser.add_argument("--node", default=node_name(), help="value of the node label")
     parser.add_argument("--job-expiry-seconds", type=float, default=600.0,
                         help="drop a job's series this long after its last report")
@@ -87,6 +92,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--command-log directory {args.command_log.parent} does not exist")
     if args.goodput_state is not None and not args.goodput_state.parent.is_dir():
         parser.error(f"--goodput-state directory {args.goodput_state.parent} does not exist")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    for tls_file in (args.tls_cert, args.tls_key):
+        if tls_file is not None and not tls_file.is_file():
+            parser.error(f"{tls_file} is not a file")
     if not 1 <= args.threads <= 64:
         parser.error("--threads must be between 1 and 64")
     return args
@@ -110,7 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = serving.make_server(
             ControlApp(store, registry, token), args.bind, args.port, ident="training-exporter",
-            limits=serving.Limits(threads=args.threads, max_body_bytes=MAX_BODY_BYTES))
+            limits=serving.Limits(threads=args.threads, max_body_bytes=MAX_BODY_BYTES),
+            tls=serving.Tls(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None)
+    except ssl.SSLError as exc:
+        raise SystemExit(f"training-exporter: --tls-cert/--tls-key: {exc}") from None
     except OSError as exc:
         raise SystemExit(f"training-exporter: cannot listen on {args.bind}:{args.port}: "
                          f"{exc.strerror or exc}") from None
