@@ -103,25 +103,26 @@ class Resolver:
     def __init__(self, proc_root: Path = Path("/proc"), clock=time.monotonic) -> None:
         self._proc = proc_root
         self._clock = clock
-        # (pid, uid) -> (identity, start time, when checked)
-        self._cache: dict[tuple[int, int], tuple[Identity, bytes | None, float]] = {}
+        # (pid, uid) -> (sender, start time, when checked)
+        self._cache: dict[tuple[int, int], tuple[Sender, bytes | None, float]] = {}
 
     def sender(self, pid: int, uid: int, gid: int) -> Sender:
         key = (pid, uid)
         now = self._clock()
         cached = self._cache.get(key)
-        if cached is not None and now - cached[2] < RECHECK_SECONDS:
-            return Sender(pid, uid, gid, cached[0])
+        if cached is not None and now - cached[2] < RECHECK_SECONDS and cached[0].gid == gid:
+            return cached[0]
         proc = self._proc / str(pid)
         started = start_time(proc) if pid > 0 else None
         if cached is not None and started is not None and started == cached[1]:
-            identity = cached[0]  # the same process: its job does not change
+            identity = cached[0].identity  # the same process: its job does not change
         else:
             identity = Identity(uid, scope_of(proc) if started is not None else "")
         if len(self._cache) >= MAX_CACHED:
             self._cache.clear()
-        self._cache[key] = (identity, started, now)
-        return Sender(pid, uid, gid, identity)
+        sender = Sender(pid, uid, gid, identity)
+        self._cache[key] = (sender, started, now)
+        return sender
 
     def of_datagram(self, ancillary: list[tuple[int, int, bytes]]) -> Sender | None:
         """The sender of a datagram received with SO_PASSCRED (None without credentials)."""
