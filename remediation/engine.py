@@ -58,6 +58,8 @@ class Engine:
         self.books = {**books, ESCALATION_PLAYBOOK: escalation_playbook()}
         self.owner = owner
         self.session = requests.Session()
+        if config.tls_ca_file is not None:  # the control APIs' certificates, verified
+            self.session.verify = str(config.tls_ca_file)
         # what self-healing saved (remediation/recovery.py); the server wires it in
         self.recovery: RecoveryTimes | None = None
         # how soon a resolve waiting for a running firing intent looks again

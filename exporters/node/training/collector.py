@@ -229,3 +229,7 @@ class TrainingCollector(Collector):
         malformed = _family(c.TRAINING_EXPORTER_MALFORMED)
         malformed.add_metric([], float(self._store.malformed))
         yield malformed
+        refused = _family(c.TRAINING_EXPORTER_REFUSED)
+        for channel, count in self._store.refused.items():
+            refused.add_metric([channel], float(count))
+        yield refused
