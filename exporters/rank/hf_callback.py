@@ -34,7 +34,7 @@ except ModuleNotFoundError as exc:  # the client installs without the framework
 
 import torch
 
-from trainwatch.exporters.rank import FrameworkCallback
+from trainwatch.exporters.rank.framework_callbacks import FrameworkCallback
 
 
 class HuggingFaceCallback(FrameworkCallback, TrainerCallback):
