@@ -55,10 +55,11 @@ while step <= int(sys.argv[1]):
     tw.report(step, loss=float(loss), samples=8)
     step = tw.step_end(step).next_step
 tw.close()
-print("CLIENT_FROM", trainwatch.exporters.__file__, flush=True)
-NODE_SIDE = ("trainwatch.exporters.node", "remediation")
-print("NODE_SIDE_LOADED", [m for m in sys.modules if m.startswith(NODE_SIDE)],
-      flush=True)
+# one write per line: two ranks share the log, and a pipe keeps a single small write whole
+NODE_SIDE = ("trainwatch.exporters.node", "trainwatch.remediation")
+sys.stdout.write(f"CLIENT_FROM {trainwatch.exporters.__file__}\n"
+                 f"NODE_SIDE_LOADED {[m for m in sys.modules if m.startswith(NODE_SIDE)]}\n")
+sys.stdout.flush()
 dist.destroy_process_group()
 """
 
