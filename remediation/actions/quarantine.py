@@ -16,8 +16,12 @@ Three parts, in the engine's order (remediation/engine.py calls the first two):
    (playbook `:quarantine`, target the scheduler node, priority -1 so no breaker counts it).
 3. `run` (the step): drain with a reason naming the alert, the intent and the intent's plan,
    then requeue the jobs running on the node (the job restarts from its newest committed
-   checkpoint on the nodes in service). For `restart` (the evidence names more than one
-   node, or the fault is the job's), the jobs are requeued and nothing is drained.
+   checkpoint on the nodes in service), and bring back the jobs the fault already ended there
+   (a rank killed, a fatal XID that took its process: Slurm keeps a finished job's record
+   for MinJobAge, and `scontrol requeue` takes it back). When the alert names the job by its
+   scheduler id (training_job), only that job is touched. For `restart` (the evidence names
+   more than one node, or the fault is the job's), the jobs are requeued and nothing is
+   drained.
 
 A node returns to service only through `trainwatch.remediation.cli resume-node` after the
 node_health_check playbook passed on it, never because an alert resolved (a lost GPU stops
@@ -298,9 +302,34 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     try:
         if fault.action == "quarantine":
             result["drain"] = scheduler.drain(fault.nodes[0], drain_reason(plan))
-        jobs = {job.job_id: job for node in fault.nodes for job in scheduler.jobs_on(node)}
-        for job in jobs.values():
+        named = named_job(plan)
+        running = [] if fault.ends_job else [
+            job for node in fault.nodes for job in scheduler.jobs_on(node)
+            if named is None or job.job_id == named]
+        for job in {job.job_id: job for job in running}.values():
             result["requeued"].append(scheduler.requeue(job))
+        for job in ended_jobs(scheduler, fault.nodes, named):
+            result["requeued"].append(scheduler.requeue_ended(job))
     except SchedulerError as exc:
         raise ActionError(f"quarantine: {exc}") from exc
     return result
+
+
+def named_job(plan: Plan) -> str | None:
+    """The scheduler job id the alert names: its training_job when that is a job id (the
+    ranks name their job by the scheduler's id, e.g. `--rdzv-id=$SLURM_JOB_ID`); None
+    otherwise. The adapter checks it again and looks it up on the suspect node only."""
+    job = (plan.alert or {}).get(LABEL_JOB, "")
+    return job if job.isascii() and job.isdigit() and len(job) <= 12 else None
+
+
+def ended_jobs(scheduler: Any, nodes: tuple[str, ...], named: str | None) -> list[Any]:
+    """The jobs the fault already ended on the suspect nodes (a rank killed, a fatal XID
+    that took its process): the named job where it ran there, else (the alert names no
+    scheduler job, or one that did not run there) every job a fault ended there while the
+    scheduler keeps its record."""
+    found: dict[str, Any] = {}
+    for node in nodes:
+        jobs = scheduler.ended_jobs(node, named) if named is not None else []
+        found.update((job.job_id, job) for job in jobs or scheduler.ended_jobs(node))
+    return list(found.values())

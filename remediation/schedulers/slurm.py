@@ -25,6 +25,14 @@ JOB_ID = re.compile(r"^[0-9]{1,12}$")
 # people and scripts; anything else is replaced.
 REASON_UNSAFE = re.compile(r"[^A-Za-z0-9 ._:,()=#-]")
 REASON_MAX = 200
+# The states a fault leaves a batch job in: a rank died (srun's kill-on-bad-exit ends the
+# job FAILED), its node failed, the OOM killer. COMPLETED is a clean end, CANCELLED a person's
+# or another system's decision, TIMEOUT the job's own limit: never requeued by Trainwatch.
+FAULT_ENDED = frozenset({"failed", "node_fail", "out_of_memory"})
+# A job on its way to one of them: still COMPLETING, with the reason it ends for.
+FAULT_ENDING_REASONS = frozenset({"nonzeroexitcode", "nodedown", "node_fail", "outofmemory"})
+# The states of a job that is back in the queue or running again (someone requeued it).
+QUEUED = frozenset({"pending", "configuring", "running", "requeued", "requeue_hold"})
 
 
 def reason_text(text: str) -> str:
@@ -121,6 +129,84 @@ class SlurmScheduler:
         if reason in ("begintime", "", "none"):  # held by the requeue: lift it
             self._run("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
         return {"job": job.job_id, "requeued": True, "was_on": job.nodes}
+
+    def ended_jobs(self, node: str, job_id: str | None = None) -> list[Job]:
+        """Batch jobs that ran on `node` and ended by a fault (or are ending: COMPLETING with
+        a fault's reason), while slurmctld still keeps their record (MinJobAge after the end);
+        only `job_id` when given (an id Slurm does not know: none)."""
+        node = check_plain_name(node, "scheduler node")
+        args = ["--noheader", "--states=all", f"--nodelist={node}", "--format=%i|%T|%N|%r"]
+        if job_id is not None:
+            if not JOB_ID.match(job_id):
+                raise SchedulerError(f"slurm: job id {job_id!r} is not a Slurm job id")
+            args.append(f"--jobs={job_id}")
+        try:
+            out = self._run("squeue", *args)
+        except SchedulerError as exc:
+            if job_id is not None and "Invalid job id" in str(exc):
+                return []
+            raise
+        jobs: dict[str, Job] = {}
+        for line in out.splitlines():
+            fields = line.split("|")
+            if len(fields) != 4 or not JOB_ID.match(fields[0].strip()):
+                raise SchedulerError(f"slurm: squeue printed {line[:200]!r}, not "
+                                     "id|state|nodes|reason")
+            job, state, nodes, reason = (f.strip() for f in fields)
+            state, reason = state.lower(), reason.lower()
+            if state in FAULT_ENDED or (state == "completing"
+                                        and reason in FAULT_ENDING_REASONS):
+                jobs[job] = Job(job, state, nodes)
+        return list(jobs.values())
+
+    def requeue_ended(self, job: Job) -> dict[str, Any]:
+        """Requeue a batch job that ended by a fault (`scontrol requeue` takes a finished
+        batch job back while its record is kept) and lift the requeue's hold, so it restarts
+        at once on the nodes in service (SLURM_RESTART_COUNT + 1) and resumes from its newest
+        committed checkpoint. A job that ended otherwise (COMPLETED, CANCELLED, TIMEOUT) is
+        refused; one already back in the queue is left as it is (`already`). Read back: the
+        job must be queued without the hold, or running."""
+        if not JOB_ID.match(job.job_id):
+            raise SchedulerError(f"slurm: job id {job.job_id!r} is not a Slurm job id")
+        deadline = time.monotonic() + self.settings.command_timeout_seconds
+        state, reason = self._settled_state(job.job_id, deadline)
+        if state in QUEUED:
+            return {"job": job.job_id, "requeued": "already", "state": state}
+        if state not in FAULT_ENDED:
+            raise SchedulerError(f"slurm: job {job.job_id} is {state or 'gone'} ({reason}), "
+                                 "not ended by a fault: not requeued")
+        self._run("scontrol", "requeue", job.job_id)
+        # held for its new begin time once the requeue has gone through
+        while time.monotonic() < deadline:
+            state, reason = self._any_state(job.job_id)
+            if state != "pending" or reason in ("begintime", "none", "priority", "resources"):
+                break
+            time.sleep(0.1)
+        if state == "pending" and reason == "begintime":
+            self._run("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
+            state, reason = self._any_state(job.job_id)
+        if state not in QUEUED or reason == "begintime":
+            raise SchedulerError(f"slurm: job {job.job_id} is {state or 'gone'} ({reason}) "
+                                 "after its requeue, not queued to start now")
+        return {"job": job.job_id, "requeued": True, "was": "ended", "ended_on": job.nodes,
+                "state": state}
+
+    def _settled_state(self, job_id: str, deadline: float) -> tuple[str, str]:
+        """The job's state once it is no longer COMPLETING (its ranks are still being
+        cleaned up), or COMPLETING at the deadline."""
+        while True:
+            state, reason = self._any_state(job_id)
+            if state != "completing" or time.monotonic() > deadline:
+                return state, reason
+            time.sleep(0.1)
+
+    def _any_state(self, job_id: str) -> tuple[str, str]:
+        """(state, reason) of a job in any state, ended ones included while slurmctld keeps
+        their record; ("", "") once it is gone."""
+        out = self._run("squeue", "--noheader", "--states=all", f"--jobs={job_id}",
+                        "--format=%T|%r")
+        state, _, reason = out.strip().partition("|")
+        return state.strip().lower(), reason.strip().lower()
 
     def job_state(self, job_id: str) -> tuple[str, str]:
         """(state, reason) of a job, lower case; ("", "") when squeue no longer lists it."""
