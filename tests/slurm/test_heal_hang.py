@@ -68,16 +68,18 @@ class Stack:
 @contextmanager
 def monitoring(tmp_path: Path, cluster: SlurmCluster, books: tuple[str, ...] = (
         "stalled_job_diagnostics", "stalled_job_quarantine"),
-        gpus: dict[str, str] | None = None) -> Iterator[Stack]:
+        gpus: dict[str, str] | None = None, **rails: Any) -> Iterator[Stack]:
     """The stack around `cluster` with the shipped playbooks `books`; `gpus` (scheduler node
-    -> GPU exporter URL) adds those exporters' scrape job and the GPU rules."""
+    -> GPU exporter URL) adds those exporters' scrape job and the GPU rules; `rails` are the
+    scheduler settings over min_healthy_fraction 0.5."""
     with ExitStack() as stack:
         token = write_token(tmp_path, "control.token")
         exporters = {node: stack.enter_context(exporter(tmp_path, f"exp-{host}", node=host,
                                                         token=token))
                      for host, node in HOSTS.items()}
         pager, _ = stack.enter_context(stub_server())
-        overrides, log = service_overrides(tmp_path, cluster, pager, min_healthy_fraction=0.5)
+        overrides, log = service_overrides(tmp_path, cluster, pager,
+                                           **{"min_healthy_fraction": 0.5, **rails})
         inventory = Path(overrides["ansible_inventory"])
         hosts = yaml.safe_load(inventory.read_text())
         for host_vars in hosts["all"]["hosts"].values():
