@@ -176,10 +176,13 @@ class SlurmScheduler:
             raise SchedulerError(f"slurm: job {job.job_id} is {state or 'gone'} ({reason}), "
                                  "not ended by a fault: not requeued")
         self._run("scontrol", "requeue", job.job_id)
-        # held for its new begin time once the requeue has gone through
+        # The requeue goes through asynchronously: the job is PENDING at once, with the old
+        # reason and then none, and only later gets the hold (its new begin time, 120 s on).
+        # Lifting it before it is set is overwritten, so wait for it (or for a start).
         while time.monotonic() < deadline:
             state, reason = self._any_state(job.job_id)
-            if state != "pending" or reason in ("begintime", "none", "priority", "resources"):
+            if state in ("running", "configuring") or (state == "pending"
+                                                       and reason == "begintime"):
                 break
             time.sleep(0.1)
         if state == "pending" and reason == "begintime":
