@@ -170,11 +170,10 @@ def test_fatal_xid_that_killed_its_rank_drains_that_node_once_and_brings_the_job
 
 def test_rank_that_raised_is_not_restarted_and_drains_nothing(
         slurm: SlurmCluster, tmp_path: Path) -> None:
-    """Every rank reported its own error, so the alert names no rank: not restarted."""
-    job = slurm.run(["sbatch", "--parsable", "--requeue", "--nodes=2",
-                     f"--output={tmp_path}/job.out", "--wrap", "exit 1"]).stdout.strip()
-    wait_until(lambda: job_nodes(slurm, job)[0] in ("", "FAILED", "COMPLETING"), timeout=60,
-               what="the job failed")
+    """Every rank reported its own error, so the alert names no rank: not restarted (decided
+    before any scheduler command, so the job needs no record here; a FAILED record left
+    behind would be another test's ended job on that node)."""
+    job = "4242"
     with services(tmp_path, slurm, [book("job_restart")]) as (svcs, log, _pager):
         deliver(svcs[0], alert("TrainingJobVanished", {
             "training_job": job, "severity": "critical", "component": "training"}))
