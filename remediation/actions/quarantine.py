@@ -16,8 +16,12 @@ Three parts, in the engine's order (remediation/engine.py calls the first two):
    (playbook `:quarantine`, target the scheduler node, priority -1 so no breaker counts it).
 3. `run` (the step): drain with a reason naming the alert, the intent and the intent's plan,
    then requeue the jobs running on the node (the job restarts from its newest committed
-   checkpoint on the nodes in service). For `restart` (the evidence names more than one
-   node, or the fault is the job's), the jobs are requeued and nothing is drained.
+   checkpoint on the nodes in service), and bring back the jobs the fault already ended there
+   (a rank killed, a fatal XID that took its process: Slurm keeps a finished job's record
+   for MinJobAge, and `scontrol requeue` takes it back). When the alert names the job by its
+   scheduler id (training_job), only that job is touched. For `restart` (the evidence names
+   more than one node, or the fault is the job's), the jobs are requeued and nothing is
+   drained.
 
 A node returns to service only through `trainwatch.remediation.cli resume-node` after the
 node_health_check playbook passed on it, never because an alert resolved (a lost GPU stops
@@ -334,13 +338,18 @@ def page_failure(session: requests.Session, config: Config, intent: Intent, atte
         "target": intent.target_key})
 
 
-def jobs_to_requeue(scheduler: Any, plan: Plan) -> tuple[list[Any], str]:
-    """The Slurm jobs the fault stopped, and how they were found. A node's fault stops every
-    job on the node; a stall stops its own job only: the Slurm job ids its ranks carry
+def jobs_to_requeue(scheduler: Any, plan: Plan,
+                    named: str | None = None) -> tuple[list[Any], str]:
+    """The running Slurm jobs the fault stopped, and how they were found. A node's fault
+    stops every job on the node, or only the named one when the alert names its Slurm job
+    (named_job); a stall stops its own job only: the Slurm job ids its ranks carry
     (SLURM_JOB_ID, in the diagnostics record), among the jobs on the suspect nodes. A stall
     with no such id requeues nothing (the on-call has TrainingStalled)."""
     on_nodes = {job.job_id: job for node in plan.fault.nodes for job in scheduler.jobs_on(node)}
     if plan.diagnostics is None:  # not a stall
+        if named is not None:
+            return ([job for job_id, job in on_nodes.items() if job_id == named],
+                    f"the alert's Slurm job {named}")
         return list(on_nodes.values()), "every job on the fault's nodes"
     record = plan.diagnostics.record
     ids = set(record.scheduler_jobs) if record is not None else set()
@@ -361,11 +370,58 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     try:
         if fault.action == "quarantine":
             result["drain"] = scheduler.drain(fault.nodes[0], drain_reason(plan))
-        jobs, result["jobs_by"] = jobs_to_requeue(scheduler, plan)
+        named = named_job(plan)
+        if fault.ends_job:  # the fault ended its job: no running job is touched
+            jobs, result["jobs_by"] = [], ("none running: the fault ended its job, only a job "
+                                           "it ended is brought back")
+        else:
+            jobs, result["jobs_by"] = jobs_to_requeue(scheduler, plan, named)
+        ended = ended_jobs(scheduler, fault.nodes, named)
+        if plan.diagnostics is not None:  # a stall: its own Slurm jobs only, ended ones too
+            record = plan.diagnostics.record
+            own = set(record.scheduler_jobs) if record is not None else set()
+            ended = [job for job in ended if job.job_id.split("_")[0] in own]
+        if fault.action != "quarantine" and (jobs or ended):
+            # no drain checked the node: check it is not someone else's right before
+            check_ours(scheduler, fault.nodes)
         for job in jobs:
             result["requeued"].append(scheduler.requeue(job))
+        for job in ended:
+            result["requeued"].append(scheduler.requeue_ended(job))
     except NodeNotOurs as exc:
         raise Refused(f"quarantine: {exc}") from exc
     except SchedulerError as exc:
         raise ActionError(f"quarantine: {exc}") from exc
     return result
+
+
+def check_ours(scheduler: Any, nodes: tuple[str, ...]) -> None:
+    """NodeNotOurs when someone else has one of `nodes` out of service (sched36's rule:
+    Trainwatch neither drains nor requeues there), read right before a restart's requeue."""
+    states = scheduler.node_states(tuple(nodes))
+    for node in nodes:
+        current = states.get(node)
+        if current is not None and current.someone_elses:
+            raise NodeNotOurs(f"slurm: node {node!r} is {current.state} by someone else "
+                              f"({current.reason!r}); Trainwatch neither drains nor requeues "
+                              "there")
+
+
+def named_job(plan: Plan) -> str | None:
+    """The scheduler job id the alert names: its training_job when that is a job id (the
+    ranks name their job by the scheduler's id, e.g. `--rdzv-id=$SLURM_JOB_ID`); None
+    otherwise. The adapter checks it again and looks it up on the suspect node only."""
+    job = (plan.alert or {}).get(LABEL_JOB, "")
+    return job if job.isascii() and job.isdigit() and len(job) <= 12 else None
+
+
+def ended_jobs(scheduler: Any, nodes: tuple[str, ...], named: str | None) -> list[Any]:
+    """The jobs the fault already ended on the suspect nodes (a rank killed, a fatal XID
+    that took its process): the named job where it ran there, else (the alert names no
+    scheduler job, or one that did not run there) every job a fault ended there while the
+    scheduler keeps its record."""
+    found: dict[str, Any] = {}
+    for node in nodes:
+        jobs = scheduler.ended_jobs(node, named) if named is not None else []
+        found.update((job.job_id, job) for job in jobs or scheduler.ended_jobs(node))
+    return list(found.values())

@@ -13,7 +13,11 @@ On the host: `python -m trainwatch.remediation.schedulers.torchrun_elastic stop 
 [--exporter-socket S] --json` stops (SIGTERM, then SIGKILL after a grace period) every
 torchrun agent of this host, or of job J, whose ranks report to this host's training exporter
 (its socket: several test "hosts" share one machine in the loopback cluster). Processes are
-found through /proc (cmdline and environment), never through a pattern given to a tool.
+found through /proc, never through a pattern given to a tool nor a word in a command line:
+the ranks are the processes torchrun started (a worker's environment holds the agent's
+private TORCHELASTIC_ERROR_FILE directory, trainwatch.exporters.contract.identity), and an
+agent is exactly the parent of such a rank that is not a rank itself. A viewer whose argv
+says `torchrun`, or `tail .../log/torchrun`, starts no rank and is never touched.
 """
 
 from __future__ import annotations
@@ -28,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from trainwatch.exporters.contract.catalog import ENV_EXPORTER_SOCKET
-from trainwatch.exporters.contract.identity import job_from_env
+from trainwatch.exporters.contract.identity import job_from_env, torchelastic_agent_dir
 from trainwatch.remediation.schedulers.base import Job, NodeState
 
-AGENT_MODULES = ("torch.distributed.run", "torchrun")
 GRACE_SECONDS = 15.0
 PLAYBOOK = "stop_training_agent.yml"
 
@@ -43,25 +46,50 @@ def _read(pid: int, name: str) -> bytes:
         return b""
 
 
+def _environ(pid: int) -> dict[str, str]:
+    return dict(item.decode(errors="replace").split("=", 1)
+                for item in _read(pid, "environ").split(b"\0") if b"=" in item)
+
+
+def _parent(pid: int) -> int | None:
+    """The parent's pid from /proc/<pid>/stat (after the command name, which may hold
+    spaces and parentheses: the last `)` ends it)."""
+    fields = _read(pid, "stat").rsplit(b")", 1)[-1].split()
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _is_rank(env: dict[str, str]) -> bool:
+    """Whether a process with this environment is a worker a torchrun agent started (or a
+    child of one, which inherits it)."""
+    return bool(torchelastic_agent_dir(env))
+
+
 def find_agents(job: str | None, exporter_socket: str | None) -> list[dict[str, Any]]:
-    """torchrun agents on this machine (of `job`, reporting to `exporter_socket`)."""
-    found = []
+    """torchrun agents on this machine (of `job`, reporting to `exporter_socket`): the parents
+    of the ranks that match, each once."""
+    environs: dict[int, dict[str, str]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            environs[int(entry.name)] = _environ(int(entry.name))
+    agents: dict[int, dict[str, Any]] = {}
+    for pid, env in environs.items():
+        if not _is_rank(env):
             continue
-        pid = int(entry.name)
-        argv = [a.decode(errors="replace") for a in _read(pid, "cmdline").split(b"\0") if a]
-        is_agent = any(a in AGENT_MODULES or a.endswith("/torchrun") for a in argv[:3])
-        if not is_agent:
-            continue
-        env = dict(item.decode(errors="replace").split("=", 1)
-                   for item in _read(pid, "environ").split(b"\0") if b"=" in item)
         if job is not None and job_from_env(env) != job:
             continue
         if exporter_socket is not None and env.get(ENV_EXPORTER_SOCKET) != exporter_socket:
             continue
-        found.append({"pid": pid, "job": job_from_env(env)})
-    return found
+        parent = _parent(pid)
+        if parent is None or parent in agents or parent == os.getpid():
+            continue
+        parent_env = environs.get(parent)
+        if parent_env is None or _is_rank(parent_env):
+            continue  # a rank's own child (a data loader worker) or a parent already gone
+        agents[parent] = {"pid": parent, "job": job_from_env(env), "rank_pid": pid}
+    return list(agents.values())
 
 
 def _alive(pid: int) -> bool:
@@ -128,6 +156,12 @@ class TorchrunElasticScheduler:
                 "agent_stopped": result.get("captured", {})}
 
     def requeue(self, job: Job) -> dict[str, Any]:
+        return {"job": job.job_id, "requeued": False}
+
+    def ended_jobs(self, node: str, job_id: str | None = None) -> list[Job]:
+        return []  # the agents left continue in the allocation: no job ends
+
+    def requeue_ended(self, job: Job) -> dict[str, Any]:
         return {"job": job.job_id, "requeued": False}
 
     def resume(self, node: str) -> dict[str, Any]:
