@@ -46,6 +46,8 @@ FAILURE_ONLY: dict[tuple[str, str], str] = {
         "observed when a playbook finished acting on a job",
     ("trainwatch-remediation-alerts", "Intents by state"):
         "intents exist only after an alert with a playbook reached the remediation service",
+    ("trainwatch-remediation-alerts", "Lemon nodes"):
+        "a node's fault count and interval exist only after the quarantine of that node",
 }
 
 

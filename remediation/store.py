@@ -864,7 +864,10 @@ class Store:
     # --- reads outside a transaction ------------------------------------------------------
     def grant_history(self, playbook: str, since: float) -> list[GrantRow]:
         """Transaction.grant_history, read outside a transaction (/metrics)."""
-        return Transaction(self._conn()).grant_history(playbook, since)
+        # a read: the transaction's `now` (the store clock's, which may refuse a skewed
+        # clock) is never consulted here, and /metrics must answer even then
+        return Transaction(self._conn(), self.GREATEST, time.time()).grant_history(
+            playbook, since)
 
     def grants_by_priority(self, since: float) -> dict[int, int]:
         """Grants since `since` by priority (the breakers' gauges: /metrics)."""

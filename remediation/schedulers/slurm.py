@@ -45,6 +45,9 @@ REASON_MAX = 200
 # How long a change may take to show in a read-back (slurmctld applies a requeue's hold and a
 # StartTime asynchronously); past it the change did not happen.
 READ_BACK_SECONDS = 10.0
+# Slurm stamps a revoked credential in whole seconds; a job restarted within the second of its
+# requeue is killed as non-startable. A little over a second covers the rounding.
+CREDENTIAL_REVOKE_SECONDS = 1.2
 NODE_FORMAT = ("%N|%T|%H|%E", "NODELIST|STATE|TIMESTAMP|REASON")
 JOBS_FORMAT = ("%i|%T|%N", "JOBID|STATE|NODELIST")
 JOB_STATE_FORMAT = ("%T|%r", "STATE|REASON")
@@ -196,6 +199,7 @@ class SlurmScheduler:
         if not JOB_ID.match(job.job_id):
             raise SchedulerError(f"slurm: job id {job.job_id!r} is not a Slurm job id")
         self._run("scontrol", "requeue", job.job_id)
+        requeued = time.monotonic()
         # The requeue completes asynchronously (the job passes through COMPLETING) and only
         # then gets its new begin time: lifting the hold earlier is overwritten.
         state, reason = self._read_back(
@@ -205,6 +209,10 @@ class SlurmScheduler:
             raise SchedulerError(f"slurm: job {job.job_id} is {state or 'gone'} after its "
                                  "requeue, not pending")
         if reason in ("begintime", "", "none"):  # held by the requeue: lift it
+            # The requeue revoked the job's credentials at a time in whole seconds, and slurmd
+            # refuses a credential created in that same second ("Killing non-startable batch
+            # job: Job credential revoked": the job ends FAILED). Start it a second later.
+            time.sleep(max(0.0, CREDENTIAL_REVOKE_SECONDS - (time.monotonic() - requeued)))
             self._run("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
             state, reason = self._read_back(lambda: self.job_state(job.job_id),
                                             lambda s: s[1] != "begintime")

@@ -46,8 +46,10 @@ def _venv_at(path: Path) -> Path:
     """A virtualenv at the deploy's venv path that imports this checkout's packages."""
     venv.EnvBuilder(with_pip=False).create(path)
     site = next(path.glob("lib/python3*/site-packages"))
-    (site / "checkout.pth").write_text(
-        "\n".join(p for p in sys.path if p.endswith("site-packages")) + "\n")
+    # addsitedir, not a bare path: it also runs that directory's .pth files, among them the
+    # editable install's finder that maps trainwatch.* onto the checkout
+    (site / "checkout.pth").write_text("".join(
+        f"import site; site.addsitedir({p!r})\n" for p in sys.path if p.endswith("site-packages")))
     return path / "bin" / "python"
 
 

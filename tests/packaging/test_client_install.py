@@ -57,8 +57,8 @@ while step <= int(sys.argv[1]):
 tw.close()
 # one write per line: two ranks share the log, and a pipe keeps a single small write whole
 NODE_SIDE = ("trainwatch.exporters.node", "trainwatch.remediation")
-sys.stdout.write(f"CLIENT_FROM {trainwatch.exporters.__file__}\n"
-                 f"NODE_SIDE_LOADED {[m for m in sys.modules if m.startswith(NODE_SIDE)]}\n")
+sys.stdout.write(f"CLIENT_FROM {trainwatch.exporters.__file__}\\n"
+                 f"NODE_SIDE_LOADED {[m for m in sys.modules if m.startswith(NODE_SIDE)]}\\n")
 sys.stdout.flush()
 dist.destroy_process_group()
 """

@@ -27,6 +27,7 @@ import pytest
 import requests
 import yaml
 
+from dashboards.check import BUILTINS as GRAFANA_BUILTINS
 from tests.rules.exposed_metrics import REPO, _script
 from tests.support.net import free_port, wait_until
 from tests.support.procs import prometheus, running
@@ -35,6 +36,9 @@ pytestmark = pytest.mark.slow
 
 DASHBOARDS = REPO / "dashboards" / "generated"
 RATE_WINDOW = "10s"  # ten scrapes at 1 s
+# Grafana's own variables ($__range, ...) as dashboards/check.py sets them, the rate windows
+# at this test's scrape interval
+BUILTINS = {**GRAFANA_BUILTINS, "__rate_interval": RATE_WINDOW, "__interval": RATE_WINDOW}
 STEP = 5
 # functions whose MetricsQL result differs from PromQL's by design (no extrapolation to the
 # window's edges, see docs.victoriametrics.com/MetricsQL: rate, increase)
@@ -62,8 +66,7 @@ def dashboard_queries() -> dict[str, str]:
         if isinstance(node, dict):
             expr = node.get("expr")
             if isinstance(expr, str) and expr:
-                out[f"{where}: {expr}"] = (expr.replace("$__rate_interval", RATE_WINDOW)
-                                           .replace("$__interval", RATE_WINDOW))
+                out[f"{where}: {expr}"] = re.sub(r"\$(__\w+)", lambda m: BUILTINS[m[1]], expr)
             for value in node.values():
                 walk(value, where)
         elif isinstance(node, list):
