@@ -26,8 +26,11 @@ def add_version_argument(parser: Any) -> None:
 # and a script run there answers in one line which extra it needs instead of a traceback.
 # A missing module of Trainwatch itself is a bug and still raises.
 
-def _launch(prog: str, module: str, extra: str = "stack") -> int:
+def _launch(module: str, extra: str = "stack") -> int:
+    """Run `module`'s main(); without the extra its packages come from, one line naming it.
+    The program's name is the script's own (pyproject.toml names each script once)."""
     import importlib
+    import os
     import sys
 
     try:
@@ -35,6 +38,7 @@ def _launch(prog: str, module: str, extra: str = "stack") -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] == "trainwatch":
             raise
+        prog = os.path.basename(sys.argv[0])
         print(f"{prog}: needs the '{extra}' extra (no module {exc.name!r}): "
               f"pip install '{DISTRIBUTION}[{extra}]'", file=sys.stderr)
         return 1
@@ -42,24 +46,24 @@ def _launch(prog: str, module: str, extra: str = "stack") -> int:
 
 
 def training_exporter() -> int:
-    return _launch("training-exporter", "trainwatch.exporters.node.training.server")
+    return _launch("trainwatch.exporters.node.training.server")
 
 
 def gpu_exporter() -> int:
-    return _launch("gpu-exporter", "trainwatch.exporters.node.gpu.cli")
+    return _launch("trainwatch.exporters.node.gpu.cli")
 
 
 def logscan() -> int:
-    return _launch("trainwatch-logscan", "trainwatch.exporters.node.logs.scanner_cli")
+    return _launch("trainwatch.exporters.node.logs.scanner_cli")
 
 
 def remediation_server() -> int:
-    return _launch("remediation-server", "trainwatch.remediation.server")
+    return _launch("trainwatch.remediation.server")
 
 
 def operator_cli() -> int:
-    return _launch("trainwatch", "trainwatch.remediation.operator")
+    return _launch("trainwatch.remediation.operator")
 
 
 def resume_node() -> int:
-    return _launch("trainwatch-resume-node", "trainwatch.remediation.resume")
+    return _launch("trainwatch.remediation.resume")

@@ -20,12 +20,12 @@ import hashlib
 import json
 import logging
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainwatch.remediation import lifecycle
+from trainwatch.remediation.actions.registry import retries_when_fired_again
 from trainwatch.remediation.labels import LabelError, safe_labels
 from trainwatch.remediation.playbooks import Playbook, matching
 from trainwatch.remediation.schemas import first_error
@@ -220,13 +220,6 @@ def _ingest_alert(tx: Transaction, books: Mapping[str, Playbook], alert: dict[st
         _ingest_one(tx, book, base, result)
 
 
-def _retries_when_fired_again(book: Playbook) -> bool:
-    """A playbook that acts through the scheduler: when its intent failed because the
-    scheduler was away past the deadline, the same fault still firing is tried again instead
-    of being deduplicated away (other playbooks' failures stay final)."""
-    return any(step["action"] == "quarantine" for step in book.steps)
-
-
 def _ingest_one(tx: Transaction, book: Playbook, base: dict[str, Any],
                 result: IngestResult) -> None:
     audit_ids = {"fingerprint": base["fingerprint"], "playbook": book.name,
@@ -245,8 +238,8 @@ def _ingest_one(tx: Transaction, book: Playbook, base: dict[str, Any],
         state, decision = "pending", None
     new = NewIntent(playbook=book.name, target_key=key, state=state, decision=decision, **base)
     new_id = lifecycle.receive(tx, new)
-    if new_id is None and base["phase"] == "fire" and _retries_when_fired_again(book) \
-            and lifecycle.retry_failed(tx, tx.partner(new, "fire"), time.time()):
+    if new_id is None and base["phase"] == "fire" and retries_when_fired_again(book.steps) \
+            and lifecycle.retry_failed(tx, tx.partner(new, "fire"), tx.now):
         result.accepted += 1
         return
     if new_id is None:

@@ -100,6 +100,10 @@ class Action:
 
     name: ClassVar[str]
     outlives_resolve: ClassVar[bool] = False
+    # True: an intent of this action that failed for good is tried again when the same alert
+    # arrives again (its failure was the environment's, e.g. a scheduler away past the
+    # deadline), instead of the redelivery being deduplicated away.
+    retries_when_fired_again: ClassVar[bool] = False
     # The JSON schema of this action's step (`{"action": {"const": name}, ...}`), added to
     # the playbook schema's steps; None for the steps schemas/playbook.schema.json describes.
     step_schema: ClassVar[dict[str, Any] | None] = None

@@ -504,6 +504,7 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
 class Quarantine(Action):
     name = NAME
     outlives_resolve = True  # a resolved alert does not mean a healthy node
+    retries_when_fired_again = True  # the scheduler away past retry_until is not a verdict
 
     def plan(self, intent: Intent, steps: tuple[dict[str, Any], ...], config: Config,
              store: Store) -> QuarantinePlan:

@@ -50,4 +50,10 @@ def outlives_resolve(steps: Iterable[dict[str, Any]]) -> bool:
     return any(ACTIONS[step["action"]].outlives_resolve for step in steps)
 
 
-__all__ = ["ACTIONS", "check_targets", "outlives_resolve"]
+def retries_when_fired_again(steps: Iterable[dict[str, Any]]) -> bool:
+    """Whether a failed intent with these steps is tried again when its alert arrives again
+    (Action.retries_when_fired_again)."""
+    return any(ACTIONS[step["action"]].retries_when_fired_again for step in steps)
+
+
+__all__ = ["ACTIONS", "check_targets", "outlives_resolve", "retries_when_fired_again"]
