@@ -25,8 +25,12 @@ The engine calls it through the action interface (trainwatch.remediation.actions
    window.
 4. `run` (the step): drain with a reason naming the alert, the intent and the plan, then
    requeue the jobs running on the node (the job restarts from its newest committed
-   checkpoint on the nodes in service). For `restart` (the evidence names more than one
-   node, or the fault is the job's), the jobs are requeued and nothing is drained.
+   checkpoint on the nodes in service), and bring back the jobs the fault already ended there
+   (a rank killed, a fatal XID that took its process: Slurm keeps a finished job's record for
+   MinJobAge, and `scontrol requeue` takes it back). When the alert names the job by its
+   scheduler id (training_job), only that job is touched. For `restart` (the evidence names
+   more than one node, or the fault is the job's), the jobs are requeued and nothing is
+   drained; the restart cap counts the jobs `stopped_jobs` finds at plan time, ended ones too.
 
 A node returns to service only through `trainwatch-resume-node` after the node_health_check
 playbook passed on it, never because an alert resolved (a lost GPU stops being scraped, so its
@@ -36,6 +40,7 @@ approval outlives the alert's resolve until it is decided or its hold expires (w
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -239,12 +244,13 @@ def plan_for(intent_id: int, labels: Mapping[str, str], config: Config,
     unavailable = tuple(n for n in nodes.pool if n not in states or not states[n].in_service)
     not_ours = tuple(states[n].as_dict() for n in fault.nodes
                      if n in states and states[n].someone_elses)
-    jobs: tuple[str, ...] = ()
-    if fault.action == "restart":
-        jobs = tuple(sorted({job.job_id for node in fault.nodes
-                             for job in scheduler.jobs_on(node)}))
-    return QuarantinePlan(intent_id, fault, nodes.pool, unavailable, alert=clean,
-                          diagnostics=diagnostics, jobs=jobs, not_ours=not_ours)
+    plan = QuarantinePlan(intent_id, fault, nodes.pool, unavailable, alert=clean,
+                          diagnostics=diagnostics, not_ours=not_ours)
+    if fault.action != "restart":
+        return plan
+    stopped = stopped_jobs(scheduler, plan)
+    jobs = tuple(sorted({job.job_id for job in stopped.running + stopped.ended}))
+    return dataclasses.replace(plan, jobs=jobs)
 
 
 def diagnostics_for(intent: Intent, config: Config, store: Store) -> Diagnostics:
@@ -464,13 +470,50 @@ def failure_page(intent: Intent, attempts: int, message: str) -> Page:
                 f"{attempts} attempts: {message[:1000]}", {"target": intent.target_key})
 
 
-def jobs_to_requeue(scheduler: Any, plan: QuarantinePlan) -> tuple[list[Any], str]:
-    """The Slurm jobs the fault stopped, and how they were found. A node's fault stops every
-    job on the node; a stall stops its own job only: the Slurm job ids its ranks carry
+def check_ours(scheduler: Any, nodes: tuple[str, ...]) -> None:
+    """NodeNotOurs when someone else has one of `nodes` out of service (sched36's rule:
+    Trainwatch neither drains nor requeues there), read right before a restart's requeue."""
+    states = scheduler.node_states(tuple(nodes))
+    for node in nodes:
+        current = states.get(node)
+        if current is not None and current.someone_elses:
+            raise NodeNotOurs(f"slurm: node {node!r} is {current.state} by someone else "
+                              f"({current.reason!r}); Trainwatch neither drains nor requeues "
+                              "there")
+
+
+def named_job(alert: Mapping[str, str]) -> str | None:
+    """The scheduler job id the alert names: its training_job when that is a job id (the
+    ranks name their job by the scheduler's id, e.g. `--rdzv-id=$SLURM_JOB_ID`); None
+    otherwise. The adapter checks it again and looks it up on the suspect node only."""
+    job = alert.get(LABEL_JOB, "")
+    return job if job.isascii() and job.isdigit() and len(job) <= 12 else None
+
+
+def ended_jobs(scheduler: Any, nodes: tuple[str, ...], named: str | None) -> list[Any]:
+    """The jobs the fault already ended on the suspect nodes (a rank killed, a fatal XID
+    that took its process): the named job where it ran there, else (the alert names no
+    scheduler job, or one that did not run there) every job a fault ended there while the
+    scheduler keeps its record."""
+    found: dict[str, Any] = {}
+    for node in nodes:
+        jobs = scheduler.ended_jobs(node, named) if named is not None else []
+        found.update((job.job_id, job) for job in jobs or scheduler.ended_jobs(node))
+    return list(found.values())
+
+
+def jobs_to_requeue(scheduler: Any, plan: QuarantinePlan,
+                    named: str | None = None) -> tuple[list[Any], str]:
+    """The running Slurm jobs the fault stopped, and how they were found. A node's fault
+    stops every job on the node, or only the named one when the alert names its Slurm job
+    (named_job); a stall stops its own job only: the Slurm job ids its ranks carry
     (SLURM_JOB_ID, in the diagnostics record), among the jobs on the suspect nodes. A stall
     with no such id requeues nothing (the on-call has TrainingStalled)."""
     on_nodes = {job.job_id: job for node in plan.fault.nodes for job in scheduler.jobs_on(node)}
     if plan.diagnostics is None:  # not a stall
+        if named is not None:
+            return ([job for job_id, job in on_nodes.items() if job_id == named],
+                    f"the alert's Slurm job {named}")
         return list(on_nodes.values()), "every job on the fault's nodes"
     record = plan.diagnostics.record
     ids = set(record.scheduler_jobs) if record is not None else set()
@@ -479,6 +522,35 @@ def jobs_to_requeue(scheduler: Any, plan: QuarantinePlan) -> tuple[list[Any], st
                     "requeued")
     return ([job for job_id, job in on_nodes.items() if job_id.split("_")[0] in ids],
             f"the stalled ranks' Slurm jobs {sorted(ids)}")
+
+
+@dataclass(frozen=True)
+class StoppedJobs:
+    """The jobs a fault stopped, as read from the scheduler: still running there (to requeue)
+    and already ended by the fault (to bring back), and how they were found."""
+
+    running: list[Any]
+    ended: list[Any]
+    found_by: str
+
+
+def stopped_jobs(scheduler: Any, plan: QuarantinePlan) -> StoppedJobs:
+    """One reading of which jobs the fault stopped, for the plan (the restart cap counts them)
+    and for the step (which requeues them): a fault that ended its job touches no running
+    job; a stall's ended jobs are its own Slurm jobs only."""
+    fault = plan.fault
+    named = named_job(plan.alert or {})
+    if fault.ends_job:
+        running: list[Any] = []
+        found_by = "none running: the fault ended its job, only a job it ended is brought back"
+    else:
+        running, found_by = jobs_to_requeue(scheduler, plan, named)
+    ended = ended_jobs(scheduler, fault.nodes, named)
+    if plan.diagnostics is not None:
+        record = plan.diagnostics.record
+        own = set(record.scheduler_jobs) if record is not None else set()
+        ended = [job for job in ended if job.job_id.split("_")[0] in own]
+    return StoppedJobs(running, ended, found_by)
 
 
 def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
@@ -491,9 +563,15 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     try:
         if fault.action == "quarantine":
             result["drain"] = scheduler.drain(fault.nodes[0], drain_reason(plan))
-        jobs, result["jobs_by"] = jobs_to_requeue(scheduler, plan)
-        for job in jobs:
+        stopped = stopped_jobs(scheduler, plan)
+        result["jobs_by"] = stopped.found_by
+        if fault.action != "quarantine" and (stopped.running or stopped.ended):
+            # no drain checked the node: check it is not someone else's right before
+            check_ours(scheduler, fault.nodes)
+        for job in stopped.running:
             result["requeued"].append(scheduler.requeue(job))
+        for job in stopped.ended:
+            result["requeued"].append(scheduler.requeue_ended(job))
     except NodeNotOurs as exc:
         raise Refused(f"quarantine: {exc}") from exc
     except SchedulerError as exc:

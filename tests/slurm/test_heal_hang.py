@@ -49,6 +49,7 @@ from trainwatch.remediation.store import NewIntent
 
 PLAYBOOKS = REPO / "remediation" / "playbooks"
 RULES = REPO / "alert_rules" / "generated" / "demo" / "training.yml"
+GPU_RULES = REPO / "alert_rules" / "generated" / "demo" / "gpu.yml"
 
 
 @dataclass
@@ -65,24 +66,29 @@ class Stack:
 
 
 @contextmanager
-def monitoring(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Stack]:
+def monitoring(tmp_path: Path, cluster: SlurmCluster, books: tuple[str, ...] = (
+        "stalled_job_diagnostics", "stalled_job_quarantine"),
+        gpus: dict[str, str] | None = None, **rails: Any) -> Iterator[Stack]:
+    """The stack around `cluster` with the shipped playbooks `books`; `gpus` (scheduler node
+    -> GPU exporter URL) adds those exporters' scrape job and the GPU rules; `rails` are the
+    scheduler settings over min_healthy_fraction 0.5."""
     with ExitStack() as stack:
         token = write_token(tmp_path, "control.token")
         exporters = {node: stack.enter_context(exporter(tmp_path, f"exp-{host}", node=host,
                                                         token=token))
                      for host, node in HOSTS.items()}
         pager, _ = stack.enter_context(stub_server())
-        overrides, log = service_overrides(tmp_path, cluster, pager, min_healthy_fraction=0.5)
+        overrides, log = service_overrides(tmp_path, cluster, pager,
+                                           **{"min_healthy_fraction": 0.5, **rails})
         inventory = Path(overrides["ansible_inventory"])
         hosts = yaml.safe_load(inventory.read_text())
         for host_vars in hosts["all"]["hosts"].values():
             host_vars["trainwatch_python"] = sys.executable  # stack_dump with py-spy beside it
         inventory.write_text(yaml.safe_dump(hosts))
-        books = [yaml.safe_load((PLAYBOOKS / f"{name}.yaml").read_text())
-                 for name in ("stalled_job_diagnostics", "stalled_job_quarantine")]
+        docs = [yaml.safe_load((PLAYBOOKS / f"{name}.yaml").read_text()) for name in books]
         port, prom_port, am_port = free_port(), free_port(), free_port()
         service = stack.enter_context(start_service(service_config(
-            tmp_path / "service", books, port=port, **overrides,
+            tmp_path / "service", docs, port=port, **overrides,
             prometheus_url=f"http://127.0.0.1:{prom_port}",
             alertmanager_url=f"http://127.0.0.1:{am_port}"), port))
         webhook_token = tmp_path / "webhook.token"
@@ -96,7 +102,7 @@ def monitoring(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Stack]:
         prom_config = tmp_path / "prometheus.yml"
         prom_config.write_text(json.dumps({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(RULES)],
+            "rule_files": [str(RULES), *([str(GPU_RULES)] if gpus else [])],
             "alerting": {"alertmanagers": [{"static_configs": [
                 {"targets": [am.removeprefix("http://")]}]}]},
             # instance host:port with the inventory host, as on a real cluster (the
@@ -104,7 +110,10 @@ def monitoring(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Stack]:
             "scrape_configs": [{"job_name": "training", "static_configs": [
                 {"targets": [exp.url.removeprefix("http://")],
                  "labels": {"instance": f"{NODE_HOST[node]}:{exp.url.rsplit(':', 1)[1]}"}}
-                for node, exp in exporters.items()]}],
+                for node, exp in exporters.items()]}, *([{"job_name": "gpu", "static_configs": [
+                    {"targets": [url.removeprefix("http://")],
+                     "labels": {"instance": f"{NODE_HOST[node]}:{url.rsplit(':', 1)[1]}"}}
+                    for node, url in gpus.items()]}] if gpus else [])],
         }))
         prom = stack.enter_context(prometheus(tmp_path, prom_config, port=prom_port))
         yield Stack(exporters, prom, am, service, log, token[1])

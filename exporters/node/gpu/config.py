@@ -7,12 +7,16 @@ the offending key named), so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from trainwatch.exporters import add_version_argument
 from trainwatch.exporters.contract.catalog import PORTS
+from trainwatch.exporters.node.fast_alerts import check_url
+
+NODE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -28,6 +32,10 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "nvlink": {"type": "boolean"},
         "gpm": {"type": "boolean"},
         "log_level": {"enum": ["DEBUG", "INFO", "WARNING", "ERROR"]},
+        # fast alerts (trainwatch.exporters.node.fast_alerts): every XID straight to these
+        # Alertmanagers, naming this node as the inventory does
+        "alertmanager_urls": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "node": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$"},
     },
 }
 
@@ -54,6 +62,10 @@ class Settings:
     nvlink: bool = True
     gpm: bool = True  # profiling metrics through NVML GPM where the GPU supports it
     log_level: str = "INFO"
+    # Fast alerts: each XID posted to these Alertmanagers at once, labelled with `node` (the
+    # inventory host name, as the rules derive it from `instance`); both needed, else off.
+    alertmanager_urls: tuple[str, ...] = ()
+    node: str | None = None
 
     @property
     def cycle_deadline(self) -> float:
@@ -111,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve N simulated GPUs from the fake NVML (demo, laptops)")
     parser.add_argument("--no-gpm", dest="gpm", action="store_const", const=False,
                         help="do not read the GPM profiling metrics (SM/tensor/DRAM activity)")
+    parser.add_argument("--alertmanager-url", dest="alertmanager_urls", action="append",
+                        metavar="URL", help="post every XID to this Alertmanager at once "
+                        "(repeatable; needs --node)")
+    parser.add_argument("--node", help="this node's inventory host name, the fast alerts' "
+                        "`node` label")
     parser.add_argument("--config", type=Path, metavar="FILE", help="optional YAML settings")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
@@ -123,4 +140,16 @@ def resolve(args: argparse.Namespace) -> Settings:
         settings = replace(settings, **load_config_file(args.config))
     overrides = {f.name: getattr(args, f.name) for f in fields(Settings)
                  if getattr(args, f.name, None) is not None}
-    return replace(settings, **overrides)
+    settings = replace(settings, **overrides)
+    settings = replace(settings, alertmanager_urls=tuple(settings.alertmanager_urls))
+    if settings.alertmanager_urls and not settings.node:
+        raise ConfigError("alertmanager_urls (--alertmanager-url) needs node (--node): the "
+                          "fast alerts name the node")
+    if settings.node is not None and not NODE_NAME.fullmatch(settings.node):
+        raise ConfigError(f"node {settings.node!r}: a plain host name only")
+    for url in settings.alertmanager_urls:
+        try:
+            check_url(url)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    return settings

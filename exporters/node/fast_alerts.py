@@ -1,0 +1,105 @@
+"""Discrete hard events, straight to Alertmanager the moment an exporter sees them.
+
+A fatal XID is an event no noise produces, and the job it kills is dead from that moment: the
+rule path (scrape interval + evaluation interval + the rule's `for:` + `group_wait`) costs the
+production profile about two minutes before remediation hears of it. So the exporter that sees
+the event (the GPU exporter's NVML event thread) also posts it to Alertmanager's v2 API at
+once, with the label FAST_LABEL; the Alertmanager configuration
+(alert_rules/alertmanager.yml.j2) routes those to the remediation webhook only, with
+`group_wait: 0s`, and to nobody else: people are paged by the rules' own alerts, with their
+`for:` and grouping, exactly as before. The alert carries the rule's name and labels
+(alertname, node, gpu, uuid, xid), so the same playbooks match it and the remediation
+service's rails (one quarantine per node per window, idempotency) absorb the rule's alert
+that follows.
+
+Posting never blocks the caller: events go to a bounded queue drained by a thread of its own,
+each POST with one deadline; a full queue or an Alertmanager that does not answer drops the
+fast copy (counted), and the rule's alert still follows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
+
+FAST_LABEL = "trainwatch_fast"
+QUEUE_SIZE = 256
+
+
+def check_url(url: str) -> str:
+    """An Alertmanager base URL (http or https, a host, no query or credentials)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
+            or parts.username or parts.password:
+        raise ValueError(f"alertmanager URL {url!r}: http(s)://host[:port][/path] only")
+    return url.rstrip("/")
+
+
+class FastAlerts:
+    """Posts alerts to every configured Alertmanager from a background thread."""
+
+    def __init__(self, urls: Sequence[str], *, hold_seconds: float = 600.0,
+                 timeout_seconds: float = 2.0) -> None:
+        self.urls = [check_url(u) for u in urls]
+        self.hold_seconds = hold_seconds
+        self.timeout_seconds = timeout_seconds
+        self.sent = 0
+        self.dropped = 0
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(QUEUE_SIZE)
+        self._thread = threading.Thread(target=self._run, name="fast-alerts", daemon=True)
+        self._thread.start()
+
+    def post(self, alertname: str, labels: Mapping[str, str], summary: str) -> None:
+        """Queue one alert (never blocks: a full queue drops it, counted)."""
+        now = datetime.now(timezone.utc)
+        alert = {"labels": {**labels, "alertname": alertname, FAST_LABEL: "true"},
+                 "annotations": {"summary": summary},
+                 "startsAt": now.isoformat(),
+                 "endsAt": (now + timedelta(seconds=self.hold_seconds)).isoformat()}
+        try:
+            self._queue.put_nowait(alert)
+        except queue.Full:
+            self.dropped += 1
+
+    def close(self, timeout: float = 2.0) -> None:
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            alert = self._queue.get()
+            if alert is None:
+                return
+            body = json.dumps([alert]).encode()
+            for url in self.urls:
+                self._send(url, body)
+
+    def _send(self, url: str, body: bytes) -> None:
+        # lazy: urllib.request loads http.client, email and ssl, which the exporter's serving
+        # path keeps out of its RSS unless fast alerts are on
+        import urllib.error
+        import urllib.request
+
+        request = urllib.request.Request(  # noqa: S310 - scheme checked in check_url
+            f"{url}/api/v2/alerts", data=body, method="POST",
+            headers={"Content-Type": "application/json"})
+        started = time.monotonic()
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_seconds) as resp:  # noqa: S310
+                resp.read(1024)
+            self.sent += 1
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            self.dropped += 1
+            log.warning("fast alert to %s failed after %.1fs: %s", url,
+                        time.monotonic() - started, exc)
