@@ -86,6 +86,10 @@ log = logging.getLogger(__name__)
 NAME = "quarantine"
 GRANT_PLAYBOOK = ":quarantine"  # no playbook name starts with ':' (schema: ^[a-z])
 RESTART_GRANTS = ":restart"  # one grant per job restarted for a restart-only fault
+# A restart this long before a fault's startsAt still counts as its heal: the alerts of one
+# death (each rank's, the fast one and the rule's) start seconds apart, while a restarted
+# job takes longer than this to start, train and die again.
+RESTART_SETTLE_SECONDS = 10.0
 GRANT_PRIORITY = -1  # below every breaker's minimum: the playbook's own grant counts there
 # The rails an approval can override (named in the hold's page and audit).
 MAX_QUARANTINED = "max_quarantined"
@@ -138,6 +142,7 @@ class QuarantinePlan(Plan):
     alert: Mapping[str, str] | None = None
     diagnostics: Diagnostics | None = None
     jobs: tuple[str, ...] = ()  # restart-only: the jobs on the nodes when planned
+    fault_at: float | None = None  # the alert's startsAt (UNIX time), when it has one
     # the fault's nodes someone else has out of service (drained, down, reserved), as read
     not_ours: tuple[Mapping[str, str], ...] = ()
 
@@ -152,6 +157,8 @@ class QuarantinePlan(Plan):
             out["evidence"] = self.diagnostics.as_dict()
         if self.jobs:
             out["jobs"] = list(self.jobs)
+        if self.fault_at is not None:
+            out["fault_at"] = self.fault_at
         return out
 
 
@@ -332,6 +339,16 @@ def _restart_rails(tx: Transaction, plan: QuarantinePlan, settings: SchedulerSet
     `restart_window`; past it, the on-call is paged instead."""
     window = settings.restart_window_seconds
     history = tx.grant_history(RESTART_GRANTS, context.now - window)
+    if plan.fault_at is not None:
+        # One death seen twice (two ranks of the job, the exporter's fast alert and the
+        # rule's, two nodes): the restart that came after it began healed it already.
+        since = plan.fault_at - RESTART_SETTLE_SECONDS
+        done = sorted({row.target_key for row in history if row.target_key in plan.jobs
+                       and happened(row) and row.at >= since})
+        if done and set(done) == set(plan.jobs):
+            return Verdict(Decision.ALREADY_RESTARTED, "done",
+                           f"job(s) {', '.join(done)} restarted after this fault began: the "
+                           "same death, not restarted again", {**detail, "restarted": done})
     counts = {job: sum(1 for row in history if row.target_key == job and happened(row))
               for job in plan.jobs}
     over = sorted(job for job, n in counts.items() if n >= settings.max_restarts)
@@ -589,7 +606,8 @@ class Quarantine(Action):
         diagnostics = diagnostics_for(intent, config, store) \
             if needs_diagnostics(intent.labels, config) else None
         try:
-            return plan_for(intent.id, intent.labels, config, diagnostics)
+            return dataclasses.replace(plan_for(intent.id, intent.labels, config, diagnostics),
+                                       fault_at=unix_time(intent.starts_at))
         except SchedulerError as exc:
             raise ActionError(f"quarantine: {exc}") from exc
 
