@@ -290,6 +290,7 @@ class SlurmScheduler:
             raise SchedulerError(f"slurm: job {job.job_id} is {state or 'gone'} ({reason}), "
                                  "not ended by a fault: not requeued")
         self._run("scontrol", "requeue", job.job_id)
+        requeued = time.monotonic()
         # The requeue goes through asynchronously: the job is PENDING at once, with the old
         # reason and then none, and only later gets the hold (its new begin time, 120 s on).
         # Lifting it before it is set is overwritten, so wait for it (or for a start).
@@ -297,6 +298,8 @@ class SlurmScheduler:
             lambda: self._any_state(job.job_id),
             lambda s: s[0] in ("running", "configuring") or s == ("pending", "begintime"))
         if state == "pending" and reason == "begintime":
+            # as in requeue: not within the second the requeue revoked the credential in
+            time.sleep(max(0.0, CREDENTIAL_REVOKE_SECONDS - (time.monotonic() - requeued)))
             self._run("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
             state, reason = self._read_back(lambda: self._any_state(job.job_id),
                                             lambda s: s[1] != "begintime")
