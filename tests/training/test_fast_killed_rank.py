@@ -11,8 +11,6 @@ arriving alone shows the watch had judged the earlier ranks (no sleeping for an 
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 import time
 from collections.abc import Iterator
