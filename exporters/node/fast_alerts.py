@@ -19,10 +19,12 @@ fast copy (counted), and the rule's alert still follows.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import logging
 import queue
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -34,6 +36,9 @@ log = logging.getLogger(__name__)
 
 FAST_LABEL = "trainwatch_fast"
 QUEUE_SIZE = 256
+# The fast alerts' `node` label: the host name Prometheus gives the node's targets
+# (inventory_hostname_short), which the remediation inventory is keyed by.
+NODE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
 
 
 def check_url(url: str) -> str:
@@ -43,6 +48,29 @@ def check_url(url: str) -> str:
             or parts.username or parts.password:
         raise ValueError(f"alertmanager URL {url!r}: http(s)://host[:port][/path] only")
     return url.rstrip("/")
+
+
+def add_arguments(parser: argparse.ArgumentParser, *, what: str, node: bool = True) -> None:
+    """The exporters' fast-alert flags: `--alertmanager-url` (repeatable) and, unless the
+    exporter has its own, `--node`. `what` says which events are posted (the help text)."""
+    parser.add_argument("--alertmanager-url", dest="alertmanager_urls", action="append",
+                        metavar="URL", help=f"post {what} to this Alertmanager at once "
+                        "(repeatable; needs --node)")
+    if node:
+        parser.add_argument("--node", help="this node's inventory host name, the fast "
+                            "alerts' `node` label")
+
+
+def check_settings(urls: Sequence[str] | None, node: str | None) -> tuple[str, ...]:
+    """The Alertmanager URLs, checked together with the node they name (ValueError, with
+    the flag to fix, when they do not fit): no URL means fast alerts are off."""
+    urls = tuple(urls or ())
+    if urls and not node:
+        raise ValueError("alertmanager_urls (--alertmanager-url) needs node (--node): the "
+                         "fast alerts name the node")
+    if urls and node is not None and not NODE_NAME.fullmatch(node):
+        raise ValueError(f"node {node!r}: a plain host name only")
+    return tuple(check_url(url) for url in urls)
 
 
 class FastAlerts:

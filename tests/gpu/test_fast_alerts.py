@@ -13,48 +13,37 @@ from pathlib import Path
 
 import pytest
 
-from tests.remediation.helpers import TOKEN, stub_server
-from tests.support.alertmanager_config import render_one
+from tests.support.fast_alerts import DETECTION_BUDGET_SECONDS, production_alertmanager
 from tests.support.net import free_port, wait_until
-from tests.support.procs import alertmanager, running
+from tests.support.procs import running
 from trainwatch.exporters.node.fast_alerts import FAST_LABEL
 from trainwatch.exporters.node.gpu.config import ConfigError, build_parser, resolve
 from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
 
-DETECTION_BUDGET_SECONDS = 10.0
-
 
 def test_an_xid_reaches_the_webhook_in_seconds_with_production_grouping(tmp_path: Path
                                                                        ) -> None:
-    token = tmp_path / "webhook.token"
-    token.write_text(TOKEN)
-    with stub_server() as (webhook, hooks), stub_server() as (team, teams):
-        config = render_one({  # production grouping: the role's defaults but the URLs
-            "alertmanager_remediation_urls": [f"http://{webhook}/v1/alerts"],
-            "alertmanager_remediation_token_file": str(token),
-            "alertmanager_receiver_configs": {
-                name: {"webhook_configs": [{"url": f"http://{team}/{name}"}]}
-                for name in ("paging", "infra", "ml")}}, tmp_path / "render")
-        with alertmanager(tmp_path, config) as am:
-            scenario = tmp_path / "nvml.json"
-            scenario.write_text(json.dumps(simulated_scenario(2, dynamic=False)))
-            port = free_port()
-            with running([str(Path(sys.executable).parent / "gpu-exporter"), "--bind",
-                          "127.0.0.1", "--port", str(port), "--interval", "1", "--no-gpm",
-                          "--node", "node-b", "--alertmanager-url", am],
-                         tmp_path / "gpu-exporter.log",
-                         ready_url=f"http://127.0.0.1:{port}/metrics",
-                         env={"TRAINWATCH_FAKE_NVML": str(scenario)}):
-                wait_until(lambda: b"xid" in _metrics(port), timeout=30,
-                           what="the XID watch running")
-                doc = json.loads(scenario.read_text())
-                doc["xid_events"] = [{"gpu": 1, "xid": 79}]
-                scenario.write_text(json.dumps(doc))
-                written = time.monotonic()
-                [post] = wait_until(lambda: hooks.posts("/v1/alerts"),
-                                    timeout=DETECTION_BUDGET_SECONDS * 3, interval=0.05,
-                                    what="the webhook notified")
-                took = time.monotonic() - written
+    with production_alertmanager(tmp_path) as stack:
+        am, hooks, teams = stack.url, stack.hooks, stack.teams
+        scenario = tmp_path / "nvml.json"
+        scenario.write_text(json.dumps(simulated_scenario(2, dynamic=False)))
+        port = free_port()
+        with running([str(Path(sys.executable).parent / "gpu-exporter"), "--bind",
+                      "127.0.0.1", "--port", str(port), "--interval", "1", "--no-gpm",
+                      "--node", "node-b", "--alertmanager-url", am],
+                     tmp_path / "gpu-exporter.log",
+                     ready_url=f"http://127.0.0.1:{port}/metrics",
+                     env={"TRAINWATCH_FAKE_NVML": str(scenario)}):
+            wait_until(lambda: b"xid" in _metrics(port), timeout=30,
+                       what="the XID watch running")
+            doc = json.loads(scenario.read_text())
+            doc["xid_events"] = [{"gpu": 1, "xid": 79}]
+            scenario.write_text(json.dumps(doc))
+            written = time.monotonic()
+            [post] = wait_until(lambda: hooks.posts("/v1/alerts"),
+                                timeout=DETECTION_BUDGET_SECONDS * 3, interval=0.05,
+                                what="the webhook notified")
+            took = time.monotonic() - written
         [alert] = post.body["alerts"]
         assert {k: alert["labels"][k] for k in ("alertname", "node", "gpu", "xid",
                                                 FAST_LABEL)} == {

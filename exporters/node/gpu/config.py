@@ -7,16 +7,13 @@ the offending key named), so a typo never silently falls back to a default.
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from trainwatch.exporters import add_version_argument
 from trainwatch.exporters.contract.catalog import PORTS
-from trainwatch.exporters.node.fast_alerts import check_url
-
-NODE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
+from trainwatch.exporters.node import fast_alerts
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -35,7 +32,7 @@ CONFIG_SCHEMA: dict[str, Any] = {
         # fast alerts (trainwatch.exporters.node.fast_alerts): every XID straight to these
         # Alertmanagers, naming this node as the inventory does
         "alertmanager_urls": {"type": "array", "items": {"type": "string", "minLength": 1}},
-        "node": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$"},
+        "node": {"type": "string", "pattern": f"^{fast_alerts.NODE_NAME.pattern}$"},
     },
 }
 
@@ -123,11 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve N simulated GPUs from the fake NVML (demo, laptops)")
     parser.add_argument("--no-gpm", dest="gpm", action="store_const", const=False,
                         help="do not read the GPM profiling metrics (SM/tensor/DRAM activity)")
-    parser.add_argument("--alertmanager-url", dest="alertmanager_urls", action="append",
-                        metavar="URL", help="post every XID to this Alertmanager at once "
-                        "(repeatable; needs --node)")
-    parser.add_argument("--node", help="this node's inventory host name, the fast alerts' "
-                        "`node` label")
+    fast_alerts.add_arguments(parser, what="every XID")
     parser.add_argument("--config", type=Path, metavar="FILE", help="optional YAML settings")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
@@ -141,15 +134,10 @@ def resolve(args: argparse.Namespace) -> Settings:
     overrides = {f.name: getattr(args, f.name) for f in fields(Settings)
                  if getattr(args, f.name, None) is not None}
     settings = replace(settings, **overrides)
-    settings = replace(settings, alertmanager_urls=tuple(settings.alertmanager_urls))
-    if settings.alertmanager_urls and not settings.node:
-        raise ConfigError("alertmanager_urls (--alertmanager-url) needs node (--node): the "
-                          "fast alerts name the node")
-    if settings.node is not None and not NODE_NAME.fullmatch(settings.node):
+    if settings.node is not None and not fast_alerts.NODE_NAME.fullmatch(settings.node):
         raise ConfigError(f"node {settings.node!r}: a plain host name only")
-    for url in settings.alertmanager_urls:
-        try:
-            check_url(url)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    return settings
+    try:
+        urls = fast_alerts.check_settings(settings.alertmanager_urls, settings.node)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return replace(settings, alertmanager_urls=urls)
