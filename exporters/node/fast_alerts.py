@@ -20,15 +20,19 @@ fast copy (counted), and the rule's alert still follows.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import logging
 import queue
 import re
+import stat
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,6 +43,7 @@ QUEUE_SIZE = 256
 # The fast alerts' `node` label: the host name Prometheus gives the node's targets
 # (inventory_hostname_short), which the remediation inventory is keyed by.
 NODE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,62}")
+USERNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 
 
 def check_url(url: str) -> str:
@@ -51,11 +56,18 @@ def check_url(url: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, what: str, node: bool = True) -> None:
-    """The exporters' fast-alert flags: `--alertmanager-url` (repeatable) and, unless the
-    exporter has its own, `--node`. `what` says which events are posted (the help text)."""
+    """The exporters' fast-alert flags: `--alertmanager-url` (repeatable), the basic-auth
+    credential an Alertmanager outside loopback requires (the password from a file, never an
+    argument) and, unless the exporter has its own, `--node`. `what` says which events are
+    posted (the help text)."""
     parser.add_argument("--alertmanager-url", dest="alertmanager_urls", action="append",
                         metavar="URL", help=f"post {what} to this Alertmanager at once "
                         "(repeatable; needs --node)")
+    parser.add_argument("--alertmanager-username", metavar="USER",
+                        help="basic-auth user for the Alertmanagers (with "
+                        "--alertmanager-password-file)")
+    parser.add_argument("--alertmanager-password-file", type=Path, metavar="FILE",
+                        help="file holding that user's password (not world-readable)")
     if node:
         parser.add_argument("--node", help="this node's inventory host name, the fast "
                             "alerts' `node` label")
@@ -73,12 +85,49 @@ def check_settings(urls: Sequence[str] | None, node: str | None) -> tuple[str, .
     return tuple(check_url(url) for url in urls)
 
 
+def read_credential(username: str | None, password_file: Path | None) -> Credential | None:
+    """The basic-auth credential for the Alertmanagers: both parts or neither (ValueError).
+    The password file must not be readable by everyone (the credential lets its holder post
+    alerts that act), and holds one line."""
+    if username is None and password_file is None:
+        return None
+    if not username or password_file is None:
+        raise ValueError("alertmanager_username and alertmanager_password_file go together")
+    if not USERNAME.fullmatch(username):
+        raise ValueError(f"alertmanager username {username!r}: letters, digits, . _ - only")
+    try:
+        mode = password_file.stat().st_mode
+        text = password_file.read_text()
+    except OSError as exc:
+        raise ValueError(f"alertmanager password file {password_file}: {exc.strerror}") from None
+    if mode & stat.S_IROTH:
+        raise ValueError(f"alertmanager password file {password_file} is world-readable: "
+                         "chmod o-r it")
+    password = text.rstrip("\n")
+    if not password or "\n" in password:
+        raise ValueError(f"alertmanager password file {password_file}: one non-empty line")
+    return Credential(username, password)
+
+
+@dataclass(frozen=True)
+class Credential:
+    """Basic auth for the Alertmanagers; repr hides the password (it may reach a log)."""
+
+    username: str
+    password: str = field(repr=False)
+
+    def header(self) -> str:
+        raw = f"{self.username}:{self.password}".encode()
+        return "Basic " + base64.b64encode(raw).decode("ascii")
+
+
 class FastAlerts:
     """Posts alerts to every configured Alertmanager from a background thread."""
 
-    def __init__(self, urls: Sequence[str], *, hold_seconds: float = 600.0,
-                 timeout_seconds: float = 2.0) -> None:
+    def __init__(self, urls: Sequence[str], *, credential: Credential | None = None,
+                 hold_seconds: float = 600.0, timeout_seconds: float = 2.0) -> None:
         self.urls = [check_url(u) for u in urls]
+        self._credential = credential
         self.hold_seconds = hold_seconds
         self.timeout_seconds = timeout_seconds
         self.sent = 0
@@ -119,9 +168,11 @@ class FastAlerts:
         import urllib.error
         import urllib.request
 
+        headers = {"Content-Type": "application/json"}
+        if self._credential is not None:
+            headers["Authorization"] = self._credential.header()
         request = urllib.request.Request(  # noqa: S310 - scheme checked in check_url
-            f"{url}/api/v2/alerts", data=body, method="POST",
-            headers={"Content-Type": "application/json"})
+            f"{url}/api/v2/alerts", data=body, method="POST", headers=headers)
         started = time.monotonic()
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_seconds) as resp:  # noqa: S310

@@ -25,9 +25,11 @@ class FastStack:
 
 
 @contextmanager
-def production_alertmanager(tmp_path: Path) -> Iterator[FastStack]:
+def production_alertmanager(tmp_path: Path, basic_auth: tuple[str, str] | None = None
+                            ) -> Iterator[FastStack]:
     """Alertmanager with the alertmanager role's defaults (production grouping) but the
-    receivers' URLs, which point at the stubs."""
+    receivers' URLs, which point at the stubs; `basic_auth` (user, password) as on a network
+    bind, where the role requires it."""
     token = tmp_path / "webhook.token"
     token.write_text(TOKEN)
     with stub_server() as (webhook, hooks), stub_server() as (team, teams):
@@ -37,5 +39,5 @@ def production_alertmanager(tmp_path: Path) -> Iterator[FastStack]:
             "alertmanager_receiver_configs": {
                 name: {"webhook_configs": [{"url": f"http://{team}/{name}"}]}
                 for name in ("paging", "infra", "ml")}}, tmp_path / "render")
-        with alertmanager(tmp_path, config) as am:
+        with alertmanager(tmp_path, config, basic_auth=basic_auth) as am:
             yield FastStack(am, hooks, teams)

@@ -31,7 +31,7 @@ def fast_xid(settings: Settings) -> Callable[[GpuIdentity, int], None] | None:
     """What posts each XID straight to Alertmanager (None when not configured)."""
     if not settings.alertmanager_urls or settings.node is None:
         return None
-    alerts = FastAlerts(settings.alertmanager_urls)
+    alerts = FastAlerts(settings.alertmanager_urls, credential=settings.alertmanager_credential)
     node = settings.node
 
     def post(identity: GpuIdentity, xid: int) -> None:

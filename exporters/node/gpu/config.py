@@ -33,6 +33,9 @@ CONFIG_SCHEMA: dict[str, Any] = {
         # Alertmanagers, naming this node as the inventory does
         "alertmanager_urls": {"type": "array", "items": {"type": "string", "minLength": 1}},
         "node": {"type": "string", "pattern": f"^{fast_alerts.NODE_NAME.pattern}$"},
+        "alertmanager_username": {"type": "string",
+                                  "pattern": f"^{fast_alerts.USERNAME.pattern}$"},
+        "alertmanager_password_file": {"type": "string", "minLength": 1},
     },
 }
 
@@ -63,6 +66,10 @@ class Settings:
     # inventory host name, as the rules derive it from `instance`); both needed, else off.
     alertmanager_urls: tuple[str, ...] = ()
     node: str | None = None
+    # basic auth for an Alertmanager outside loopback (its password read from the file)
+    alertmanager_username: str | None = None
+    alertmanager_password_file: Path | None = None
+    alertmanager_credential: fast_alerts.Credential | None = None  # read by resolve()
 
     @property
     def cycle_deadline(self) -> float:
@@ -136,8 +143,12 @@ def resolve(args: argparse.Namespace) -> Settings:
     settings = replace(settings, **overrides)
     if settings.node is not None and not fast_alerts.NODE_NAME.fullmatch(settings.node):
         raise ConfigError(f"node {settings.node!r}: a plain host name only")
+    password_file = settings.alertmanager_password_file
     try:
         urls = fast_alerts.check_settings(settings.alertmanager_urls, settings.node)
+        credential = fast_alerts.read_credential(
+            settings.alertmanager_username,
+            Path(password_file) if password_file is not None else None)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    return replace(settings, alertmanager_urls=urls)
+    return replace(settings, alertmanager_urls=urls, alertmanager_credential=credential)

@@ -98,6 +98,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--threads must be between 1 and 64")
     try:
         args.alertmanager_urls = fast_alerts.check_settings(args.alertmanager_urls, args.node)
+        args.alertmanager_credential = fast_alerts.read_credential(
+            args.alertmanager_username, args.alertmanager_password_file)
     except ValueError as exc:
         parser.error(str(exc))
     return args
@@ -134,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--goodput-state {args.goodput_state}: {exc}") from None
     store = Store(args.job_expiry_seconds, departed_after=args.rank_departed_seconds,
                   goodput=ledger)
-    alerts = fast_alerts.FastAlerts(args.alertmanager_urls) if args.alertmanager_urls else None
+    alerts = fast_alerts.FastAlerts(args.alertmanager_urls,
+                                    credential=args.alertmanager_credential) \
+        if args.alertmanager_urls else None
     registry = CollectorRegistry()
     registry.register(TrainingCollector(store, args.node, alerts))
     try:
