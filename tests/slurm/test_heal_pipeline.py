@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -39,10 +39,13 @@ pytestmark = pytest.mark.slow
 
 
 @contextmanager
-def gpu_exporters(tmp_path: Path, nodes: tuple[str, ...]
+def gpu_exporters(tmp_path: Path, nodes: tuple[str, ...], *,
+                  extra_args: Mapping[str, Sequence[str]] | None = None
                   ) -> Iterator[tuple[dict[str, Path], dict[str, str]]]:
     """One GPU exporter per node on a fake NVML of its own (a scenario file: write an XID
-    into it to raise one); yields (node -> scenario file, node -> exporter URL)."""
+    into it to raise one); yields (node -> scenario file, node -> exporter URL). `extra_args`
+    (node -> arguments) are appended to that node's command line (e.g. the fast alerts'
+    `--alertmanager-url URL --node HOST`)."""
     with ExitStack() as stack:
         scenarios: dict[str, Path] = {}
         urls: dict[str, str] = {}
@@ -53,7 +56,8 @@ def gpu_exporters(tmp_path: Path, nodes: tuple[str, ...]
             url = f"http://127.0.0.1:{port}"
             stack.enter_context(running(
                 [str(Path(sys.executable).parent / "gpu-exporter"), "--bind", "127.0.0.1",
-                 "--port", str(port), "--interval", "1", "--no-gpm"],
+                 "--port", str(port), "--interval", "1", "--no-gpm",
+                 *(extra_args or {}).get(node, ())],
                 tmp_path / f"gpu-exporter-{node}.log", ready_url=f"{url}/metrics",
                 env={"TRAINWATCH_FAKE_NVML": str(scenario)}))
             scenarios[node], urls[node] = scenario, url
