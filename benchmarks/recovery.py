@@ -37,6 +37,10 @@ Measured from the fault (the time the signal was sent), per phase:
   restore             -> the last rank's `resumed` event (checkpoint restored)
   first_step          -> the first step after the restore
 
+The acting intent is the first one since the fault whose playbook requeued the job; acts
+before it that brought nothing back (an alert ahead of the scheduler noticing that the job
+ended) are counted per fault as acts_without_requeue.
+
 plus fault_to_first_step and the goodput each fault cost: that time plus the work lost since
 the newest committed checkpoint before the fault. The last line printed is a JSON object: the
 profile, p50 and max per phase and kind, detection p99 (the maximum over every fault: with
@@ -126,11 +130,23 @@ def _cpu_model() -> str:
     return platform.machine()
 
 
-def _acted(stack: Stack, playbook: str, since: float) -> dict[str, Any] | None:
+def _requeued(record: dict[str, Any]) -> bool:
+    """Whether an acting audit record brought a job back (requeued one)."""
+    results = (record.get("detail") or {}).get("results") or []
+    return any((r.get("result") or {}).get("requeued") for r in results)
+
+
+def _acts(stack: Stack, playbook: str, since: float) -> list[dict[str, Any]]:
     audit = stack.service.actions()["audit"]
-    found = [a for a in audit if a["playbook"] == playbook and a["decision"] == "acted"
-             and a["at"] > since]
-    return min(found, key=lambda a: a["at"]) if found else None
+    return sorted((a for a in audit if a["playbook"] == playbook and a["decision"] == "acted"
+                   and a["at"] > since), key=lambda a: a["at"])
+
+
+def _acted(stack: Stack, playbook: str, since: float) -> dict[str, Any] | None:
+    """The first acting record since the fault that requeued the job: an act that found no
+    job to bring back (an alert ahead of the scheduler noticing the job ended) recovers
+    nothing, so the path is measured to the act that did."""
+    return next((a for a in _acts(stack, playbook, since) if _requeued(a)), None)
 
 
 def _intent_created(stack: Stack, intent_id: int) -> float:
@@ -161,6 +177,9 @@ def one_fault(kind: str, cluster: SlurmCluster, stack: Stack, job: str, out: Pat
     acted = wait_until(lambda: _acted(stack, playbook, t_fault), timeout=300, interval=0.2,
                        what=f"{playbook} acted")
     created = _intent_created(stack, acted["intent_id"])
+    # acts before it that requeued nothing (e.g. the fast alert ahead of Slurm's job end)
+    idle_acts = sum(1 for a in _acts(stack, playbook, t_fault)
+                    if a["at"] < acted["at"] and not _requeued(a))
     changes = [t for t, call in timed_calls(stack.log) if call[0] == "scontrol" and t > created]
     incarnation = wait_until(lambda: [e for e in of(events(out), "incarnation")
                                       if e["time"] > t_fault],
@@ -183,7 +202,8 @@ def one_fault(kind: str, cluster: SlurmCluster, stack: Stack, job: str, out: Pat
     for node in cluster.nodes:
         if "drain" in cluster.node_state(node):
             cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
-    return {**phases, "fault_to_first_step": total, "goodput_cost": total + lost}
+    return {**phases, "fault_to_first_step": total, "goodput_cost": total + lost,
+            "acts_without_requeue": float(idle_acts)}
 
 
 def summary(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
