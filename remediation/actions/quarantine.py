@@ -86,6 +86,10 @@ log = logging.getLogger(__name__)
 NAME = "quarantine"
 GRANT_PLAYBOOK = ":quarantine"  # no playbook name starts with ':' (schema: ^[a-z])
 RESTART_GRANTS = ":restart"  # one grant per job restarted for a restart-only fault
+# How long the step waits for Slurm to end a job whose rank died (srun's kill-on-bad-exit
+# takes a second or two), and how often it looks.
+ENDING_WAIT_SECONDS = 30.0
+ENDING_POLL_SECONDS = 0.5
 # A restart this long before a fault's startsAt still counts as its heal: the alerts of one
 # death (each rank's, the fast one and the rule's) start seconds apart, while a restarted
 # job takes longer than this to start, train and die again.
@@ -143,6 +147,7 @@ class QuarantinePlan(Plan):
     diagnostics: Diagnostics | None = None
     jobs: tuple[str, ...] = ()  # restart-only: the jobs on the nodes when planned
     fault_at: float | None = None  # the alert's startsAt (UNIX time), when it has one
+    ended: tuple[str, ...] = ()  # restart-only: of `jobs`, those ended when planned
     # the fault's nodes someone else has out of service (drained, down, reserved), as read
     not_ours: tuple[Mapping[str, str], ...] = ()
 
@@ -256,8 +261,10 @@ def plan_for(intent_id: int, labels: Mapping[str, str], config: Config,
     if fault.action != "restart":
         return plan
     stopped = stopped_jobs(scheduler, plan)
-    jobs = tuple(sorted({job.job_id for job in stopped.running + stopped.ended}))
-    return dataclasses.replace(plan, jobs=jobs)
+    jobs = tuple(sorted({job.job_id for job in stopped.running + stopped.ended
+                         + stopped.ending}))
+    return dataclasses.replace(plan, jobs=jobs,
+                               ended=tuple(sorted({job.job_id for job in stopped.ended})))
 
 
 def diagnostics_for(intent: Intent, config: Config, store: Store) -> Diagnostics:
@@ -343,7 +350,10 @@ def _restart_rails(tx: Transaction, plan: QuarantinePlan, settings: SchedulerSet
         # One death seen twice (two ranks of the job, the exporter's fast alert and the
         # rule's, two nodes): the restart that came after it began healed it already.
         since = plan.fault_at - RESTART_SETTLE_SECONDS
-        done = sorted({row.target_key for row in history if row.target_key in plan.jobs
+        # A job that is ended now died again, whenever it was restarted: only a job back in
+        # the queue or running can be the one a restart already healed.
+        back = set(plan.jobs) - set(plan.ended)
+        done = sorted({row.target_key for row in history if row.target_key in back
                        and happened(row) and row.at >= since})
         if done and set(done) == set(plan.jobs):
             return Verdict(Decision.ALREADY_RESTARTED, "done",
@@ -543,18 +553,31 @@ def jobs_to_requeue(scheduler: Any, plan: QuarantinePlan,
 
 @dataclass(frozen=True)
 class StoppedJobs:
-    """The jobs a fault stopped, as read from the scheduler: still running there (to requeue)
-    and already ended by the fault (to bring back), and how they were found."""
+    """The jobs a fault stopped, as read from the scheduler: still running there (to requeue),
+    already ended by the fault (to bring back), and, for a fault that ends its job, the jobs
+    it has not ended yet (`ending`: a fast alert arrives before Slurm ends the job); and how
+    they were found."""
 
     running: list[Any]
     ended: list[Any]
     found_by: str
+    ending: list[Any] = dataclasses.field(default_factory=list)
 
 
-def stopped_jobs(scheduler: Any, plan: QuarantinePlan) -> StoppedJobs:
+def ending_jobs(scheduler: Any, nodes: tuple[str, ...], named: str | None) -> list[Any]:
+    """The jobs still on `nodes` that a fault ending its job may be ending: the named one,
+    else every one there."""
+    found = {job.job_id: job for node in nodes for job in scheduler.jobs_on(node)}
+    return [job for job_id, job in found.items() if named is None or job_id == named]
+
+
+def stopped_jobs(scheduler: Any, plan: QuarantinePlan,
+                 wait_seconds: float = 0.0) -> StoppedJobs:
     """One reading of which jobs the fault stopped, for the plan (the restart cap counts them)
     and for the step (which requeues them): a fault that ended its job touches no running
-    job; a stall's ended jobs are its own Slurm jobs only."""
+    job, but waits up to `wait_seconds` for a job it is still ending (a rank's death reaches
+    the webhook in a second; srun's kill-on-bad-exit ends the job a second or two later); a
+    stall's ended jobs are its own Slurm jobs only."""
     fault = plan.fault
     named = named_job(plan.alert or {})
     if fault.ends_job:
@@ -567,7 +590,18 @@ def stopped_jobs(scheduler: Any, plan: QuarantinePlan) -> StoppedJobs:
         record = plan.diagnostics.record
         own = set(record.scheduler_jobs) if record is not None else set()
         ended = [job for job in ended if job.job_id.split("_")[0] in own]
-    return StoppedJobs(running, ended, found_by)
+    ending: list[Any] = []
+    if fault.ends_job and not ended:
+        deadline = time.monotonic() + wait_seconds
+        ending = ending_jobs(scheduler, fault.nodes, named)
+        while ending and time.monotonic() < deadline:
+            time.sleep(ENDING_POLL_SECONDS)
+            ended = ended_jobs(scheduler, fault.nodes, named)
+            if ended:
+                ending = []
+                break
+            ending = ending_jobs(scheduler, fault.nodes, named)
+    return StoppedJobs(running, ended, found_by, ending)
 
 
 def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
@@ -580,8 +614,13 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     try:
         if fault.action == "quarantine":
             result["drain"] = scheduler.drain(fault.nodes[0], drain_reason(plan))
-        stopped = stopped_jobs(scheduler, plan)
+        stopped = stopped_jobs(scheduler, plan,
+                               ENDING_WAIT_SECONDS if fault.ends_job else 0.0)
         result["jobs_by"] = stopped.found_by
+        if stopped.ending:
+            # the rank died but its job lives on (torchrun elastic restarted it in place, or
+            # no kill-on-bad-exit): not Trainwatch's to requeue
+            result["still_running"] = [job.job_id for job in stopped.ending]
         if fault.action != "quarantine" and (stopped.running or stopped.ended):
             # no drain checked the node: check it is not someone else's right before
             check_ours(scheduler, fault.nodes)

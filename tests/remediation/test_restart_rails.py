@@ -1,6 +1,7 @@
 """The restart rails of the quarantine action, on both stores, without a scheduler: one death
 reported twice (each dying rank's alert, the exporter's fast alert and the rule's) restarts
-its job once; a death that began after the restart restarts it again, up to max_restarts."""
+its job once; a death that began after the restart, or that ended the job again, restarts it
+again, up to max_restarts."""
 
 from __future__ import annotations
 
@@ -24,14 +25,14 @@ from trainwatch.remediation.stores import open_store
 JOB = "4242"
 
 
-def killed_rank_plan(intent_id: int, fault_at: float) -> QuarantinePlan:
+def killed_rank_plan(intent_id: int, fault_at: float, ended: bool) -> QuarantinePlan:
     fault = Fault("TrainingJobVanished", "killed", "restart", ("tw-gpu-01",),
                   "a rank died without a word", ends_job=True)
     return QuarantinePlan(intent_id, fault, ("tw-gpu-01", "tw-gpu-02"), (), jobs=(JOB,),
-                          fault_at=fault_at)
+                          fault_at=fault_at, ended=(JOB,) if ended else ())
 
 
-def decide(store: Store, fault_at: float, now: float) -> Decision | None:
+def decide(store: Store, fault_at: float, now: float, ended: bool = False) -> Decision | None:
     """The rails for one more alert of the job's death, and the grant if they let it act."""
     settings = SchedulerSettings()
     context = RailsContext(approved=False, approved_rails=frozenset(), observe_only=False,
@@ -41,7 +42,7 @@ def decide(store: Store, fault_at: float, now: float) -> Decision | None:
             fingerprint=f"f{fault_at}", starts_at="t", playbook="job_restart", phase="fire",
             alertname="TrainingJobVanished", labels={}, annotations={}, target_key=JOB,
             state="done"))
-        plan = killed_rank_plan(intent_id, fault_at)
+        plan = killed_rank_plan(intent_id, fault_at, ended)
         verdict = rails(tx, plan, settings, context)
         if verdict is None:
             granted(tx, plan, settings, now, context.alertname)
@@ -60,8 +61,10 @@ def test_one_death_seen_twice_restarts_once_and_a_later_death_restarts_again(
     assert decide(store, fault_at=died + 2, now=died + 40) == Decision.ALREADY_RESTARTED
     # the restarted job dies again a minute later: a new fault
     assert decide(store, fault_at=died + 60, now=died + 63) is None
-    assert decide(store, fault_at=died + 120, now=died + 123) is None
+    # and again, seconds after its restart, already ended when planned: a new fault too
+    assert decide(store, fault_at=died + 65, now=died + 68, ended=True) is None
     # the fourth death in the window: max_restarts (3) reached, a person decides
-    assert decide(store, fault_at=died + 180, now=died + 183) == Decision.RESTART_LIMITED
+    assert decide(store, fault_at=died + 180, now=died + 183,
+                  ended=True) == Decision.RESTART_LIMITED
     with store.transaction() as tx:
         assert len(tx.grant_history(RESTART_GRANTS, died - 1, JOB)) == 3
