@@ -90,9 +90,10 @@ RESTART_GRANTS = ":restart"  # one grant per job restarted for a restart-only fa
 # takes a second or two), and how often it looks.
 ENDING_WAIT_SECONDS = 30.0
 ENDING_POLL_SECONDS = 0.5
-# A restart this long before a fault's startsAt still counts as its heal: the alerts of one
-# death (each rank's, the fast one and the rule's) start seconds apart, while a restarted
-# job takes longer than this to start, train and die again.
+# A restart this long before the startsAt of a fault that ends its job (a killed rank) still
+# counts as its heal: the fast alerts of one death (each node's first killed rank: srun kills
+# the other ranks right after) start seconds apart. A job that is ended again when planned is
+# a new death whatever the times.
 RESTART_SETTLE_SECONDS = 10.0
 GRANT_PRIORITY = -1  # below every breaker's minimum: the playbook's own grant counts there
 # The rails an approval can override (named in the hold's page and audit).
@@ -346,7 +347,7 @@ def _restart_rails(tx: Transaction, plan: QuarantinePlan, settings: SchedulerSet
     `restart_window`; past it, the on-call is paged instead."""
     window = settings.restart_window_seconds
     history = tx.grant_history(RESTART_GRANTS, context.now - window)
-    if plan.fault_at is not None:
+    if plan.fault.ends_job and plan.fault_at is not None:
         # One death seen twice (two ranks of the job, the exporter's fast alert and the
         # rule's, two nodes): the restart that came after it began healed it already.
         since = plan.fault_at - RESTART_SETTLE_SECONDS
