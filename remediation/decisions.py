@@ -33,6 +33,7 @@ class Decision(StrEnum):
     ALREADY_QUARANTINED = "already_quarantined"
     NOT_ACTIONABLE = "not_actionable"
     RESTART_LIMITED = "restart_limited"
+    ALREADY_RESTARTED = "already_restarted"  # the job was restarted after this fault began
     NODE_NOT_OURS = "node_not_ours"  # a node someone else has out of service (also resume's)
     # a hold that outlived its alert and was never decided
     EXPIRED = "expired"

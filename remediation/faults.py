@@ -65,6 +65,9 @@ class FaultClass:
     description: str
     severity: str  # the `severity` label of the class's alerts
     advice: str = ""  # what on-call does, where an XID of the class gives no advice of its own
+    # The fault ends the job before any alert (a killed rank): only a job that already
+    # ended is restarted, never another job running on the same node.
+    ends_job: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,9 @@ class Signal:
     fault_class: str  # a class name, or "by_xid"
     scope: str
     needs_ranks: bool = False
+    # The class when the alert names no rank (scope `rank`): the evidence that tells a rank
+    # killed from outside from a job that ended by its own error.
+    without_rank: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,8 @@ def load_table(path: Path = DEFAULT_TABLE) -> FaultTable:
         if not isinstance(spec.get("severity"), str) or not spec["severity"]:
             raise FaultTableError(f"{path}: classes/{name}/severity: the alerts' severity label")
         classes[name] = FaultClass(name, spec["action"], str(spec.get("description", "")),
-                                   spec["severity"], str(spec.get("advice", "")))
+                                   spec["severity"], str(spec.get("advice", "")),
+                                   bool(spec.get("ends_job", False)))
 
     def known(cls: str, where: str) -> str:
         if cls not in classes:
@@ -148,7 +155,11 @@ def load_table(path: Path = DEFAULT_TABLE) -> FaultTable:
             known(cls, f"signals/{alertname}/class")
         if spec.get("scope") not in SCOPES:
             raise FaultTableError(f"{path}: signals/{alertname}/scope: one of {SCOPES}")
-        signals[alertname] = Signal(alertname, cls, spec["scope"], bool(spec.get("needs_ranks")))
+        without_rank = spec.get("without_rank")
+        if without_rank is not None:
+            known(without_rank, f"signals/{alertname}/without_rank")
+        signals[alertname] = Signal(alertname, cls, spec["scope"], bool(spec.get("needs_ranks")),
+                                    without_rank)
     return FaultTable(classes=classes, xids=xids,
                       unknown_xid=known(doc["unknown_xid"], "unknown_xid"), signals=signals,
                       sources={k: str(v) for k, v in doc["sources"].items()})
@@ -244,10 +255,12 @@ class Fault:
     nodes: tuple[str, ...]  # scheduler node names, from the mapping only
     reason: str
     xid: int | None = None
+    ends_job: bool = False  # the class's: restart only a job that already ended
 
     def as_dict(self) -> dict[str, Any]:
         return {"alertname": self.alertname, "class": self.fault_class, "action": self.action,
-                "nodes": list(self.nodes), "reason": self.reason, "xid": self.xid}
+                "nodes": list(self.nodes), "reason": self.reason, "xid": self.xid,
+                "ends_job": self.ends_job}
 
 
 def _xid_of(labels: Mapping[str, str]) -> int:
@@ -270,6 +283,8 @@ def classify(table: FaultTable, labels: Mapping[str, str], nodes: NodeMap,
     if cls == "by_xid":
         xid = _xid_of(labels)
         cls = table.xid_class(xid)
+    if signal.without_rank is not None and not labels.get("rank"):
+        cls = signal.without_rank
     action = table.classes[cls].action
     why = table.classes[cls].description
     if xid is not None:
@@ -291,7 +306,7 @@ def classify(table: FaultTable, labels: Mapping[str, str], nodes: NodeMap,
         return Fault(alertname, cls, "restart", suspects,
                      f"{why}; the evidence points at {len(suspects)} nodes, so none is "
                      "drained: the job restarts on the same pool", xid)
-    return Fault(alertname, cls, action, suspects, why, xid)
+    return Fault(alertname, cls, action, suspects, why, xid, table.classes[cls].ends_job)
 
 
 # The fields of a stall diagnostics record (exporters/node/tools/stack_dump.py analyse) that

@@ -304,6 +304,12 @@ TRAINING_EXPORTER_DATAGRAMS = _define("training", TRAINING_EXPORTER_PREFIX + "da
 TRAINING_EXPORTER_MALFORMED = _define(
     "training", TRAINING_EXPORTER_PREFIX + "malformed_datagrams_total", COUNTER,
     "Datagrams ignored because they broke the protocol.", ())
+TRAINING_EXPORTER_FAST_ALERTS = _define(
+    "training", TRAINING_EXPORTER_PREFIX + "fast_alerts_total", COUNTER,
+    "Fast TrainingJobVanished alerts for a killed rank posted straight to Alertmanager "
+    "(exporters/node/fast_alerts.py), by outcome: sent (an Alertmanager accepted it) or "
+    "dropped (queue full, or an Alertmanager did not answer; the rule's alert still follows).",
+    ("outcome",))
 # The per-rank values the datagram carries as plain numbers, one field per row (`wire`): the
 # datagram's decoder, the store's rank state and the collector's mapping all iterate these.
 RANK_WIRE: tuple[Metric, ...] = tuple(row for row in metrics_of("training") if row.wire)

@@ -25,8 +25,12 @@ The engine calls it through the action interface (trainwatch.remediation.actions
    window.
 4. `run` (the step): drain with a reason naming the alert, the intent and the plan, then
    requeue the jobs running on the node (the job restarts from its newest committed
-   checkpoint on the nodes in service). For `restart` (the evidence names more than one
-   node, or the fault is the job's), the jobs are requeued and nothing is drained.
+   checkpoint on the nodes in service), and bring back the jobs the fault already ended there
+   (a rank killed, a fatal XID that took its process: Slurm keeps a finished job's record for
+   MinJobAge, and `scontrol requeue` takes it back). When the alert names the job by its
+   scheduler id (training_job), only that job is touched. For `restart` (the evidence names
+   more than one node, or the fault is the job's), the jobs are requeued and nothing is
+   drained; the restart cap counts the jobs `stopped_jobs` finds at plan time, ended ones too.
 
 A node returns to service only through `trainwatch-resume-node` after the node_health_check
 playbook passed on it, never because an alert resolved (a lost GPU stops being scraped, so its
@@ -36,6 +40,7 @@ approval outlives the alert's resolve until it is decided or its hold expires (w
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -81,6 +86,15 @@ log = logging.getLogger(__name__)
 NAME = "quarantine"
 GRANT_PLAYBOOK = ":quarantine"  # no playbook name starts with ':' (schema: ^[a-z])
 RESTART_GRANTS = ":restart"  # one grant per job restarted for a restart-only fault
+# How long the step waits for Slurm to end a job whose rank died (srun's kill-on-bad-exit
+# takes a second or two), and how often it looks.
+ENDING_WAIT_SECONDS = 30.0
+ENDING_POLL_SECONDS = 0.5
+# A restart this long before the startsAt of a fault that ends its job (a killed rank) still
+# counts as its heal: the fast alerts of one death (each node's first killed rank: srun kills
+# the other ranks right after) start seconds apart. A job that is ended again when planned is
+# a new death whatever the times.
+RESTART_SETTLE_SECONDS = 10.0
 GRANT_PRIORITY = -1  # below every breaker's minimum: the playbook's own grant counts there
 # The rails an approval can override (named in the hold's page and audit).
 MAX_QUARANTINED = "max_quarantined"
@@ -133,6 +147,8 @@ class QuarantinePlan(Plan):
     alert: Mapping[str, str] | None = None
     diagnostics: Diagnostics | None = None
     jobs: tuple[str, ...] = ()  # restart-only: the jobs on the nodes when planned
+    fault_at: float | None = None  # the alert's startsAt (UNIX time), when it has one
+    ended: tuple[str, ...] = ()  # restart-only: of `jobs`, those ended when planned
     # the fault's nodes someone else has out of service (drained, down, reserved), as read
     not_ours: tuple[Mapping[str, str], ...] = ()
 
@@ -147,6 +163,8 @@ class QuarantinePlan(Plan):
             out["evidence"] = self.diagnostics.as_dict()
         if self.jobs:
             out["jobs"] = list(self.jobs)
+        if self.fault_at is not None:
+            out["fault_at"] = self.fault_at
         return out
 
 
@@ -239,12 +257,15 @@ def plan_for(intent_id: int, labels: Mapping[str, str], config: Config,
     unavailable = tuple(n for n in nodes.pool if n not in states or not states[n].in_service)
     not_ours = tuple(states[n].as_dict() for n in fault.nodes
                      if n in states and states[n].someone_elses)
-    jobs: tuple[str, ...] = ()
-    if fault.action == "restart":
-        jobs = tuple(sorted({job.job_id for node in fault.nodes
-                             for job in scheduler.jobs_on(node)}))
-    return QuarantinePlan(intent_id, fault, nodes.pool, unavailable, alert=clean,
-                          diagnostics=diagnostics, jobs=jobs, not_ours=not_ours)
+    plan = QuarantinePlan(intent_id, fault, nodes.pool, unavailable, alert=clean,
+                          diagnostics=diagnostics, not_ours=not_ours)
+    if fault.action != "restart":
+        return plan
+    stopped = stopped_jobs(scheduler, plan)
+    jobs = tuple(sorted({job.job_id for job in stopped.running + stopped.ended
+                         + stopped.ending}))
+    return dataclasses.replace(plan, jobs=jobs,
+                               ended=tuple(sorted({job.job_id for job in stopped.ended})))
 
 
 def diagnostics_for(intent: Intent, config: Config, store: Store) -> Diagnostics:
@@ -326,6 +347,19 @@ def _restart_rails(tx: Transaction, plan: QuarantinePlan, settings: SchedulerSet
     `restart_window`; past it, the on-call is paged instead."""
     window = settings.restart_window_seconds
     history = tx.grant_history(RESTART_GRANTS, context.now - window)
+    if plan.fault.ends_job and plan.fault_at is not None:
+        # One death seen twice (two ranks of the job, the exporter's fast alert and the
+        # rule's, two nodes): the restart that came after it began healed it already.
+        since = plan.fault_at - RESTART_SETTLE_SECONDS
+        # A job that is ended now died again, whenever it was restarted: only a job back in
+        # the queue or running can be the one a restart already healed.
+        back = set(plan.jobs) - set(plan.ended)
+        done = sorted({row.target_key for row in history if row.target_key in back
+                       and happened(row) and row.at >= since})
+        if done and set(done) == set(plan.jobs):
+            return Verdict(Decision.ALREADY_RESTARTED, "done",
+                           f"job(s) {', '.join(done)} restarted after this fault began: the "
+                           "same death, not restarted again", {**detail, "restarted": done})
     counts = {job: sum(1 for row in history if row.target_key == job and happened(row))
               for job in plan.jobs}
     over = sorted(job for job, n in counts.items() if n >= settings.max_restarts)
@@ -464,13 +498,50 @@ def failure_page(intent: Intent, attempts: int, message: str) -> Page:
                 f"{attempts} attempts: {message[:1000]}", {"target": intent.target_key})
 
 
-def jobs_to_requeue(scheduler: Any, plan: QuarantinePlan) -> tuple[list[Any], str]:
-    """The Slurm jobs the fault stopped, and how they were found. A node's fault stops every
-    job on the node; a stall stops its own job only: the Slurm job ids its ranks carry
+def check_ours(scheduler: Any, nodes: tuple[str, ...]) -> None:
+    """NodeNotOurs when someone else has one of `nodes` out of service (sched36's rule:
+    Trainwatch neither drains nor requeues there), read right before a restart's requeue."""
+    states = scheduler.node_states(tuple(nodes))
+    for node in nodes:
+        current = states.get(node)
+        if current is not None and current.someone_elses:
+            raise NodeNotOurs(f"slurm: node {node!r} is {current.state} by someone else "
+                              f"({current.reason!r}); Trainwatch neither drains nor requeues "
+                              "there")
+
+
+def named_job(alert: Mapping[str, str]) -> str | None:
+    """The scheduler job id the alert names: its training_job when that is a job id (the
+    ranks name their job by the scheduler's id, e.g. `--rdzv-id=$SLURM_JOB_ID`); None
+    otherwise. The adapter checks it again and looks it up on the suspect node only."""
+    job = alert.get(LABEL_JOB, "")
+    return job if job.isascii() and job.isdigit() and len(job) <= 12 else None
+
+
+def ended_jobs(scheduler: Any, nodes: tuple[str, ...], named: str | None) -> list[Any]:
+    """The jobs the fault already ended on the suspect nodes (a rank killed, a fatal XID
+    that took its process): the named job where it ran there, else (the alert names no
+    scheduler job, or one that did not run there) every job a fault ended there while the
+    scheduler keeps its record."""
+    found: dict[str, Any] = {}
+    for node in nodes:
+        jobs = scheduler.ended_jobs(node, named) if named is not None else []
+        found.update((job.job_id, job) for job in jobs or scheduler.ended_jobs(node))
+    return list(found.values())
+
+
+def jobs_to_requeue(scheduler: Any, plan: QuarantinePlan,
+                    named: str | None = None) -> tuple[list[Any], str]:
+    """The running Slurm jobs the fault stopped, and how they were found. A node's fault
+    stops every job on the node, or only the named one when the alert names its Slurm job
+    (named_job); a stall stops its own job only: the Slurm job ids its ranks carry
     (SLURM_JOB_ID, in the diagnostics record), among the jobs on the suspect nodes. A stall
     with no such id requeues nothing (the on-call has TrainingStalled)."""
     on_nodes = {job.job_id: job for node in plan.fault.nodes for job in scheduler.jobs_on(node)}
     if plan.diagnostics is None:  # not a stall
+        if named is not None:
+            return ([job for job_id, job in on_nodes.items() if job_id == named],
+                    f"the alert's Slurm job {named}")
         return list(on_nodes.values()), "every job on the fault's nodes"
     record = plan.diagnostics.record
     ids = set(record.scheduler_jobs) if record is not None else set()
@@ -479,6 +550,59 @@ def jobs_to_requeue(scheduler: Any, plan: QuarantinePlan) -> tuple[list[Any], st
                     "requeued")
     return ([job for job_id, job in on_nodes.items() if job_id.split("_")[0] in ids],
             f"the stalled ranks' Slurm jobs {sorted(ids)}")
+
+
+@dataclass(frozen=True)
+class StoppedJobs:
+    """The jobs a fault stopped, as read from the scheduler: still running there (to requeue),
+    already ended by the fault (to bring back), and, for a fault that ends its job, the jobs
+    it has not ended yet (`ending`: a fast alert arrives before Slurm ends the job); and how
+    they were found."""
+
+    running: list[Any]
+    ended: list[Any]
+    found_by: str
+    ending: list[Any] = dataclasses.field(default_factory=list)
+
+
+def ending_jobs(scheduler: Any, nodes: tuple[str, ...], named: str | None) -> list[Any]:
+    """The jobs still on `nodes` that a fault ending its job may be ending: the named one,
+    else every one there."""
+    found = {job.job_id: job for node in nodes for job in scheduler.jobs_on(node)}
+    return [job for job_id, job in found.items() if named is None or job_id == named]
+
+
+def stopped_jobs(scheduler: Any, plan: QuarantinePlan,
+                 wait_seconds: float = 0.0) -> StoppedJobs:
+    """One reading of which jobs the fault stopped, for the plan (the restart cap counts them)
+    and for the step (which requeues them): a fault that ended its job touches no running
+    job, but waits up to `wait_seconds` for a job it is still ending (a rank's death reaches
+    the webhook in a second; srun's kill-on-bad-exit ends the job a second or two later); a
+    stall's ended jobs are its own Slurm jobs only."""
+    fault = plan.fault
+    named = named_job(plan.alert or {})
+    if fault.ends_job:
+        running: list[Any] = []
+        found_by = "none running: the fault ended its job, only a job it ended is brought back"
+    else:
+        running, found_by = jobs_to_requeue(scheduler, plan, named)
+    ended = ended_jobs(scheduler, fault.nodes, named)
+    if plan.diagnostics is not None:
+        record = plan.diagnostics.record
+        own = set(record.scheduler_jobs) if record is not None else set()
+        ended = [job for job in ended if job.job_id.split("_")[0] in own]
+    ending: list[Any] = []
+    if fault.ends_job and not ended:
+        deadline = time.monotonic() + wait_seconds
+        ending = ending_jobs(scheduler, fault.nodes, named)
+        while ending and time.monotonic() < deadline:
+            time.sleep(ENDING_POLL_SECONDS)
+            ended = ended_jobs(scheduler, fault.nodes, named)
+            if ended:
+                ending = []
+                break
+            ending = ending_jobs(scheduler, fault.nodes, named)
+    return StoppedJobs(running, ended, found_by, ending)
 
 
 def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
@@ -491,9 +615,20 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     try:
         if fault.action == "quarantine":
             result["drain"] = scheduler.drain(fault.nodes[0], drain_reason(plan))
-        jobs, result["jobs_by"] = jobs_to_requeue(scheduler, plan)
-        for job in jobs:
+        stopped = stopped_jobs(scheduler, plan,
+                               ENDING_WAIT_SECONDS if fault.ends_job else 0.0)
+        result["jobs_by"] = stopped.found_by
+        if stopped.ending:
+            # the rank died but its job lives on (torchrun elastic restarted it in place, or
+            # no kill-on-bad-exit): not Trainwatch's to requeue
+            result["still_running"] = [job.job_id for job in stopped.ending]
+        if fault.action != "quarantine" and (stopped.running or stopped.ended):
+            # no drain checked the node: check it is not someone else's right before
+            check_ours(scheduler, fault.nodes)
+        for job in stopped.running:
             result["requeued"].append(scheduler.requeue(job))
+        for job in stopped.ended:
+            result["requeued"].append(scheduler.requeue_ended(job))
     except NodeNotOurs as exc:
         raise Refused(f"quarantine: {exc}") from exc
     except SchedulerError as exc:
@@ -511,7 +646,8 @@ class Quarantine(Action):
         diagnostics = diagnostics_for(intent, config, store) \
             if needs_diagnostics(intent.labels, config) else None
         try:
-            return plan_for(intent.id, intent.labels, config, diagnostics)
+            return dataclasses.replace(plan_for(intent.id, intent.labels, config, diagnostics),
+                                       fault_at=unix_time(intent.starts_at))
         except SchedulerError as exc:
             raise ActionError(f"quarantine: {exc}") from exc
 

@@ -10,7 +10,8 @@ Nothing is believed unchecked. Every read asks for a header and parses strictly:
 without the header line, or a line that does not parse, is a SchedulerError (a wrapper that
 printed garbage with exit status 0 is a failure, and empty squeue output without its header
 is not "no jobs"). Every change is read back: after a drain the node's state and reason,
-after a requeue the job's state, after a resume the node's state.
+after a requeue the job's state, after a resume the node's state; a job a fault already
+ended (ended_jobs, requeue_ended) is read and requeued by the same rules.
 """
 
 from __future__ import annotations
@@ -51,7 +52,17 @@ CREDENTIAL_REVOKE_SECONDS = 1.2
 NODE_FORMAT = ("%N|%T|%H|%E", "NODELIST|STATE|TIMESTAMP|REASON")
 JOBS_FORMAT = ("%i|%T|%N", "JOBID|STATE|NODELIST")
 JOB_STATE_FORMAT = ("%T|%r", "STATE|REASON")
+# A job that ran on a node, ended ones included (ended_jobs): id, state, nodes, why it ends.
+ENDED_FORMAT = ("%i|%T|%N|%r", "JOBID|STATE|NODELIST|REASON")
 T = TypeVar("T")
+# The states a fault leaves a batch job in: a rank died (srun's kill-on-bad-exit ends the
+# job FAILED), its node failed, the OOM killer. COMPLETED is a clean end, CANCELLED a person's
+# or another system's decision, TIMEOUT the job's own limit: never requeued by Trainwatch.
+FAULT_ENDED = frozenset({"failed", "node_fail", "out_of_memory"})
+# A job on its way to one of them: still COMPLETING, with the reason it ends for.
+FAULT_ENDING_REASONS = frozenset({"nonzeroexitcode", "nodedown", "node_fail", "outofmemory"})
+# The states of a job that is back in the queue or running again (someone requeued it).
+QUEUED = frozenset({"pending", "configuring", "running", "requeued", "requeue_hold"})
 
 
 def reason_text(text: str) -> str:
@@ -160,8 +171,20 @@ class SlurmScheduler:
 
     def job_state(self, job_id: str) -> tuple[str, str]:
         """(state, reason) of a job, lower case; ("", "") when squeue no longer lists it."""
+        return self._job_row(job_id)
+
+    def _job_row(self, job_id: str, *states: str) -> tuple[str, str]:
+        """One job's (state, reason) under JOB_STATE_FORMAT's header; ("", "") when squeue
+        lists no such job (a job id slurmctld no longer knows included)."""
+        if not JOB_ID.match(job_id):
+            raise SchedulerError(f"slurm: job id {job_id!r} is not a Slurm job id")
         fmt, header = JOB_STATE_FORMAT
-        out = self._run("squeue", f"--jobs={job_id}", f"--format={fmt}")
+        try:
+            out = self._run("squeue", *states, f"--jobs={job_id}", f"--format={fmt}")
+        except SchedulerError as exc:
+            if "Invalid job id" in str(exc):
+                return "", ""
+            raise
         rows = parse_table(out, header, 2, "squeue")
         if not rows:
             return "", ""
@@ -221,6 +244,84 @@ class SlurmScheduler:
                                      "after StartTime=now")
         return {"job": job.job_id, "requeued": True, "was_on": job.nodes,
                 "now": [state, reason]}
+
+    def ended_jobs(self, node: str, job_id: str | None = None) -> list[Job]:
+        """Batch jobs that ran on `node` and ended by a fault (or are ending: COMPLETING with
+        a fault's reason), while slurmctld still keeps their record (MinJobAge after the end);
+        only `job_id` when given (an id Slurm does not know: none). Parsed under its header
+        like every read."""
+        node = check_plain_name(node, "scheduler node")
+        fmt, header = ENDED_FORMAT
+        args = ["--states=all", f"--nodelist={node}", f"--format={fmt}"]
+        if job_id is not None:
+            if not JOB_ID.match(job_id):
+                raise SchedulerError(f"slurm: job id {job_id!r} is not a Slurm job id")
+            args.append(f"--jobs={job_id}")
+        try:
+            out = self._run("squeue", *args)
+        except SchedulerError as exc:
+            if job_id is not None and "Invalid job id" in str(exc):
+                return []
+            raise
+        jobs: dict[str, Job] = {}
+        for job, state, nodes, reason in parse_table(out, header, 4, "squeue"):
+            if not JOB_ID.match(job):
+                raise SchedulerError(f"squeue: unparseable job id {job[:100]!r}")
+            state, reason = _state_word(state, "squeue"), reason.lower()
+            if state in FAULT_ENDED or (state == "completing"
+                                        and reason in FAULT_ENDING_REASONS):
+                jobs[job] = Job(job, state, nodes)
+        return list(jobs.values())
+
+    def requeue_ended(self, job: Job) -> dict[str, Any]:
+        """Requeue a batch job that ended by a fault (`scontrol requeue` takes a finished
+        batch job back while its record is kept) and lift the requeue's hold, so it restarts
+        at once on the nodes in service (SLURM_RESTART_COUNT + 1) and resumes from its newest
+        committed checkpoint. A job that ended otherwise (COMPLETED, CANCELLED, TIMEOUT) is
+        refused; one already back in the queue (someone requeued or held it) is left as it
+        is (`already`). Read back: the job must be queued without the hold, or running."""
+        if not JOB_ID.match(job.job_id):
+            raise SchedulerError(f"slurm: job id {job.job_id!r} is not a Slurm job id")
+        deadline = time.monotonic() + self.settings.command_timeout_seconds
+        state, reason = self._settled_state(job.job_id, deadline)
+        if state in QUEUED:
+            return {"job": job.job_id, "requeued": "already", "state": state}
+        if state not in FAULT_ENDED:
+            raise SchedulerError(f"slurm: job {job.job_id} is {state or 'gone'} ({reason}), "
+                                 "not ended by a fault: not requeued")
+        self._run("scontrol", "requeue", job.job_id)
+        requeued = time.monotonic()
+        # The requeue goes through asynchronously: the job is PENDING at once, with the old
+        # reason and then none, and only later gets the hold (its new begin time, 120 s on).
+        # Lifting it before it is set is overwritten, so wait for it (or for a start).
+        state, reason = self._read_back(
+            lambda: self._any_state(job.job_id),
+            lambda s: s[0] in ("running", "configuring") or s == ("pending", "begintime"))
+        if state == "pending" and reason == "begintime":
+            # as in requeue: not within the second the requeue revoked the credential in
+            time.sleep(max(0.0, CREDENTIAL_REVOKE_SECONDS - (time.monotonic() - requeued)))
+            self._run("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
+            state, reason = self._read_back(lambda: self._any_state(job.job_id),
+                                            lambda s: s[1] != "begintime")
+        if state not in QUEUED or reason == "begintime":
+            raise SchedulerError(f"slurm: job {job.job_id} is {state or 'gone'} ({reason}) "
+                                 "after its requeue, not queued to start now")
+        return {"job": job.job_id, "requeued": True, "was": "ended", "ended_on": job.nodes,
+                "state": state, "now": [state, reason]}
+
+    def _settled_state(self, job_id: str, deadline: float) -> tuple[str, str]:
+        """The job's state once it is no longer COMPLETING (its ranks are still being
+        cleaned up), or COMPLETING at the deadline."""
+        while True:
+            state, reason = self._any_state(job_id)
+            if state != "completing" or time.monotonic() > deadline:
+                return state, reason
+            time.sleep(0.1)
+
+    def _any_state(self, job_id: str) -> tuple[str, str]:
+        """(state, reason) of a job in any state, ended ones included while slurmctld keeps
+        their record; ("", "") once it is gone."""
+        return self._job_row(job_id, "--states=all")
 
     def resume(self, node: str) -> dict[str, Any]:
         """Return a node Trainwatch drained to service, read back (never one drained or down

@@ -158,6 +158,12 @@ class TorchrunElasticScheduler:
     def requeue(self, job: Job) -> dict[str, Any]:
         return {"job": job.job_id, "requeued": False}
 
+    def ended_jobs(self, node: str, job_id: str | None = None) -> list[Job]:
+        return []  # the agents left continue in the allocation: no job ends
+
+    def requeue_ended(self, job: Job) -> dict[str, Any]:
+        return {"job": job.job_id, "requeued": False}
+
     def resume(self, node: str) -> dict[str, Any]:
         return {"node": node, "resumed": "start its agent again after the health check"}
 

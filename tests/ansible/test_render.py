@@ -174,6 +174,30 @@ def test_example_cluster_alertmanagers_are_cluster_peers(rendered: Path) -> None
 
 # --- Grafana ----------------------------------------------------------------------------------
 
+def test_gpu_nodes_post_fast_alerts_to_every_alertmanager_with_the_credential(
+        rendered: Path, vault: dict[str, str]) -> None:
+    """The example cluster's Alertmanagers require basic auth (a network bind): the exporters'
+    fast alerts name every one of them and send the credential, from a file only the service
+    user reads (the training users share its group, for the rank socket), which the GPU
+    exporter's own validation accepts."""
+    from trainwatch.exporters.node.gpu.config import build_parser, resolve
+
+    for host in GPU_NODES:
+        prefix = rendered / host / "opt/trainwatch"
+        argv = json.loads((prefix / "fast-alerts-argv.json").read_text())
+        urls = [a.removeprefix("--alertmanager-url=") for a in argv
+                if a.startswith("--alertmanager-url=")]
+        assert urls == [f"http://{m}:9093" for m in MONITORING]
+        password_file = Path(argv[argv.index("--alertmanager-password-file") + 1])
+        assert password_file.is_relative_to(prefix)
+        assert mode(password_file) == 0o600
+        assert password_file.read_text() == vault["vault_trainwatch_alertmanager_password"]
+        settings = resolve(build_parser().parse_args(["--node", "gpu-node-01", *argv]))
+        assert settings.alertmanager_credential is not None
+        assert settings.alertmanager_credential.username == argv[
+            argv.index("--alertmanager-username") + 1]
+
+
 def test_grafana_provisioning(rendered: Path, vault: dict[str, str]) -> None:
     etc = rendered / MONITORING[0] / "etc/grafana"
     ini = etc / "grafana.ini"

@@ -84,8 +84,19 @@ def test_nccl_rank_and_vanished_job() -> None:
     nccl = classify(TABLE, alert("TrainingNcclError", training_job="j", rank="3", node="node-c"),
                     NODES)
     assert (nccl.fault_class, nccl.action, nccl.nodes) == ("hang", "quarantine", ("tw-gpu-03",))
-    gone = classify(TABLE, alert("TrainingJobVanished", training_job="j"), NODES)
-    assert (gone.action, gone.nodes) == ("restart", ())
+
+
+
+def test_vanished_job_with_a_killed_rank_restarts_on_its_node_without_one_pages() -> None:
+    """A rank that died without a word (killed) names its node: the job that ran there is
+    restarted, nothing drained. No rank named: every rank reported its own error (a
+    traceback) or the job was stopped whole: not restarted."""
+    killed = classify(TABLE, alert("TrainingJobVanished", training_job="j", rank="1",
+                                   node="node-b"), NODES)
+    assert (killed.fault_class, killed.action, killed.nodes) == ("killed", "restart",
+                                                                 ("tw-gpu-02",))
+    own = classify(TABLE, alert("TrainingJobVanished", training_job="j"), NODES)
+    assert (own.fault_class, own.action, own.nodes) == ("ended_itself", "none", ())
 
 
 def test_suspects_from_diagnostics_record() -> None:

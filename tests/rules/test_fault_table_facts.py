@@ -39,9 +39,11 @@ XID_MENTION = re.compile(rf"\bXIDs?\s+\(?({_NUMBERS})")
 CLASSES = "|".join(TABLE.classes)
 # "application XIDs (13, 31, 43, 45)", "hardware XID 79"
 CLASS_BEFORE = re.compile(rf"\b({CLASSES})\s+XIDs?\s+\(?({_NUMBERS})", re.IGNORECASE)
-# "XIDs 13/31/43 usually mean an application fault", "48, 63 and 79 mean hardware trouble"
+# "XIDs 13/31/43 usually mean an application fault", "48, 63 and 79 mean hardware trouble";
+# a number that ends a name ("while mon-01 is killed") is no XID
 CLASS_AFTER = re.compile(
-    rf"({_NUMBERS})\s+(?:\w+\s+)?(?:means?|are|is)\s+(?:an?\s+)?({CLASSES})\b", re.IGNORECASE)
+    rf"(?<![\w-])({_NUMBERS})\s+(?:\w+\s+)?(?:means?|are|is)\s+(?:an?\s+)?({CLASSES})\b",
+    re.IGNORECASE)
 
 
 def _numbers(text: str) -> list[int]:

@@ -128,7 +128,7 @@ ReturnToService=2
 SlurmdTimeout=60
 SlurmctldTimeout=60
 InactiveLimit=0
-MinJobAge=30
+MinJobAge=300
 KillWait=5
 JobRequeue=1
 {nodes}

@@ -17,9 +17,11 @@ from tests.slurm.cluster import SlurmCluster
 HOSTS = {"node-a": "tw-gpu-01", "node-b": "tw-gpu-02", "node-c": "tw-gpu-03"}
 
 RECORDING = """#!{python}
-import json, os, sys
+import json, os, sys, time
 with open({log!r}, "a") as f:
     f.write(json.dumps([{tool!r}, *sys.argv[1:]]) + "\\n")
+with open({log!r} + ".times", "a") as f:
+    f.write(json.dumps([time.time(), {tool!r}, *sys.argv[1:]]) + "\\n")
 fault = {fault!r}
 if os.path.exists(fault):  # an injected fault: print the file, exit 0, run nothing
     sys.stdout.write(open(fault).read())
@@ -67,6 +69,14 @@ def inject_fault(bin_dir: Path, tool: str, output: str | None) -> None:
 def calls(log: Path) -> list[list[str]]:
     """Every Slurm command the service ran, in order: [tool, *argv]."""
     return [json.loads(line) for line in log.read_text().splitlines() if line]
+
+
+def timed_calls(log: Path) -> list[tuple[float, list[str]]]:
+    """Every Slurm command the service ran with the time it started: (time, [tool, *argv])."""
+    times = log.with_name(log.name + ".times")
+    rows = [json.loads(line) for line in times.read_text().splitlines() if line] \
+        if times.exists() else []
+    return [(row[0], row[1:]) for row in rows]
 
 
 def scontrol_calls(log: Path) -> list[list[str]]:

@@ -49,6 +49,28 @@ from trainwatch.remediation.store import NewIntent
 
 PLAYBOOKS = REPO / "remediation" / "playbooks"
 RULES = REPO / "alert_rules" / "generated" / "demo" / "training.yml"
+GPU_RULES = REPO / "alert_rules" / "generated" / "demo" / "gpu.yml"
+
+
+def _production_global() -> dict[str, str]:
+    """The Prometheus role's scrape and evaluation settings (its defaults file)."""
+    prom = yaml.safe_load((REPO / "ansible/roles/prometheus/defaults/main.yml").read_text())
+    return {key: str(prom[f"prometheus_{key}"])
+            for key in ("scrape_interval", "evaluation_interval", "scrape_timeout")}
+
+
+# monitoring()'s profiles: Prometheus's global settings, the generated rules, the
+# Alertmanager variables over the alertmanager role's defaults
+PROFILES: dict[str, dict[str, Any]] = {
+    "demo": {"global": lambda: {"scrape_interval": "1s", "evaluation_interval": "1s"},
+             "rules": RULES.parent,
+             "alertmanager": {"alertmanager_group_wait": "1s",
+                              "alertmanager_group_interval": "1s",
+                              "alertmanager_repeat_interval": "1h"}},
+    "production": {"global": _production_global,
+                   "rules": REPO / "alert_rules" / "generated" / "production",
+                   "alertmanager": {}},
+}
 
 
 @dataclass
@@ -65,24 +87,43 @@ class Stack:
 
 
 @contextmanager
-def monitoring(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Stack]:
+def monitoring(tmp_path: Path, cluster: SlurmCluster, books: tuple[str, ...] = (
+        "stalled_job_diagnostics", "stalled_job_quarantine"),
+        gpus: dict[str, str] | None = None, *, profile: str = "demo",
+        fast_alerts: bool = False, alertmanager_port: int | None = None,
+        **rails: Any) -> Iterator[Stack]:
+    """The stack around `cluster` with the shipped playbooks `books`; `gpus` (scheduler node
+    -> GPU exporter URL) adds those exporters' scrape job and the GPU rules; `rails` are the
+    scheduler settings over min_healthy_fraction 0.5.
+
+    `profile` "production" (benchmarks/recovery.py): the Prometheus role's scrape and
+    evaluation intervals, the rules of alert_rules/generated/production and Alertmanager with
+    the alertmanager role's grouping (group_wait, group_interval) instead of the demo's 1 s.
+    `fast_alerts`: the training exporters post a killed rank to this Alertmanager
+    (`--alertmanager-url`); `alertmanager_port` fixes its port, so that exporters started
+    before this stack (the GPU exporters) can be pointed at it too."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile {profile!r}: one of {sorted(PROFILES)}")
     with ExitStack() as stack:
         token = write_token(tmp_path, "control.token")
+        early_am_port = alertmanager_port or (free_port() if fast_alerts else None)
+        fast = (("--alertmanager-url", f"http://127.0.0.1:{early_am_port}")
+                if fast_alerts else ())
         exporters = {node: stack.enter_context(exporter(tmp_path, f"exp-{host}", node=host,
-                                                        token=token))
+                                                        token=token, extra=fast))
                      for host, node in HOSTS.items()}
         pager, _ = stack.enter_context(stub_server())
-        overrides, log = service_overrides(tmp_path, cluster, pager, min_healthy_fraction=0.5)
+        overrides, log = service_overrides(tmp_path, cluster, pager,
+                                           **{"min_healthy_fraction": 0.5, **rails})
         inventory = Path(overrides["ansible_inventory"])
         hosts = yaml.safe_load(inventory.read_text())
         for host_vars in hosts["all"]["hosts"].values():
             host_vars["trainwatch_python"] = sys.executable  # stack_dump with py-spy beside it
         inventory.write_text(yaml.safe_dump(hosts))
-        books = [yaml.safe_load((PLAYBOOKS / f"{name}.yaml").read_text())
-                 for name in ("stalled_job_diagnostics", "stalled_job_quarantine")]
-        port, prom_port, am_port = free_port(), free_port(), free_port()
+        docs = [yaml.safe_load((PLAYBOOKS / f"{name}.yaml").read_text()) for name in books]
+        port, prom_port, am_port = free_port(), free_port(), early_am_port or free_port()
         service = stack.enter_context(start_service(service_config(
-            tmp_path / "service", books, port=port, **overrides,
+            tmp_path / "service", docs, port=port, **overrides,
             prometheus_url=f"http://127.0.0.1:{prom_port}",
             alertmanager_url=f"http://127.0.0.1:{am_port}"), port))
         webhook_token = tmp_path / "webhook.token"
@@ -90,13 +131,13 @@ def monitoring(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Stack]:
         am_config = render_one({
             "alertmanager_remediation_urls": [f"{service.url}/v1/alerts"],
             "alertmanager_remediation_token_file": str(webhook_token),
-            "alertmanager_group_wait": "1s", "alertmanager_group_interval": "1s",
-            "alertmanager_repeat_interval": "1h"}, tmp_path / "am-render")
+            **PROFILES[profile]["alertmanager"]}, tmp_path / "am-render")
         am = stack.enter_context(alertmanager(tmp_path, am_config, port=am_port))
         prom_config = tmp_path / "prometheus.yml"
         prom_config.write_text(json.dumps({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(RULES)],
+            "global": PROFILES[profile]["global"](),
+            "rule_files": [str(PROFILES[profile]["rules"] / "training.yml"),
+                           *([str(PROFILES[profile]["rules"] / "gpu.yml")] if gpus else [])],
             "alerting": {"alertmanagers": [{"static_configs": [
                 {"targets": [am.removeprefix("http://")]}]}]},
             # instance host:port with the inventory host, as on a real cluster (the
@@ -104,7 +145,10 @@ def monitoring(tmp_path: Path, cluster: SlurmCluster) -> Iterator[Stack]:
             "scrape_configs": [{"job_name": "training", "static_configs": [
                 {"targets": [exp.url.removeprefix("http://")],
                  "labels": {"instance": f"{NODE_HOST[node]}:{exp.url.rsplit(':', 1)[1]}"}}
-                for node, exp in exporters.items()]}],
+                for node, exp in exporters.items()]}, *([{"job_name": "gpu", "static_configs": [
+                    {"targets": [url.removeprefix("http://")],
+                     "labels": {"instance": f"{NODE_HOST[node]}:{url.rsplit(':', 1)[1]}"}}
+                    for node, url in gpus.items()]}] if gpus else [])],
         }))
         prom = stack.enter_context(prometheus(tmp_path, prom_config, port=prom_port))
         yield Stack(exporters, prom, am, service, log, token[1])

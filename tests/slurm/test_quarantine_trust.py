@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, redirect_stdout
+from datetime import datetime, timezone
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -86,12 +87,16 @@ def deliver(svc: Service, *alerts: dict[str, Any]) -> None:
     assert resp.status_code == 200, resp.get_json()
 
 
-def fault(host: str, n: int, alertname: str = "GpuLost", **labels: str) -> dict[str, Any]:
+def fault(host: str, n: int, alertname: str = "GpuLost", now: bool = False,
+          **labels: str) -> dict[str, Any]:
     """The n-th fault of `host`: a new alert (its own startsAt), as Alertmanager sends a
-    fault that fired again after it resolved."""
+    fault that fired again after it resolved; `now`: it starts now (a restart's rails tell
+    a new fault from one a restart already healed by when it began)."""
+    starts_at = (datetime.now(timezone.utc).isoformat().replace("+00:00", "Z") if now
+                 else f"2026-11-21T18:{n:02d}:00.000Z")
     return alert(alertname, {"node": host, "gpu": "0", **labels},
                  fingerprint=hashlib.sha256(f"{host} {alertname}".encode()).hexdigest()[:16],
-                 starts_at=f"2026-11-21T18:{n:02d}:00.000Z")
+                 starts_at=starts_at)
 
 
 def decisions(svc: Service) -> list[str]:
@@ -234,7 +239,7 @@ def test_restart_only_faults_restart_a_job_at_most_max_restarts_then_page(
     with service(tmp_path, slurm, [quarantine_book()], max_restarts=2) as (svc, log, pager):
         for n in (1, 2, 3):
             running_on(slurm, job)
-            deliver(svc, fault(NODE_HOST[node], n, "GpuXidErrors", xid="94"))
+            deliver(svc, fault(NODE_HOST[node], n, "GpuXidErrors", now=True, xid="94"))
             svc.wait_idle(60)
         assert len(requeues(log)) == 2 and drains(log) == []
         [limited] = svc.audit("restart_limited")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -118,8 +119,11 @@ def prometheus(workdir: Path, config_path: Path, *, port: int | None = None,
 
 @contextmanager
 def alertmanager(workdir: Path, config_path: Path, *, port: int | None = None,
-                 extra_args: Sequence[str] = ()) -> Iterator[str]:
-    """Real Alertmanager (Debian's prometheus-alertmanager) on a free port, no clustering."""
+                 extra_args: Sequence[str] = (),
+                 basic_auth: tuple[str, str] | None = None) -> Iterator[str]:
+    """Real Alertmanager (Debian's prometheus-alertmanager) on a free port, no clustering;
+    with `basic_auth` (user, password) its API requires that credential (a web config with
+    the password's bcrypt hash, as the alertmanager role writes it)."""
     port = port or free_port()
     data = workdir / f"am-data-{port}"
     data.mkdir(parents=True, exist_ok=True)
@@ -133,5 +137,15 @@ def alertmanager(workdir: Path, config_path: Path, *, port: int | None = None,
         *extra_args,
     ]
     url = f"http://127.0.0.1:{port}"
-    with running(argv, workdir / f"alertmanager-{port}.log", ready_url=f"{url}/-/ready"):
+    ready = f"{url}/-/ready"
+    if basic_auth is not None:
+        import bcrypt
+
+        user, password = basic_auth
+        web = workdir / f"am-web-{port}.yml"
+        hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
+        web.write_text(json.dumps({"basic_auth_users": {user: hashed}}))
+        argv.append(f"--web.config.file={web}")
+        ready = f"http://{user}:{password}@127.0.0.1:{port}/-/ready"
+    with running(argv, workdir / f"alertmanager-{port}.log", ready_url=ready):
         yield url

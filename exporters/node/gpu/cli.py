@@ -6,9 +6,10 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from trainwatch.exporters.node.fast_alerts import FastAlerts
 from trainwatch.exporters.node.gpu.collector_loop import CollectionLoop
 from trainwatch.exporters.node.gpu.config import (
     ConfigError,
@@ -21,8 +22,24 @@ from trainwatch.exporters.node.gpu.exposition import GpuCollector
 from trainwatch.exporters.node.gpu.http_server import ExpositionApp, serve
 from trainwatch.exporters.node.gpu.nvml_source import load_nvml
 from trainwatch.exporters.node.gpu.processes import ProcessAttributor, read_proc_environ
+from trainwatch.exporters.node.gpu.snapshot import GpuIdentity
 
 log = logging.getLogger("gpu-exporter")
+
+
+def fast_xid(settings: Settings) -> Callable[[GpuIdentity, int], None] | None:
+    """What posts each XID straight to Alertmanager (None when not configured)."""
+    if not settings.alertmanager_urls or settings.node is None:
+        return None
+    alerts = FastAlerts(settings.alertmanager_urls, credential=settings.alertmanager_credential)
+    node = settings.node
+
+    def post(identity: GpuIdentity, xid: int) -> None:
+        alerts.post("GpuXidErrors", {
+            "node": node, "gpu": str(identity.index), "uuid": identity.uuid,
+            "name": identity.name, "xid": str(xid), "severity": "critical",
+            "component": "gpu"}, f"GPU {identity.index} on {node} reported XID {xid}")
+    return post
 
 
 def build(settings: Settings, nvml: Any, simulated: bool) -> tuple[CollectionLoop, ExpositionApp]:
@@ -39,7 +56,8 @@ def build(settings: Settings, nvml: Any, simulated: bool) -> tuple[CollectionLoo
         attributor = ProcessAttributor(source)
     loop = CollectionLoop(nvml, interval=settings.interval, deadline=settings.cycle_deadline,
                           attributor=attributor, watch_xid=settings.xid_events,
-                          read_nvlink=settings.nvlink, read_gpm=settings.gpm)
+                          read_nvlink=settings.nvlink, read_gpm=settings.gpm,
+                          on_xid=fast_xid(settings))
     return loop, ExpositionApp(GpuCollector(loop, simulated))
 
 

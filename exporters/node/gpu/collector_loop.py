@@ -12,6 +12,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pynvml
@@ -24,7 +25,7 @@ from trainwatch.exporters.node.gpu.reader import (
     error_name,
     text,
 )
-from trainwatch.exporters.node.gpu.snapshot import Snapshot, Tally
+from trainwatch.exporters.node.gpu.snapshot import GpuIdentity, Snapshot, Tally
 from trainwatch.exporters.node.gpu.xid import XidWatcher
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,10 @@ class CollectionLoop:
 
     def __init__(self, nvml: Any, *, interval: float, deadline: float | None = None,
                  attributor: ProcessAttributor | None = None, watch_xid: bool = True,
-                 read_nvlink: bool = True, read_gpm: bool = True) -> None:
+                 read_nvlink: bool = True, read_gpm: bool = True,
+                 on_xid: Callable[[GpuIdentity, int], None] | None = None) -> None:
         self.nvml = nvml
+        self.on_xid = on_xid
         self.interval = interval
         self.deadline = deadline if deadline is not None else interval
         self.watch_xid = watch_xid
@@ -180,7 +183,7 @@ class CollectionLoop:
             return
         self._xid_started = now
         self.xid_watcher = XidWatcher(self.nvml, self.xid_counts, self.errors,
-                                      dict(self.reader.identities))
+                                      dict(self.reader.identities), on_xid=self.on_xid)
         self.xid_watcher.start()
 
     def xid_watch_up(self) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 
 from trainwatch.exporters import add_version_argument
 from trainwatch.exporters.contract.catalog import PORTS
+from trainwatch.exporters.node import fast_alerts
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -28,6 +29,13 @@ CONFIG_SCHEMA: dict[str, Any] = {
         "nvlink": {"type": "boolean"},
         "gpm": {"type": "boolean"},
         "log_level": {"enum": ["DEBUG", "INFO", "WARNING", "ERROR"]},
+        # fast alerts (trainwatch.exporters.node.fast_alerts): every XID straight to these
+        # Alertmanagers, naming this node as the inventory does
+        "alertmanager_urls": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "node": {"type": "string", "pattern": f"^{fast_alerts.NODE_NAME.pattern}$"},
+        "alertmanager_username": {"type": "string",
+                                  "pattern": f"^{fast_alerts.USERNAME.pattern}$"},
+        "alertmanager_password_file": {"type": "string", "minLength": 1},
     },
 }
 
@@ -54,6 +62,14 @@ class Settings:
     nvlink: bool = True
     gpm: bool = True  # profiling metrics through NVML GPM where the GPU supports it
     log_level: str = "INFO"
+    # Fast alerts: each XID posted to these Alertmanagers at once, labelled with `node` (the
+    # inventory host name, as the rules derive it from `instance`); both needed, else off.
+    alertmanager_urls: tuple[str, ...] = ()
+    node: str | None = None
+    # basic auth for an Alertmanager outside loopback (its password read from the file)
+    alertmanager_username: str | None = None
+    alertmanager_password_file: Path | None = None
+    alertmanager_credential: fast_alerts.Credential | None = None  # read by resolve()
 
     @property
     def cycle_deadline(self) -> float:
@@ -111,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="serve N simulated GPUs from the fake NVML (demo, laptops)")
     parser.add_argument("--no-gpm", dest="gpm", action="store_const", const=False,
                         help="do not read the GPM profiling metrics (SM/tensor/DRAM activity)")
+    fast_alerts.add_arguments(parser, what="every XID")
     parser.add_argument("--config", type=Path, metavar="FILE", help="optional YAML settings")
     parser.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
@@ -123,4 +140,15 @@ def resolve(args: argparse.Namespace) -> Settings:
         settings = replace(settings, **load_config_file(args.config))
     overrides = {f.name: getattr(args, f.name) for f in fields(Settings)
                  if getattr(args, f.name, None) is not None}
-    return replace(settings, **overrides)
+    settings = replace(settings, **overrides)
+    if settings.node is not None and not fast_alerts.NODE_NAME.fullmatch(settings.node):
+        raise ConfigError(f"node {settings.node!r}: a plain host name only")
+    password_file = settings.alertmanager_password_file
+    try:
+        urls = fast_alerts.check_settings(settings.alertmanager_urls, settings.node)
+        credential = fast_alerts.read_credential(
+            settings.alertmanager_username,
+            Path(password_file) if password_file is not None else None)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return replace(settings, alertmanager_urls=urls, alertmanager_credential=credential)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pynvml
@@ -25,8 +26,10 @@ class XidWatcher:
     """Registers every GPU for XID events and counts them into `counts[(identity, xid)]`."""
 
     def __init__(self, nvml: Any, counts: Tally, errors: Tally,
-                 identities: dict[int, GpuIdentity], wait_ms: int = 500) -> None:
+                 identities: dict[int, GpuIdentity], wait_ms: int = 500,
+                 on_xid: Callable[[GpuIdentity, int], None] | None = None) -> None:
         self.nvml = nvml
+        self.on_xid = on_xid  # told of every XID the moment it is read (fast alerts)
         self.counts = counts
         self.errors = errors
         self.wait_ms = wait_ms
@@ -92,7 +95,13 @@ class XidWatcher:
                 self._fail("nvmlEventSetWait", exc)
                 return
             if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
-                self.counts.inc((self._identify(data.device), str(int(data.eventData))))
+                identity, xid = self._identify(data.device), int(data.eventData)
+                self.counts.inc((identity, str(xid)))
+                if self.on_xid is not None:
+                    try:
+                        self.on_xid(identity, xid)
+                    except Exception:  # a failed fast alert must not end the XID watch
+                        log.exception("fast alert for XID %d failed", xid)
 
     def _identify(self, handle: Any) -> GpuIdentity:
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -30,6 +31,9 @@ from trainwatch.exporters.node.training.store import (
     StepHistogram,
     Store,
 )
+
+if TYPE_CHECKING:
+    from trainwatch.exporters.node.fast_alerts import FastAlerts
 
 
 def _base(name: str) -> str:
@@ -116,9 +120,10 @@ def _goodput_families(store: Store, jobs: Mapping[str, object], node: str) -> It
 class TrainingCollector(Collector):
     """Yields one fresh set of families per scrape from a snapshot of the store."""
 
-    def __init__(self, store: Store, node: str) -> None:
+    def __init__(self, store: Store, node: str, fast_alerts: FastAlerts | None = None) -> None:
         self._store = store
         self._node = node
+        self._fast_alerts = fast_alerts
 
     def collect(self) -> Iterator[Metric]:
         g = {name: _family(name) for name in GAUGES}
@@ -229,3 +234,8 @@ class TrainingCollector(Collector):
         malformed = _family(c.TRAINING_EXPORTER_MALFORMED)
         malformed.add_metric([], float(self._store.malformed))
         yield malformed
+        if self._fast_alerts is not None:  # absent while fast alerts are off
+            fast = _family(c.TRAINING_EXPORTER_FAST_ALERTS)
+            fast.add_metric(["sent"], float(self._fast_alerts.sent))
+            fast.add_metric(["dropped"], float(self._fast_alerts.dropped))
+            yield fast

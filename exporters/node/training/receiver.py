@@ -1,4 +1,9 @@
-"""Datagram receiver: one thread reading every rank's reports from the node's Unix socket."""
+"""Datagram receiver: one thread reading every rank's reports from the node's Unix socket.
+
+Each datagram comes with its sender's pid from the kernel (peers.py); with a RankWatch the
+receiver tells it which process each rank is, and between datagrams (at most every half
+second) has it look for ranks whose process is gone.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,13 @@ import threading
 from pathlib import Path
 
 from trainwatch.exporters.contract.wire import MAX_DATAGRAM_BYTES, WireError, decode
+from trainwatch.exporters.node.training import peers
+from trainwatch.exporters.node.training.rank_watch import RankWatch
 from trainwatch.exporters.node.training.store import Store
 
 log = logging.getLogger(__name__)
+RECEIVE_TIMEOUT_SECONDS = 0.5  # the idle tick: expiry, and the rank watch's check
+BUFFER_BYTES = MAX_DATAGRAM_BYTES + 4096
 
 
 def bind_socket(path: Path) -> socket.socket:
@@ -22,21 +31,24 @@ def bind_socket(path: Path) -> socket.socket:
             raise SystemExit(f"--socket {path} exists and is not a socket; refusing to replace it")
         path.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    peers.pass_credentials(sock)  # before bind: no datagram arrives without the sender's pid
     sock.bind(str(path))
     # Ranks may run as another user than the exporter: they reach the socket through the
     # shared group (the deploy puts the training users in it); nobody else may send.
     os.chmod(path, 0o660)
-    sock.settimeout(0.5)
+    sock.settimeout(RECEIVE_TIMEOUT_SECONDS)
     return sock
 
 
 class Receiver(threading.Thread):
     """Decodes datagrams into the store until stopped; malformed ones are counted, not fatal."""
 
-    def __init__(self, sock: socket.socket, store: Store) -> None:
+    def __init__(self, sock: socket.socket, store: Store, watch: RankWatch | None = None
+                 ) -> None:
         super().__init__(name="trainwatch-receiver", daemon=True)
         self._sock = sock
         self._store = store
+        self._watch = watch
         self._stopping = threading.Event()
 
     def stop(self) -> None:
@@ -46,22 +58,57 @@ class Receiver(threading.Thread):
         expire_every = 50
         while not self._stopping.is_set():
             try:
-                data = self._sock.recv(MAX_DATAGRAM_BYTES + 4096)
+                data, ancillary, _, _ = self._sock.recvmsg(BUFFER_BYTES, peers.ANCILLARY_BYTES)
             except TimeoutError:
                 self._store.expire()
+                self._check_ranks()
                 continue
             except OSError as exc:
                 log.warning("receive failed: %s", exc)
                 continue
-            try:
-                self._store.ingest(decode(data))
-            except WireError as exc:
-                self._store.malformed += 1
-                log.debug("malformed datagram: %s", exc)
-            except Exception:  # a bug must not end ingestion for good: count, log, go on
-                self._store.malformed += 1
-                log.exception("datagram could not be ingested")
+            self._ingest(data, ancillary)
             expire_every -= 1
             if expire_every == 0:
                 expire_every = 50
                 self._store.expire()
+            self._check_ranks()
+
+    def _ingest(self, data: bytes, ancillary: list[tuple[int, int, bytes]]) -> None:
+        try:
+            report = decode(data)
+            self._store.ingest(report)
+        except WireError as exc:
+            self._store.malformed += 1
+            log.debug("malformed datagram: %s", exc)
+            return
+        except Exception:  # a bug must not end ingestion for good: count, log, go on
+            self._store.malformed += 1
+            log.exception("datagram could not be ingested")
+            return
+        if self._watch is not None:
+            self._watch.saw(report, peers.sender_pid(ancillary))
+
+    def _check_ranks(self) -> None:
+        """Judge the ranks whose process is gone, once every datagram they sent is read: a
+        process's datagrams are queued on the socket when its send returns, so draining the
+        queue after seeing it gone reads its last word (finished, exiting) if it said one."""
+        if self._watch is None or not self._watch.due():
+            return
+        ended = self._watch.ended()
+        if not ended:
+            return
+        self._sock.setblocking(False)
+        try:
+            while True:
+                try:
+                    data, ancillary, _, _ = self._sock.recvmsg(BUFFER_BYTES,
+                                                               peers.ANCILLARY_BYTES)
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    log.warning("receive failed: %s", exc)
+                    break
+                self._ingest(data, ancillary)
+        finally:
+            self._sock.settimeout(RECEIVE_TIMEOUT_SECONDS)
+        self._watch.judge(ended)

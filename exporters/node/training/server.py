@@ -18,14 +18,16 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from trainwatch.exporters import add_version_argument
-from trainwatch.exporters.contract import serving
+from trainwatch.exporters.contract import catalog, serving
 from trainwatch.exporters.contract.catalog import DEFAULT_EXPORTER_SOCKET, PORTS
 from trainwatch.exporters.contract.launcher import node_name
 from trainwatch.exporters.contract.tokens import SecretFileError, read_token_file
+from trainwatch.exporters.node import fast_alerts
 from trainwatch.exporters.node.training.collector import TrainingCollector
 from trainwatch.exporters.node.training.command_log import CommandLog
 from trainwatch.exporters.node.training.control_api import MAX_BODY_BYTES, ControlApp
 from trainwatch.exporters.node.training.ledger import ZERO_HOLD_SECONDS, Ledger, LedgerFile
+from trainwatch.exporters.node.training.rank_watch import KilledRank, RankWatch
 from trainwatch.exporters.node.training.receiver import Receiver, bind_socket
 from trainwatch.exporters.node.training.store import DEPARTED_AFTER_SECONDS, Store
 
@@ -52,7 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="Unix datagram socket the ranks send to")
     parser.add_argument("--token-file", type=Path, default=None,
                         help="file holding the control API bearer token (API off without it)")
-    parser.add_argument("--node", default=node_name(), help="value of the node label")
+    parser.add_argument("--node", default=node_name(), help="value of the node label (also "
+                        "the fast alerts': the inventory host name)")
+    fast_alerts.add_arguments(parser, what="a killed rank (TrainingJobVanished)", node=False)
     parser.add_argument("--job-expiry-seconds", type=float, default=600.0,
                         help="drop a job's series this long after its last report")
     parser.add_argument("--rank-departed-seconds", type=float, default=DEPARTED_AFTER_SECONDS,
@@ -92,7 +96,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--goodput-zero-seconds must be between 0 and 3600")
     if not 1 <= args.threads <= 64:
         parser.error("--threads must be between 1 and 64")
+    try:
+        args.alertmanager_urls = fast_alerts.check_settings(args.alertmanager_urls, args.node)
+        args.alertmanager_credential = fast_alerts.read_credential(
+            args.alertmanager_username, args.alertmanager_password_file)
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
+
+
+def watch_ranks(store: Store, alerts: fast_alerts.FastAlerts, node: str) -> RankWatch:
+    """The rank watch that posts each launch's first killed rank as the rule's alert would
+    name it (alert_rules/training.py, TrainingJobVanished with its `rank`): the remediation
+    service requeues the job, and its rails absorb the rule's alert that follows."""
+    def post(killed: KilledRank) -> None:
+        log.warning("rank %d of job %s (pid %d) was killed: posting TrainingJobVanished",
+                    killed.rank, killed.job, killed.pid)
+        alerts.post("TrainingJobVanished", {
+            catalog.LABEL_JOB: killed.job, catalog.LABEL_RANK: str(killed.rank),
+            catalog.LABEL_NODE: node, "severity": "critical", "component": "training"},
+            f"Job {killed.job} vanished without finishing; rank {killed.rank} stopped first "
+            f"(its process {killed.pid} on {node} ended without a clean finish or an error "
+            "of its own: killed)")
+    return RankWatch(store, post)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--goodput-state {args.goodput_state}: {exc}") from None
     store = Store(args.job_expiry_seconds, departed_after=args.rank_departed_seconds,
                   goodput=ledger)
+    alerts = fast_alerts.FastAlerts(args.alertmanager_urls,
+                                    credential=args.alertmanager_credential) \
+        if args.alertmanager_urls else None
     registry = CollectorRegistry()
-    registry.register(TrainingCollector(store, args.node))
+    registry.register(TrainingCollector(store, args.node, alerts))
     try:
         server = serving.make_server(
             ControlApp(store, registry, token), args.bind, args.port, ident="training-exporter",
@@ -123,11 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         store.attach_log(CommandLog(args.command_log))
     sock = bind_socket(args.socket)
     inode = args.socket.stat().st_ino
-    receiver = Receiver(sock, store)
+    receiver = Receiver(sock, store,
+                        watch_ranks(store, alerts, args.node) if alerts is not None else None)
     receiver.start()
 
     def on_stop() -> None:
         receiver.stop()
+        if alerts is not None:
+            alerts.close()
         ledger.close()  # the counters as last served stay on disk
         sock.close()
         # A new exporter may already have bound its own socket file at this path (a restart

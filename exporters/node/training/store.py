@@ -35,6 +35,8 @@ MAX_COMMANDS_PER_JOB = 1000
 MAX_JOBS = 1000
 MAX_RETIRED = 16
 DEPARTED_AFTER_SECONDS = catalog.RANK_DEPARTED_AFTER_SECONDS  # what it means: catalog.py
+# A rank's last word (Store.rank_word): a clean finish, an end on an error of its own, or none
+FINISHED, EXITED, SILENT = "finished", "exited", "silent"
 
 
 @dataclass
@@ -322,6 +324,19 @@ class Store:
         job.commands[record.command.id] = record
         while len(job.commands) > MAX_COMMANDS_PER_JOB:
             job.commands.popitem(last=False)
+
+    def rank_word(self, job_name: str, incarnation: str, rank: int) -> str | None:
+        """What the rank's last datagram said of its end (FINISHED, EXITED, SILENT: nothing,
+        it still reports or was killed); None when the rank is not of the job's current
+        launch here (another launch replaced it, or the job expired)."""
+        with self._lock:
+            job = self._jobs.get(job_name)
+            if job is None or (incarnation and incarnation != job.incarnation):
+                return None
+            state = job.ranks.get(rank)
+            if state is None:
+                return None
+            return FINISHED if state.finished else EXITED if state.exited else SILENT
 
     # --- expiry ---------------------------------------------------------------------------
     def expire(self) -> None:

@@ -1,0 +1,70 @@
+"""The restart rails of the quarantine action, on both stores, without a scheduler: one death
+reported twice (each dying rank's alert, the exporter's fast alert and the rule's) restarts
+its job once; a death that began after the restart, or that ended the job again, restarts it
+again, up to max_restarts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.remediation.helpers import write_config
+from trainwatch.remediation.actions.base import RailsContext
+from trainwatch.remediation.actions.quarantine import (
+    RESTART_GRANTS,
+    QuarantinePlan,
+    granted,
+    rails,
+)
+from trainwatch.remediation.config import SchedulerSettings, load_config
+from trainwatch.remediation.decisions import Decision
+from trainwatch.remediation.faults import Fault
+from trainwatch.remediation.store import NewIntent, Store
+from trainwatch.remediation.stores import open_store
+
+JOB = "4242"
+
+
+def killed_rank_plan(intent_id: int, fault_at: float, ended: bool) -> QuarantinePlan:
+    fault = Fault("TrainingJobVanished", "killed", "restart", ("tw-gpu-01",),
+                  "a rank died without a word", ends_job=True)
+    return QuarantinePlan(intent_id, fault, ("tw-gpu-01", "tw-gpu-02"), (), jobs=(JOB,),
+                          fault_at=fault_at, ended=(JOB,) if ended else ())
+
+
+def decide(store: Store, fault_at: float, now: float, ended: bool = False) -> Decision | None:
+    """The rails for one more alert of the job's death, and the grant if they let it act."""
+    settings = SchedulerSettings()
+    context = RailsContext(approved=False, approved_rails=frozenset(), observe_only=False,
+                           now=now, alertname="TrainingJobVanished")
+    with store.transaction() as tx:
+        intent_id = tx.insert_intent(NewIntent(
+            fingerprint=f"f{fault_at}", starts_at="t", playbook="job_restart", phase="fire",
+            alertname="TrainingJobVanished", labels={}, annotations={}, target_key=JOB,
+            state="done"))
+        plan = killed_rank_plan(intent_id, fault_at, ended)
+        verdict = rails(tx, plan, settings, context)
+        if verdict is None:
+            granted(tx, plan, settings, now, context.alertname)
+            return None
+        return verdict.decision
+
+
+def test_one_death_seen_twice_restarts_once_and_a_later_death_restarts_again(
+        tmp_path: Path, store_section: dict[str, Any]) -> None:
+    store = open_store(load_config(write_config(tmp_path, **store_section)))
+    died = 1_000_000.0
+    assert decide(store, fault_at=died, now=died + 3) is None  # rank 1's alert: restart
+    # rank 0's alert (killed by the scheduler right after) and the rule's alert of the same
+    # death, both begun before the restart
+    assert decide(store, fault_at=died + 1.5, now=died + 4) == Decision.ALREADY_RESTARTED
+    assert decide(store, fault_at=died + 2, now=died + 40) == Decision.ALREADY_RESTARTED
+    # the restarted job dies again a minute later: a new fault
+    assert decide(store, fault_at=died + 60, now=died + 63) is None
+    # and again, seconds after its restart, already ended when planned: a new fault too
+    assert decide(store, fault_at=died + 65, now=died + 68, ended=True) is None
+    # the fourth death in the window: max_restarts (3) reached, a person decides
+    assert decide(store, fault_at=died + 180, now=died + 183,
+                  ended=True) == Decision.RESTART_LIMITED
+    with store.transaction() as tx:
+        assert len(tx.grant_history(RESTART_GRANTS, died - 1, JOB)) == 3

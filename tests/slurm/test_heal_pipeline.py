@@ -1,0 +1,119 @@
+"""The whole path for faults that end the job, with no alert posted by hand: a 2-node job under
+sbatch (srun, torchrun per node, c10d, gloo) on the shared Slurm test cluster, one training
+exporter and one GPU exporter (fake NVML, file-backed scenario) per node, Prometheus scraping
+them with the shipped demo rules, Alertmanager with the rendered config, the remediation
+service (a real process) with the shipped playbooks.
+
+* a rank SIGKILLed: TrainingJobVanished names it, the ended job is requeued (found on the
+  killed rank's node: its ranks name the job `heal-kill`, not by its Slurm id), no node
+  drained, the job resumes from its newest committed checkpoint with equal weights;
+* XID 48 on one node's GPU, taking the rank on it with it: GpuXidErrors, that node drained
+  once, the ended job requeued and running on the healthy node and the spare, resumed as
+  above.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.slurm.cluster import SlurmCluster
+from tests.slurm.fixtures import drains, requeues
+from tests.slurm.test_heal_ended import assert_resumed
+from tests.slurm.test_heal_hang import audit, monitoring, submit_job, wait_checkpoints
+from tests.slurm.test_quarantine import NODE_HOST, running_on
+from tests.support.net import free_port, wait_until
+from tests.support.procs import running
+from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
+from trainwatch.exporters.node.tools.stack_dump import rank_processes
+
+pytestmark = pytest.mark.slow
+
+
+@contextmanager
+def gpu_exporters(tmp_path: Path, nodes: tuple[str, ...], *,
+                  extra_args: Mapping[str, Sequence[str]] | None = None
+                  ) -> Iterator[tuple[dict[str, Path], dict[str, str]]]:
+    """One GPU exporter per node on a fake NVML of its own (a scenario file: write an XID
+    into it to raise one); yields (node -> scenario file, node -> exporter URL). `extra_args`
+    (node -> arguments) are appended to that node's command line (e.g. the fast alerts'
+    `--alertmanager-url URL --node HOST`)."""
+    with ExitStack() as stack:
+        scenarios: dict[str, Path] = {}
+        urls: dict[str, str] = {}
+        for node in nodes:
+            scenario = tmp_path / f"nvml-{node}.json"
+            scenario.write_text(json.dumps(simulated_scenario(1, dynamic=False)))
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            stack.enter_context(running(
+                [str(Path(sys.executable).parent / "gpu-exporter"), "--bind", "127.0.0.1",
+                 "--port", str(port), "--interval", "1", "--no-gpm",
+                 *(extra_args or {}).get(node, ())],
+                tmp_path / f"gpu-exporter-{node}.log", ready_url=f"{url}/metrics",
+                env={"TRAINWATCH_FAKE_NVML": str(scenario)}))
+            scenarios[node], urls[node] = scenario, url
+        yield scenarios, urls
+
+
+def kill_rank(job_name: str, node: str) -> float:
+    """SIGKILL the rank of `job_name` on `node`; the time of the kill."""
+    procs = wait_until(lambda: rank_processes(job_name, node), timeout=60,
+                       what=f"the rank of {job_name} on {node}")
+    os.kill(procs[0]["pid"], signal.SIGKILL)
+    return time.time()
+
+
+def test_killed_rank_through_prometheus_and_alertmanager_requeues_the_ended_job(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    job_name = "heal-kill"
+    with monitoring(tmp_path, slurm, books=("job_restart",)) as stack:
+        job, out, ckpt = submit_job(slurm, stack, tmp_path, job_name, ranks_per_node=1)
+        first = running_on(slurm, job)
+        wait_checkpoints(out)
+        t_kill = kill_rank(job_name, first[1])
+        acted = wait_until(lambda: audit(stack, "job_restart", "acted"), timeout=120,
+                           what="the job's restart acted")
+        t_acted = time.time()
+        plan = acted[0]["detail"]["results"][0]["result"]["plan"]
+        assert plan["alert"]["node"] == NODE_HOST[first[1]]
+        assert (plan["fault"]["class"], plan["fault"]["action"]) == ("killed", "restart")
+        assert requeues(stack.log) == [["requeue", job]] and drains(stack.log) == []
+        assert_resumed(slurm, job, out, ckpt)
+        print(f"SIGKILL -> restart acted {t_acted - t_kill:.1f} s (demo profile)")
+    assert all("drain" not in slurm.node_state(n) for n in slurm.nodes)
+
+
+def test_fatal_xid_that_kills_its_rank_drains_the_node_and_requeues_the_ended_job(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    job_name = "heal-xid"
+    with gpu_exporters(tmp_path, slurm.nodes) as (scenarios, urls), \
+            monitoring(tmp_path, slurm, books=("node_quarantine",), gpus=urls) as stack:
+        job, out, ckpt = submit_job(slurm, stack, tmp_path, job_name, ranks_per_node=1)
+        first = running_on(slurm, job)
+        wait_checkpoints(out)
+        bad = first[1]
+        scenario = scenarios[bad]
+        doc = json.loads(scenario.read_text())
+        doc["xid_events"] = [{"gpu": 0, "xid": 48}]
+        scenario.write_text(json.dumps(doc))
+        t_fault = kill_rank(job_name, bad)  # XID 48 takes the CUDA process with it
+        acted = wait_until(lambda: audit(stack, "node_quarantine", "acted"), timeout=120,
+                           what="the quarantine acted")
+        t_acted = time.time()
+        plan = acted[0]["detail"]["results"][0]["result"]["plan"]
+        assert (plan["fault"]["xid"], plan["fault"]["nodes"]) == (48, [bad])
+        assert len(drains(stack.log)) == 1 and requeues(stack.log) == [["requeue", job]]
+        second = assert_resumed(slurm, job, out, ckpt)
+        assert bad not in second and set(first) - {bad} <= set(second)
+        assert len(drains(stack.log)) == 1
+        print(f"XID 48 + rank death -> quarantine acted {t_acted - t_fault:.1f} s (demo)")
+    assert "drain" in slurm.node_state(bad)
