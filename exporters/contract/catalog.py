@@ -310,6 +310,9 @@ TRAINING_EXPORTER_FAST_ALERTS = _define(
     "(exporters/node/fast_alerts.py), by outcome: sent (an Alertmanager accepted it) or "
     "dropped (queue full, or an Alertmanager did not answer; the rule's alert still follows).",
     ("outcome",))
+# TRAINING_EXPORTER_FAST_ALERTS's outcome label values (one place: "dropped" is also a
+# per-rank wire name, which only the catalog and the counters spell)
+FAST_ALERT_SENT, FAST_ALERT_DROPPED = "sent", "dropped"
 # The per-rank values the datagram carries as plain numbers, one field per row (`wire`): the
 # datagram's decoder, the store's rank state and the collector's mapping all iterate these.
 RANK_WIRE: tuple[Metric, ...] = tuple(row for row in metrics_of("training") if row.wire)

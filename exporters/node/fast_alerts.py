@@ -148,6 +148,12 @@ class FastAlerts:
         except queue.Full:
             self.dropped += 1
 
+    def outcomes(self) -> tuple[tuple[str, int], ...]:
+        """(outcome label, count) for the exporters' fast-alert counter."""
+        from trainwatch.exporters.contract.catalog import FAST_ALERT_DROPPED, FAST_ALERT_SENT
+
+        return ((FAST_ALERT_SENT, self.sent), (FAST_ALERT_DROPPED, self.dropped))
+
     def close(self, timeout: float = 2.0) -> None:
         with contextlib.suppress(queue.Full):
             self._queue.put_nowait(None)

@@ -291,23 +291,34 @@ class SlurmScheduler:
                                  "not ended by a fault: not requeued")
         self._run("scontrol", "requeue", job.job_id)
         requeued = time.monotonic()
-        # The requeue goes through asynchronously: the job is PENDING at once, with the old
-        # reason and then none, and only later gets the hold (its new begin time, 120 s on).
-        # Lifting it before it is set is overwritten, so wait for it (or for a start).
-        state, reason = self._read_back(
-            lambda: self._any_state(job.job_id),
-            lambda s: s[0] in ("running", "configuring") or s == ("pending", "begintime"))
-        if state == "pending" and reason == "begintime":
-            # as in requeue: not within the second the requeue revoked the credential in
-            time.sleep(max(0.0, CREDENTIAL_REVOKE_SECONDS - (time.monotonic() - requeued)))
-            self._run("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
-            state, reason = self._read_back(lambda: self._any_state(job.job_id),
-                                            lambda s: s[1] != "begintime")
+        state, reason = self._lift_requeue_hold(job.job_id, requeued)
         if state not in QUEUED or reason == "begintime":
             raise SchedulerError(f"slurm: job {job.job_id} is {state or 'gone'} ({reason}) "
                                  "after its requeue, not queued to start now")
         return {"job": job.job_id, "requeued": True, "was": "ended", "ended_on": job.nodes,
                 "state": state, "now": [state, reason]}
+
+    def _lift_requeue_hold(self, job_id: str, requeued: float) -> tuple[str, str]:
+        """Watch a requeued job until it starts, lifting the requeue's hold (its begin time,
+        cred_expire on: 120 s by default) each time it is seen, until the command deadline.
+        The requeue goes through asynchronously: the job is PENDING at once with the old
+        reason, then none, and shows the hold (reason BeginTime) only when a scheduling pass
+        looks at it, which may be tens of seconds later; a lift before the hold is set is
+        overwritten. So the watch does not stop at the first reading without the hold. The
+        last (state, reason): running, or pending for another reason (Resources, Priority)
+        at the deadline, or still held (the caller's error)."""
+        deadline = requeued + self.settings.command_timeout_seconds
+        while True:
+            state, reason = self._any_state(job_id)
+            if state in ("running", "configuring") or time.monotonic() > deadline:
+                return state, reason
+            if state == "pending" and reason == "begintime":
+                # as in requeue: not within the second the requeue revoked the credential in
+                time.sleep(max(0.0, CREDENTIAL_REVOKE_SECONDS - (time.monotonic() - requeued)))
+                self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+            elif state not in QUEUED:
+                return state, reason
+            time.sleep(0.2)
 
     def _settled_state(self, job_id: str, deadline: float) -> tuple[str, str]:
         """The job's state once it is no longer COMPLETING (its ranks are still being

@@ -71,14 +71,20 @@ def environ(pid: int) -> dict[str, str]:
                 for item in raw.split(b"\0") if b"=" in item)
 
 
-def rank_process(job: str, rank: int) -> tuple[int, str]:
+def of_cluster(env: dict[str, str], slurm: SlurmCluster) -> bool:
+    """A process of `slurm`'s jobs: another test worker's cluster numbers its jobs from 1
+    too, so a job id alone may name that cluster's job."""
+    return env.get("SLURM_CONF") == str(slurm.conf)
+
+
+def rank_process(slurm: SlurmCluster, job: str, rank: int) -> tuple[int, str]:
     """(pid, Slurm node) of the torchrun worker that is `rank` of Slurm job `job`."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         env = environ(int(entry.name))
         if (env.get("SLURM_JOB_ID") == job and env.get("RANK") == str(rank)
-                and env.get("TORCHELASTIC_ERROR_FILE")):
+                and env.get("TORCHELASTIC_ERROR_FILE") and of_cluster(env, slurm)):
             return int(entry.name), env["SLURMD_NODENAME"]
     raise LookupError(f"no rank {rank} of job {job}")
 
@@ -99,16 +105,17 @@ def start_job(slurm: SlurmCluster, tmp_path: Path) -> tuple[str, Path, Path, lis
 
 def kill_rank(slurm: SlurmCluster, job: str, rank: int) -> str:
     """SIGKILL one rank; wait until Slurm has ended the job (srun's kill-on-bad-exit)."""
-    pid, node = wait_until(lambda: _find(job, rank), timeout=30, what=f"rank {rank}'s process")
+    pid, node = wait_until(lambda: _find(slurm, job, rank), timeout=30,
+                           what=f"rank {rank}'s process")
     os.kill(pid, signal.SIGKILL)
     wait_until(lambda: job_nodes(slurm, job)[0] not in ("RUNNING", "CONFIGURING"),
                timeout=60, interval=0.2, what="the job ended by the kill")
     return node
 
 
-def _find(job: str, rank: int) -> tuple[int, str] | None:
+def _find(slurm: SlurmCluster, job: str, rank: int) -> tuple[int, str] | None:
     try:
-        return rank_process(job, rank)
+        return rank_process(slurm, job, rank)
     except LookupError:
         return None
 

@@ -15,20 +15,24 @@ import pytest
 from tests.remediation.helpers import alert
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.fixtures import job_nodes, requeues
-from tests.slurm.test_heal_ended import book, environ
+from tests.slurm.test_heal_ended import book, environ, of_cluster
 from tests.slurm.test_quarantine import NODE_HOST, deliver, running_on, services
 from tests.support.net import wait_until
 
 pytestmark = pytest.mark.slow
 
 
-def task_of(job: str) -> tuple[int, str] | None:
-    """(pid, node) of one task srun started for `job` (a `sleep`), if any runs."""
+def task_of(slurm: SlurmCluster, job: str, restarts: int) -> tuple[int, str] | None:
+    """(pid, node) of one task srun started for `job` (a `sleep`) in its incarnation after
+    `restarts` requeues, if one runs (a task of the incarnation before may still be ending
+    on a loaded machine: killing it would end nothing)."""
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             env = environ(int(entry.name))
             if env.get("SLURM_JOB_ID") == job and env.get("SLURM_STEP_ID") == "0" \
-                    and env.get("SLURM_PROCID") == "1":
+                    and env.get("SLURM_PROCID") == "1" \
+                    and env.get("SLURM_RESTART_COUNT", "0") == str(restarts) \
+                    and of_cluster(env, slurm):
                 return int(entry.name), env["SLURMD_NODENAME"]
     return None
 
@@ -46,7 +50,8 @@ def test_a_job_killed_four_times_in_an_hour_is_restarted_three_times_then_paged(
                       min_healthy_fraction=0.0) as (svcs, log, pager):
             for kill in range(4):
                 running_on(slurm, job, timeout=60)
-                pid, node = wait_until(lambda: task_of(job), timeout=30, what="a task of the job")
+                pid, node = wait_until(lambda kill=kill: task_of(slurm, job, kill), timeout=30,
+                                       what="a task of the job's incarnation")
                 killed_at = datetime.now(timezone.utc)  # the alert starts at the death
                 os.kill(pid, signal.SIGKILL)
                 wait_until(lambda: job_nodes(slurm, job)[0] not in ("RUNNING", "CONFIGURING"),

@@ -236,6 +236,6 @@ class TrainingCollector(Collector):
         yield malformed
         if self._fast_alerts is not None:  # absent while fast alerts are off
             fast = _family(c.TRAINING_EXPORTER_FAST_ALERTS)
-            fast.add_metric(["sent"], float(self._fast_alerts.sent))
-            fast.add_metric(["dropped"], float(self._fast_alerts.dropped))
+            for outcome, count in self._fast_alerts.outcomes():
+                fast.add_metric([outcome], float(count))
             yield fast
