@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from trainwatch.exporters.contract.catalog import FAST_ALERT_DROPPED, FAST_ALERT_SENT
+
 log = logging.getLogger(__name__)
 
 FAST_LABEL = "trainwatch_fast"
@@ -150,8 +152,6 @@ class FastAlerts:
 
     def outcomes(self) -> tuple[tuple[str, int], ...]:
         """(outcome label, count) for the exporters' fast-alert counter."""
-        from trainwatch.exporters.contract.catalog import FAST_ALERT_DROPPED, FAST_ALERT_SENT
-
         return ((FAST_ALERT_SENT, self.sent), (FAST_ALERT_DROPPED, self.dropped))
 
     def close(self, timeout: float = 2.0) -> None:

@@ -155,8 +155,14 @@ def test_lost_gpu_node_drained_job_requeued_and_resumed_from_checkpoint(
         "requeued, resume after node_health_check")
     # the new incarnation: on the two healthy nodes, resumed from the newest committed
     # checkpoint, and stepping on
-    second = running_on(slurm, job, timeout=120)
+    second = assert_resumed(slurm, job, out, ckpt)
     assert bad not in second and len(second) == 2
+
+
+def assert_resumed(slurm: SlurmCluster, job: str, out: Path, ckpt: Path) -> list[str]:
+    """The new incarnation runs, resumed on both ranks from the newest committed checkpoint,
+    steps on, and its weights equal a reference restore; the nodes it runs on."""
+    second = running_on(slurm, job, timeout=120)
     resumed = wait_until(lambda: (lambda r: r if len(r) == 2 else None)(
         of(events(out), "resumed")), timeout=180, interval=0.5, what="both ranks resumed")
     step = resumed[0]["step"]
@@ -169,5 +175,5 @@ def test_lost_gpu_node_drained_job_requeued_and_resumed_from_checkpoint(
     assert of(events(out), "incarnation", restart_count=1)
     slurm.run(["scancel", job])
     wait_until(lambda: job_nodes(slurm, job)[0] == "", timeout=60, what="job gone")
-    reference = reference_digest(ckpt, step - 1)
-    assert {r["weights_sha256"] for r in resumed} == {reference}
+    assert {r["weights_sha256"] for r in resumed} == {reference_digest(ckpt, step - 1)}
+    return second

@@ -28,7 +28,7 @@ import yaml
 from tests.remediation.helpers import REPO, alert
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.fixtures import drains, job_nodes, requeues, scontrol_calls
-from tests.slurm.test_heal_e2e import events, newest_committed_before, of, reference_digest
+from tests.slurm.test_heal_e2e import assert_resumed, events, of
 from tests.slurm.test_quarantine import NODE_HOST, deliver, running_on, services
 from tests.support.net import free_port, wait_until
 
@@ -118,26 +118,6 @@ def _find(slurm: SlurmCluster, job: str, rank: int) -> tuple[int, str] | None:
         return rank_process(slurm, job, rank)
     except LookupError:
         return None
-
-
-def assert_resumed(slurm: SlurmCluster, job: str, out: Path, ckpt: Path) -> list[str]:
-    """The new incarnation runs, resumed on both ranks from the newest committed checkpoint,
-    steps on, and its weights equal a reference restore; the nodes it runs on."""
-    second = running_on(slurm, job, timeout=120)
-    resumed = wait_until(lambda: (lambda r: r if len(r) == 2 else None)(
-        of(events(out), "resumed")), timeout=180, interval=0.5, what="both ranks resumed")
-    step = resumed[0]["step"]
-    assert {r["step"] for r in resumed} == {step}
-    wait_until(lambda: any(e["step"] >= step + 3 for e in of(events(out), "step")
-                           if e["time"] > resumed[0]["time"]), timeout=120, interval=0.5,
-               what="steps after the resume")
-    assert step - 1 == newest_committed_before(ckpt, step), (
-        "resumed from the newest committed checkpoint")
-    assert of(events(out), "incarnation", restart_count=1)
-    slurm.run(["scancel", job])
-    wait_until(lambda: job_nodes(slurm, job)[0] == "", timeout=60, what="job gone")
-    assert {r["weights_sha256"] for r in resumed} == {reference_digest(ckpt, step - 1)}
-    return second
 
 
 def test_killed_rank_requeues_the_ended_job_by_its_id_and_drains_nothing(
