@@ -20,8 +20,10 @@ with the shipped playbooks (tests/slurm/test_heal_pipeline.py's stack). `--profi
               the remediation webhook through the `trainwatch_fast` route (group_wait 0s)
 
 Faults, `--runs` of each kind, one after the other on the same job (each once the
-job has committed a checkpoint in its new incarnation; a drained node is returned to service
-in between, as an operator does after the health check):
+job has committed a checkpoint in its new incarnation, and once the previous fault's rule
+alerts have had their time to arrive: the profile's worst case from a fault to the webhook
+plus a margin; then a drained node is returned to service, as an operator does after the
+health check):
 
   kill   SIGKILL of one rank (TrainingJobVanished; the ended job is requeued, nothing drained)
   xid    XID 48 on one node's GPU, whose rank dies with it (GpuXidErrors; drain, requeue)
@@ -91,6 +93,8 @@ PROFILES = ("demo", "production")
 FIRST_STEP_P50_SECONDS = 60.0
 FIRST_STEP_MAX_SECONDS = 90.0
 MIN_FAULTS = 5
+# after a fault's rule path (production_alert_path), before the next fault: a scrape or two
+SETTLE_MARGIN_SECONDS = 15.0
 ACCEPTANCE_KINDS = ("kill", "xid")
 PHASES = ("detection", "decision", "drain_and_requeue", "scheduler_start", "restore",
           "first_step")
@@ -198,12 +202,20 @@ def one_fault(kind: str, cluster: SlurmCluster, stack: Stack, job: str, out: Pat
               "restore": t_restored - incarnation["time"], "first_step": first - t_restored}
     total = first - t_fault
     lost = t_fault - _checkpoint_before(out, t_fault)
-    # back to a full pool for the next fault, as an operator after the health check
+    return {**phases, "fault_to_first_step": total, "goodput_cost": total + lost,
+            "acts_without_requeue": float(idle_acts), "fault_at": t_fault}
+
+
+def settle(cluster: SlurmCluster, until: float) -> None:
+    """Before the next fault: let the last one's rule alerts arrive (the production profile's
+    rules fire a minute or two after the fault, after the fast alert healed it), then return
+    drained nodes to service, as an operator does after the health check. Returned sooner,
+    the late rule alert of the old XID reads as a new fault of the returned node and drains
+    it again (seen 2026-11-28: the job then lost the spare it needed)."""
+    time.sleep(max(0.0, until - time.time()))
     for node in cluster.nodes:
         if "drain" in cluster.node_state(node):
             cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
-    return {**phases, "fault_to_first_step": total, "goodput_cost": total + lost,
-            "acts_without_requeue": float(idle_acts)}
 
 
 def summary(runs: list[dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -267,13 +279,17 @@ def main(argv: list[str] | None = None) -> int:
                                              alertmanager_port=am_port,
                                              quarantine_window="5s", max_quarantined=5))
         job, out, _ = submit_job(cluster, mon, root, JOB, ranks_per_node=1)
+        # how long a fault's rule alerts may take to arrive after it (its settle time)
+        rule_path = production_alert_path() if production else dict.fromkeys(KINDS, 5.0)
         try:
             for index in range(args.runs):
                 for kind in kinds:
                     run = one_fault(kind, cluster, mon, job, out, scenarios)
+                    fault_at = run.pop("fault_at")
                     results[kind].append(run)
                     print(json.dumps({"kind": kind, "run": index,
                                       **{k: round(v, 2) for k, v in run.items()}}), flush=True)
+                    settle(cluster, fault_at + rule_path[kind] + SETTLE_MARGIN_SECONDS)
         finally:
             cluster.run(["scancel", job])
     detections = [r["detection"] for v in results.values() for r in v]

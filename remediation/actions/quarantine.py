@@ -595,7 +595,11 @@ def stopped_jobs(scheduler: Any, plan: QuarantinePlan,
     if fault.ends_job and not ended:
         deadline = time.monotonic() + wait_seconds
         ending = ending_jobs(scheduler, fault.nodes, named)
-        while ending and time.monotonic() < deadline:
+        # A job seen running is watched until it reads as ended, not only while it reads as
+        # running: in between, Slurm shows it COMPLETING with no fault's reason yet (the
+        # epilog runs), in neither reading (benchmarks/recovery.py lost a job that way).
+        watched = bool(ending)
+        while watched and time.monotonic() < deadline:
             time.sleep(ENDING_POLL_SECONDS)
             ended = ended_jobs(scheduler, fault.nodes, named)
             if ended:

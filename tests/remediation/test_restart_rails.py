@@ -15,10 +15,12 @@ from trainwatch.remediation.actions.quarantine import (
     QuarantinePlan,
     granted,
     rails,
+    stopped_jobs,
 )
 from trainwatch.remediation.config import SchedulerSettings, load_config
 from trainwatch.remediation.decisions import Decision
 from trainwatch.remediation.faults import Fault
+from trainwatch.remediation.schedulers.base import Job
 from trainwatch.remediation.store import NewIntent, Store
 from trainwatch.remediation.stores import open_store
 
@@ -68,3 +70,29 @@ def test_one_death_seen_twice_restarts_once_and_a_later_death_restarts_again(
                   ended=True) == Decision.RESTART_LIMITED
     with store.transaction() as tx:
         assert len(tx.grant_history(RESTART_GRANTS, died - 1, JOB)) == 3
+
+
+class CompletingJobScheduler:
+    """A scripted stand-in for the Slurm adapter's two readings (no scheduler runs here):
+    the job reads as running, then for a few polls as neither running nor ended (Slurm's
+    COMPLETING before the exit code is its reason), then as ended by the fault. Each poll
+    reads ended_jobs, then jobs_on; the state moves on after jobs_on."""
+
+    def __init__(self, polls_in_between: int) -> None:
+        self.readings = ["running", *["completing"] * polls_in_between, "failed"]
+
+    def jobs_on(self, node: str) -> list[Job]:
+        state = self.readings[0]
+        if len(self.readings) > 1:
+            self.readings.pop(0)
+        return [Job(JOB, "running", node)] if state == "running" else []
+
+    def ended_jobs(self, node: str, job_id: str | None = None) -> list[Job]:
+        return [Job(JOB, "failed", node)] if self.readings[0] == "failed" else []
+
+
+def test_a_job_between_running_and_ended_is_waited_for_not_lost() -> None:
+    plan = killed_rank_plan(1, fault_at=1_000_000.0, ended=False)
+    stopped = stopped_jobs(CompletingJobScheduler(polls_in_between=2), plan, wait_seconds=10)
+    assert [job.job_id for job in stopped.ended] == [JOB]
+    assert stopped.ending == []
