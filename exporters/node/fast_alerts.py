@@ -41,6 +41,11 @@ from trainwatch.exporters.contract.catalog import FAST_ALERT_DROPPED, FAST_ALERT
 log = logging.getLogger(__name__)
 
 FAST_LABEL = "trainwatch_fast"
+# Each event's own alert: Alertmanager merges a post whose labels equal an alert it still holds
+# (for hold_seconds) into that alert and notifies nobody again, so without this label a second
+# XID of the same code on the same GPU, or the same rank killed again, within ten minutes of the
+# first never reached the webhook. The value is the event's time (UNIX milliseconds).
+EVENT_LABEL = "trainwatch_event"
 QUEUE_SIZE = 256
 # The fast alerts' `node` label: the host name Prometheus gives the node's targets
 # (inventory_hostname_short), which the remediation inventory is keyed by.
@@ -141,7 +146,9 @@ class FastAlerts:
     def post(self, alertname: str, labels: Mapping[str, str], summary: str) -> None:
         """Queue one alert (never blocks: a full queue drops it, counted)."""
         now = datetime.now(timezone.utc)
-        alert = {"labels": {**labels, "alertname": alertname, FAST_LABEL: "true"},
+        event = str(int(now.timestamp() * 1000))
+        alert = {"labels": {**labels, "alertname": alertname, FAST_LABEL: "true",
+                            EVENT_LABEL: event},
                  "annotations": {"summary": summary},
                  "startsAt": now.isoformat(),
                  "endsAt": (now + timedelta(seconds=self.hold_seconds)).isoformat()}

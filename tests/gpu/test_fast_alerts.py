@@ -17,7 +17,7 @@ import pytest
 from tests.support.fast_alerts import DETECTION_BUDGET_SECONDS, production_alertmanager
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
-from trainwatch.exporters.node.fast_alerts import FAST_LABEL, FastAlerts
+from trainwatch.exporters.node.fast_alerts import EVENT_LABEL, FAST_LABEL, FastAlerts
 from trainwatch.exporters.node.gpu.config import ConfigError, build_parser, resolve
 from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
 
@@ -70,6 +70,43 @@ def test_an_xid_reaches_the_webhook_in_seconds_with_production_grouping(
             FAST_LABEL: "true"}
         assert took <= DETECTION_BUDGET_SECONDS, f"{took:.1f}s from the XID to the webhook"
         assert not teams.posts(), "the fast copy pages nobody"
+
+
+def test_the_same_xid_again_on_the_same_gpu_reaches_the_webhook_again(tmp_path: Path) -> None:
+    """A node returned to service after a fatal XID that faults again the same way (same GPU,
+    same XID) minutes later: the second event is a new alert, not merged into the first one
+    Alertmanager still holds (the fast alert lives ten minutes)."""
+    with production_alertmanager(tmp_path, None) as stack:
+        scenario = tmp_path / "nvml.json"
+        scenario.write_text(json.dumps(simulated_scenario(1, dynamic=False)))
+        port = free_port()
+        with running([str(Path(sys.executable).parent / "gpu-exporter"), "--bind",
+                      "127.0.0.1", "--port", str(port), "--interval", "1", "--no-gpm",
+                      "--node", "node-b", "--alertmanager-url", stack.url],
+                     tmp_path / "gpu-exporter.log",
+                     ready_url=f"http://127.0.0.1:{port}/metrics",
+                     env={"TRAINWATCH_FAKE_NVML": str(scenario)}):
+            wait_until(lambda: b"xid" in _metrics(port), timeout=30,
+                       what="the XID watch running")
+            firing: set[tuple[str, str]] = set()
+
+            def notified_events() -> set[tuple[str, str]]:
+                for post in stack.hooks.posts("/v1/alerts"):
+                    firing.update((a["labels"].get(EVENT_LABEL, ""), a["startsAt"])
+                                  for a in post.body["alerts"] if a["status"] == "firing")
+                return firing
+
+            for count in (1, 2):
+                doc = json.loads(scenario.read_text())
+                doc.setdefault("xid_events", []).append({"gpu": 0, "xid": 79})
+                scenario.write_text(json.dumps(doc))
+                written = time.monotonic()
+                wait_until(lambda count=count: len(notified_events()) >= count,
+                           timeout=DETECTION_BUDGET_SECONDS * 3, interval=0.05,
+                           what=f"XID event {count} at the webhook")
+                took = time.monotonic() - written
+                assert took <= DETECTION_BUDGET_SECONDS, f"event {count}: {took:.1f}s"
+        assert len(notified_events()) == 2
 
 
 def _metrics(port: int) -> bytes:
