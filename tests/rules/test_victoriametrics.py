@@ -153,17 +153,20 @@ def test_dashboard_queries_return_the_same_data_from_victoriametrics(
         stack.callback(lambda: [r.kill() or r.wait(10) for r in ranks])
         began = int(time.time())
 
-        def first_in_vm() -> float | None:
-            """The oldest GPU-exporter sample VictoriaMetrics holds (remote_write may deliver
-            the first seconds late under load, or not at all while VictoriaMetrics starts)."""
-            got = _range(vm, "trainwatch_gpu_up", began - 60, int(time.time()))
-            return min((t for points in got.values() for t in points), default=None)
-        wait_until(lambda: first_in_vm() is not None, timeout=60, interval=1,
-                   what="the first samples in VictoriaMetrics")
+        def first_in_vm(metric: str) -> float | None:
+            """When the newest-born series of `metric` has its first sample in VictoriaMetrics
+            (remote_write may deliver the first seconds late under load, or not at all while
+            VictoriaMetrics starts; the job's series are born when its ranks first report,
+            after their start-up, which a loaded machine stretches)."""
+            got = _range(vm, metric, began - 60, int(time.time()))
+            return max((min(points) for points in got.values() if points), default=None)
+        firsts = {metric: wait_until(lambda metric=metric: first_in_vm(metric), timeout=120,
+                                     interval=1, what=f"the first {metric} in VictoriaMetrics")
+                  for metric in ("trainwatch_gpu_up", "training_node_time_seconds_total")}
         # 20 s of the running job, aligned to the step, starting once every counter has a full
         # rate window behind it in both stores (MetricsQL counts a counter's first sample from
         # zero, PromQL does not: a series' first window differs by design)
-        start = (max(began, int(first_in_vm() or began)) + 15) // STEP * STEP + STEP
+        start = (max(began, int(max(firsts.values()))) + 15) // STEP * STEP + STEP
         end = start + 20
         wait_until(lambda: time.time() > end + 3, timeout=120, interval=0.5,
                    what="the demo job's window to pass")
