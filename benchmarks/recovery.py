@@ -167,7 +167,8 @@ def _checkpoint_before(out: Path, t: float) -> float:
 
 
 def one_fault(kind: str, cluster: SlurmCluster, stack: Stack, job: str, out: Path,
-              scenarios: dict[str, Path]) -> dict[str, float]:
+              scenarios: dict[str, Path]) -> tuple[float, dict[str, float]]:
+    """Inject one fault of `kind`: (when it was injected, its figures)."""
     playbook = KINDS[kind][0]
     nodes = running_on(cluster, job, timeout=180)
     resumed_at = max([e["time"] for e in of(events(out), "resumed")], default=0.0)
@@ -205,8 +206,8 @@ def one_fault(kind: str, cluster: SlurmCluster, stack: Stack, job: str, out: Pat
               "restore": t_restored - incarnation["time"], "first_step": first - t_restored}
     total = first - t_fault
     lost = t_fault - _checkpoint_before(out, t_fault)
-    return {**phases, "fault_to_first_step": total, "goodput_cost": total + lost,
-            "acts_without_requeue": float(idle_acts), "fault_at": t_fault}
+    return t_fault, {**phases, "fault_to_first_step": total, "goodput_cost": total + lost,
+                     "acts_without_requeue": float(idle_acts)}
 
 
 def _rule_alert_since(stack: Stack, alertname: str, since: float) -> bool:
@@ -308,8 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for index in range(args.runs):
                 for kind in kinds:
-                    run = one_fault(kind, cluster, mon, job, out, scenarios)
-                    fault_at = run.pop("fault_at")
+                    fault_at, run = one_fault(kind, cluster, mon, job, out, scenarios)
                     results[kind].append(run)
                     print(json.dumps({"kind": kind, "run": index,
                                       **{k: round(v, 2) for k, v in run.items()}}), flush=True)

@@ -6,10 +6,12 @@ alert, with its `for:`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,21 @@ from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
 AM_USER = "trainwatch"
 
 
+@contextlib.contextmanager
+def xid_exporter(tmp_path: Path, scenario: Path, am: str,
+                 credential: Sequence[str] = ()) -> Iterator[None]:
+    """A gpu-exporter on the fake NVML `scenario`, posting XIDs of node-b to `am`, running
+    until the block ends; yields once its XID watch is up."""
+    port = free_port()
+    with running([str(Path(sys.executable).parent / "gpu-exporter"), "--bind", "127.0.0.1",
+                  "--port", str(port), "--interval", "1", "--no-gpm", "--node", "node-b",
+                  "--alertmanager-url", am, *credential],
+                 tmp_path / "gpu-exporter.log", ready_url=f"http://127.0.0.1:{port}/metrics",
+                 env={"TRAINWATCH_FAKE_NVML": str(scenario)}):
+        wait_until(lambda: b"xid" in _metrics(port), timeout=30, what="the XID watch running")
+        yield
+
+
 @pytest.mark.parametrize("auth", [False, True], ids=["loopback", "basic_auth"])
 def test_an_xid_reaches_the_webhook_in_seconds_with_production_grouping(
         tmp_path: Path, auth: bool) -> None:
@@ -34,7 +51,6 @@ def test_an_xid_reaches_the_webhook_in_seconds_with_production_grouping(
         am, hooks, teams = stack.url, stack.hooks, stack.teams
         scenario = tmp_path / "nvml.json"
         scenario.write_text(json.dumps(simulated_scenario(2, dynamic=False)))
-        port = free_port()
         credential: list[str] = []
         if auth:
             unauthenticated = FastAlerts([am])  # without the credential: refused, counted
@@ -47,14 +63,7 @@ def test_an_xid_reaches_the_webhook_in_seconds_with_production_grouping(
             password_file.chmod(0o600)
             credential = ["--alertmanager-username", AM_USER,
                           "--alertmanager-password-file", str(password_file)]
-        with running([str(Path(sys.executable).parent / "gpu-exporter"), "--bind",
-                      "127.0.0.1", "--port", str(port), "--interval", "1", "--no-gpm",
-                      "--node", "node-b", "--alertmanager-url", am, *credential],
-                     tmp_path / "gpu-exporter.log",
-                     ready_url=f"http://127.0.0.1:{port}/metrics",
-                     env={"TRAINWATCH_FAKE_NVML": str(scenario)}):
-            wait_until(lambda: b"xid" in _metrics(port), timeout=30,
-                       what="the XID watch running")
+        with xid_exporter(tmp_path, scenario, am, credential):
             doc = json.loads(scenario.read_text())
             doc["xid_events"] = [{"gpu": 1, "xid": 79}]
             scenario.write_text(json.dumps(doc))
@@ -79,15 +88,7 @@ def test_the_same_xid_again_on_the_same_gpu_reaches_the_webhook_again(tmp_path: 
     with production_alertmanager(tmp_path, None) as stack:
         scenario = tmp_path / "nvml.json"
         scenario.write_text(json.dumps(simulated_scenario(1, dynamic=False)))
-        port = free_port()
-        with running([str(Path(sys.executable).parent / "gpu-exporter"), "--bind",
-                      "127.0.0.1", "--port", str(port), "--interval", "1", "--no-gpm",
-                      "--node", "node-b", "--alertmanager-url", stack.url],
-                     tmp_path / "gpu-exporter.log",
-                     ready_url=f"http://127.0.0.1:{port}/metrics",
-                     env={"TRAINWATCH_FAKE_NVML": str(scenario)}):
-            wait_until(lambda: b"xid" in _metrics(port), timeout=30,
-                       what="the XID watch running")
+        with xid_exporter(tmp_path, scenario, stack.url):
             firing: set[tuple[str, str]] = set()
 
             def notified_events() -> set[tuple[str, str]]:
