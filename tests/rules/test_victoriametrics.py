@@ -35,11 +35,17 @@ from tests.support.procs import prometheus, running
 pytestmark = pytest.mark.slow
 
 DASHBOARDS = REPO / "dashboards" / "generated"
-RATE_WINDOW = "10s"  # ten scrapes at 1 s
+RATE_WINDOW_SECONDS = 10  # ten scrapes at 1 s
+RATE_WINDOW = f"{RATE_WINDOW_SECONDS}s"
 # Grafana's own variables ($__range, ...) as dashboards/check.py sets them, the rate windows
 # at this test's scrape interval
 BUILTINS = {**GRAFANA_BUILTINS, "__rate_interval": RATE_WINDOW, "__interval": RATE_WINDOW}
 STEP = 5
+# A new job's goodput counters are served at zero this long, then jump to what they hold: a
+# jump inside or just before the compared window is where the two languages differ by design
+# (MetricsQL's rate takes the sample before the window as its base, PromQL's does not). Short,
+# so the window can begin a full rate window after it; at least one scrape interval.
+ZERO_HOLD_SECONDS = 2
 # functions whose MetricsQL result differs from PromQL's by design (no extrapolation to the
 # window's edges, see docs.victoriametrics.com/MetricsQL: rate, increase)
 EXTRAPOLATING = re.compile(r"\b(rate|increase|irate|delta|deriv|histogram_quantile)\(")
@@ -97,6 +103,19 @@ def _range(url: str, expr: str, start: int, end: int) -> dict[str, dict[float, f
             {float(t): float(v) for t, v in s["values"]} for s in body["data"]["result"]}
 
 
+def _raw(url: str, seconds: int, at: int) -> dict[str, list[int]]:
+    """Each series of the demo (its labels) -> the millisecond timestamps of its raw samples in
+    the `seconds` before `at`, as one store holds them."""
+    body = requests.post(f"{url}/api/v1/query", data={
+        "query": f'{{job=~"gpu|training"}}[{seconds}s]', "time": at}, timeout=30).json()
+    assert body["status"] == "success", f"{url}: {body}"
+    # the selector's left edge is inclusive in one store and not the other: leave it a second
+    after = (at - seconds + 1) * 1000
+    return {json.dumps(s["metric"], sort_keys=True):
+            [ms for ms in (round(float(t) * 1000) for t, _ in s["values"]) if ms > after]
+            for s in body["data"]["result"]}
+
+
 def _close(a: float, b: float, rel: float) -> bool:
     if a == b or (a != a and b != b):  # equal, or both NaN
         return True
@@ -140,7 +159,7 @@ def test_dashboard_queries_return_the_same_data_from_victoriametrics(
         stack.enter_context(running(
             [_script("training-exporter"), "--bind", "127.0.0.1", "--port", str(train_port),
              "--socket", str(tmp_path / "training.sock"), "--token-file", str(token),
-             "--node", "n1"],
+             "--node", "n1", "--goodput-zero-seconds", str(ZERO_HOLD_SECONDS)],
             tmp_path / "training.log", ready_url=f"http://127.0.0.1:{train_port}/metrics"))
         prom = stack.enter_context(prometheus(tmp_path, config, port=prom_port))
         ranks = [subprocess.Popen(
@@ -164,9 +183,11 @@ def test_dashboard_queries_return_the_same_data_from_victoriametrics(
                                      interval=1, what=f"the first {metric} in VictoriaMetrics")
                   for metric in ("trainwatch_gpu_up", "training_node_time_seconds_total")}
         # 20 s of the running job, aligned to the step, starting once every counter has a full
-        # rate window behind it in both stores (MetricsQL counts a counter's first sample from
-        # zero, PromQL does not: a series' first window differs by design)
-        start = (max(began, int(max(firsts.values()))) + 15) // STEP * STEP + STEP
+        # rate window and the sample before it behind its first sample and its jump from zero
+        # in both stores (MetricsQL counts a counter's first sample from zero and takes the
+        # sample before the window as a base, PromQL does neither: such windows differ by design)
+        settled = int(max(firsts.values())) + ZERO_HOLD_SECONDS + RATE_WINDOW_SECONDS
+        start = (max(began, settled) + 5) // STEP * STEP + STEP
         end = start + 20
         wait_until(lambda: time.time() > end + 3, timeout=120, interval=0.5,
                    what="the demo job's window to pass")
@@ -179,10 +200,13 @@ def test_dashboard_queries_return_the_same_data_from_victoriametrics(
             return (ours["data"]["result"] == theirs["data"]["result"]
                     and bool(ours["data"]["result"]))
         wait_until(vm_caught_up, timeout=60, interval=1, what="remote_write to VictoriaMetrics")
-        # samples of the window may still be in flight: the last one Prometheus holds
-        wait_until(lambda: _range(vm, "training_step", start, end)
-                   == _range(prom, "training_step", start, end),
-                   timeout=60, interval=1, what="VictoriaMetrics to hold the whole window")
+        # samples of the window, and of the rate window before it, may still be in flight (a
+        # range query hides a missing raw sample behind the one before it; a rate over that
+        # gap reaches back to when start-up was still counted): wait for every raw sample
+        lookback = end - start + RATE_WINDOW_SECONDS + 2 * STEP
+        wait_until(lambda: _raw(vm, lookback, end) == _raw(prom, lookback, end),
+                   timeout=60, interval=1,
+                   what="VictoriaMetrics to hold every raw sample of the window")
 
         queries = dashboard_queries()
         assert len(queries) >= 40
