@@ -93,6 +93,11 @@ class SchedulerSettings:
     restart_window_seconds: float = 3600.0
     # how long a quarantine held for approval waits for a decision (past its alert's resolve)
     hold_expiry_seconds: float = 3600.0
+    # How long after a hard event the rule's own alert of it can begin (scrape + evaluation +
+    # the rule's `for:`, with room): a rule alert that begins this soon after the event of a
+    # fast alert that drained its node is that event's, and drains nothing again. The
+    # production profile's XID rule: 15 s + 15 s + 1m.
+    rule_alert_lag_seconds: float = 180.0
     fault_classes_file: Path | None = None
 
 
@@ -178,7 +183,8 @@ def _scheduler(raw: dict[str, object], base: Path) -> SchedulerSettings:
                       ("retry_until", "retry_until_seconds"),
                       ("retry_backoff_max", "retry_backoff_max_seconds"),
                       ("restart_window", "restart_window_seconds"),
-                      ("hold_expiry", "hold_expiry_seconds")):
+                      ("hold_expiry", "hold_expiry_seconds"),
+                      ("rule_alert_lag", "rule_alert_lag_seconds")):
         if key in raw:
             out[name] = seconds(raw[key])  # type: ignore[arg-type]
     for key in ("max_quarantined", "min_healthy_fraction", "lemon_faults", "max_restarts"):

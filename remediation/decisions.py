@@ -34,6 +34,8 @@ class Decision(StrEnum):
     NOT_ACTIONABLE = "not_actionable"
     RESTART_LIMITED = "restart_limited"
     ALREADY_RESTARTED = "already_restarted"  # the job was restarted after this fault began
+    # a rule alert of a node the same event's fast alert drained (the node may be back since)
+    ALREADY_HEALED = "already_healed"
     NODE_NOT_OURS = "node_not_ours"  # a node someone else has out of service (also resume's)
     # a hold that outlived its alert and was never decided
     EXPIRED = "expired"

@@ -32,6 +32,12 @@ LABEL_GPU = "gpu"
 LABEL_UUID = "uuid"
 LABEL_GPU_NAME = "name"
 TRAINING_LABELS = (LABEL_JOB, LABEL_RANK, LABEL_NODE)
+# The fast alerts an exporter posts to Alertmanager the moment it sees a hard event
+# (trainwatch.exporters.node.fast_alerts): marked with LABEL_FAST="true", which routes them to
+# remediation only and tells remediation which alert of a fault came first; LABEL_EVENT is the
+# event's time (UNIX milliseconds), so each event is an alert of its own.
+LABEL_FAST = "trainwatch_fast"
+LABEL_EVENT = "trainwatch_event"
 GPU_LABELS = (LABEL_GPU, LABEL_UUID, LABEL_GPU_NAME)
 
 # --- environment variables read by the training client ---------------------------------------

@@ -9,8 +9,9 @@ once, with the label FAST_LABEL; the Alertmanager configuration
 `group_wait: 0s`, and to nobody else: people are paged by the rules' own alerts, with their
 `for:` and grouping, exactly as before. The alert carries the rule's name and labels
 (alertname, node, gpu, uuid, xid), so the same playbooks match it and the remediation
-service's rails (one quarantine per node per window, idempotency) absorb the rule's alert
-that follows.
+service's rails absorb the rule's alert that follows (the node's drain still holds; or, once a
+person returned the node, the rule's alert began within `rule_alert_lag` of the fast alert's
+drain: `already_healed`).
 
 Posting never blocks the caller: events go to a bounded queue drained by a thread of its own,
 each POST with one deadline; a full queue or an Alertmanager that does not answer drops the
@@ -36,16 +37,21 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from trainwatch.exporters.contract.catalog import FAST_ALERT_DROPPED, FAST_ALERT_SENT
+from trainwatch.exporters.contract.catalog import (
+    FAST_ALERT_DROPPED,
+    FAST_ALERT_SENT,
+    LABEL_EVENT,
+    LABEL_FAST,
+)
 
 log = logging.getLogger(__name__)
 
-FAST_LABEL = "trainwatch_fast"
+FAST_LABEL = LABEL_FAST
 # Each event's own alert: Alertmanager merges a post whose labels equal an alert it still holds
 # (for hold_seconds) into that alert and notifies nobody again, so without this label a second
 # XID of the same code on the same GPU, or the same rank killed again, within ten minutes of the
 # first never reached the webhook. The value is the event's time (UNIX milliseconds).
-EVENT_LABEL = "trainwatch_event"
+EVENT_LABEL = LABEL_EVENT
 QUEUE_SIZE = 256
 # The fast alerts' `node` label: the host name Prometheus gives the node's targets
 # (inventory_hostname_short), which the remediation inventory is keyed by.

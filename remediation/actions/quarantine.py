@@ -10,7 +10,9 @@ The engine calls it through the action interface (trainwatch.remediation.actions
    the diagnostics may still act.
 2. `rails` (inside the engine's decision transaction, so two replicas are serialised):
    observe-only playbooks record what would be done and page. A node whose quarantine still
-   holds (drained and not returned, or a drain under way) is not drained or requeued again.
+   holds (drained and not returned, or a drain under way) is not drained or requeued again,
+   and neither is one a fast alert drained for the same event: a rule's alert that begins
+   within `rule_alert_lag` of that drain (`already_healed`, also after the node was returned).
    Past `max_quarantined` nodes drained per window, or below `min_healthy_fraction` of the
    pool in service, the intent waits for approval with a page naming every rail that tripped;
    an approval overrides exactly those, and the rails are checked again when it is used. A
@@ -50,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainwatch.exporters.contract.catalog import LABEL_JOB
+from trainwatch.exporters.contract.catalog import LABEL_FAST, LABEL_JOB
 from trainwatch.remediation.actions.base import (
     Action,
     ActionContext,
@@ -86,6 +88,13 @@ log = logging.getLogger(__name__)
 NAME = "quarantine"
 GRANT_PLAYBOOK = ":quarantine"  # no playbook name starts with ':' (schema: ^[a-z])
 RESTART_GRANTS = ":restart"  # one grant per job restarted for a restart-only fault
+# One row per node a fast alert drained, at the event's time (the fast alert's startsAt): what
+# tells the rule's own alert of the same event, which begins a minute or two later, from a new
+# fault (rule_alert_lag); it never holds anything.
+FAST_DRAINS = ":fast-drain"
+# The exporter's clock against Prometheus's: a rule alert may begin this much before the
+# fast alert of the same event by their clocks.
+FAST_CLOCK_SLACK_SECONDS = 10.0
 # How long the step waits for Slurm to end a job whose rank died (srun's kill-on-bad-exit
 # takes a second or two), and how often it looks.
 ENDING_WAIT_SECONDS = 30.0
@@ -151,6 +160,8 @@ class QuarantinePlan(Plan):
     ended: tuple[str, ...] = ()  # restart-only: of `jobs`, those ended when planned
     # the fault's nodes someone else has out of service (drained, down, reserved), as read
     not_ours: tuple[Mapping[str, str], ...] = ()
+    # the alert is an exporter's fast alert (label trainwatch_fast="true"), not a rule's
+    fast: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"intent_id": self.intent_id, "fault": self.fault.as_dict(),
@@ -165,6 +176,8 @@ class QuarantinePlan(Plan):
             out["jobs"] = list(self.jobs)
         if self.fault_at is not None:
             out["fault_at"] = self.fault_at
+        if self.fast:
+            out["fast"] = True
         return out
 
 
@@ -398,6 +411,15 @@ def rails(tx: Transaction, plan: QuarantinePlan, settings: SchedulerSettings,
                        f"{node} is already quarantined for this fault (its drain holds until "
                        "trainwatch-resume-node returns it): not drained or requeued again",
                        detail)
+    healed = _drained_by_fast_alert(tx, plan, settings)
+    if healed is not None:
+        detail["fast_drain_intent"] = healed.intent_id
+        return Verdict(Decision.ALREADY_HEALED, "done",
+                       f"{node} was drained for this event by the exporter's fast alert "
+                       f"(intent {healed.intent_id}, "
+                       f"{plan.fault_at - healed.at:.0f}s before this rule alert began, within "
+                       f"rule_alert_lag {settings.rule_alert_lag_seconds:.0f}s): the rule's "
+                       "own alert of the same event, not drained again", detail)
     if context.observe_only:
         return _observe(plan, detail, context)
     drained = sorted({row.target_key for row in history if happened(row)} - {node})
@@ -418,6 +440,22 @@ def rails(tx: Transaction, plan: QuarantinePlan, settings: SchedulerSettings,
     if unapproved:
         return _hold(plan, tripped, detail, context, settings)
     return None
+
+
+def _drained_by_fast_alert(tx: Transaction, plan: QuarantinePlan,
+                           settings: SchedulerSettings) -> GrantRow | None:
+    """For a rule's alert: the drain of its node by a fast alert whose event began at most
+    rule_alert_lag before it (the same event, seen first by the exporter), or None. The node
+    may have been returned since: its drain no longer holds, yet this alert is no new fault.
+    A fast alert is never absorbed: each is an event of its own, and a returned node's next
+    one drains it again."""
+    if plan.fast or plan.fault_at is None:
+        return None
+    node = plan.fault.nodes[0]
+    rows = tx.grant_history(FAST_DRAINS, plan.fault_at - settings.rule_alert_lag_seconds, node)
+    same = [row for row in rows
+            if happened(row) and row.at <= plan.fault_at + FAST_CLOCK_SLACK_SECONDS]
+    return same[-1] if same else None
 
 
 def _not_ours(plan: QuarantinePlan, detail: dict[str, Any], context: RailsContext) -> Verdict:
@@ -452,6 +490,8 @@ def granted(tx: Transaction, plan: QuarantinePlan, settings: SchedulerSettings,
         return None
     node = fault.nodes[0]
     tx.add_grant(now, GRANT_PLAYBOOK, node, plan.intent_id, GRANT_PRIORITY)
+    if plan.fast and plan.fault_at is not None:
+        tx.add_grant(plan.fault_at, FAST_DRAINS, node, plan.intent_id, GRANT_PRIORITY)
     why = kept_out(tx, node, settings, now)
     if why is None:
         return None
@@ -651,7 +691,8 @@ class Quarantine(Action):
             if needs_diagnostics(intent.labels, config) else None
         try:
             return dataclasses.replace(plan_for(intent.id, intent.labels, config, diagnostics),
-                                       fault_at=unix_time(intent.starts_at))
+                                       fault_at=unix_time(intent.starts_at),
+                                       fast=intent.labels.get(LABEL_FAST) == "true")
         except SchedulerError as exc:
             raise ActionError(f"quarantine: {exc}") from exc
 
