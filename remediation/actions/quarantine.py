@@ -648,8 +648,9 @@ def stopped_jobs(scheduler: Any, plan: QuarantinePlan,
         ending = ending_jobs(scheduler, fault.nodes, named)
         # A job seen running is watched until it reads as ended, not only while it reads as
         # running: in between, Slurm shows it COMPLETING with no fault's reason yet (the
-        # epilog runs), in neither reading (benchmarks/recovery.py lost a job that way).
-        watched = bool(ending)
+        # epilog runs), in neither reading (benchmarks/recovery.py lost a job that way). The
+        # step's reading comes after the plan's: a job the plan saw may be in between already.
+        watched = bool(ending) or bool(plan.jobs)
         while watched and time.monotonic() < deadline:
             time.sleep(ENDING_POLL_SECONDS)
             ended = ended_jobs(scheduler, fault.nodes, named)

@@ -78,8 +78,9 @@ class CompletingJobScheduler:
     COMPLETING before the exit code is its reason), then as ended by the fault. Each poll
     reads ended_jobs, then jobs_on; the state moves on after jobs_on."""
 
-    def __init__(self, polls_in_between: int) -> None:
-        self.readings = ["running", *["completing"] * polls_in_between, "failed"]
+    def __init__(self, polls_in_between: int, seen_running: bool = True) -> None:
+        self.readings = [*(["running"] if seen_running else []), *["completing"] * polls_in_between,
+                         "failed"]
 
     def jobs_on(self, node: str) -> list[Job]:
         state = self.readings[0]
@@ -96,6 +97,16 @@ def test_a_job_between_running_and_ended_is_waited_for_not_lost() -> None:
     stopped = stopped_jobs(CompletingJobScheduler(polls_in_between=2), plan, wait_seconds=10)
     assert [job.job_id for job in stopped.ended] == [JOB]
     assert stopped.ending == []
+
+
+def test_a_job_the_plan_saw_is_waited_for_when_the_step_finds_it_in_between() -> None:
+    """The plan read the job running (plan.jobs); a second later the step's first reading
+    finds it COMPLETING, in neither reading: still waited for until it reads as ended, not
+    left (benchmarks/recovery.py's first kill waited 135 s for the rule's alert that way)."""
+    plan = killed_rank_plan(1, fault_at=1_000_000.0, ended=False)
+    scheduler = CompletingJobScheduler(polls_in_between=3, seen_running=False)
+    stopped = stopped_jobs(scheduler, plan, wait_seconds=10)
+    assert [job.job_id for job in stopped.ended] == [JOB]
 
 
 def test_a_rank_the_xid_took_is_the_death_the_xid_quarantine_requeued(
