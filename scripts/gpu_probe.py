@@ -8,8 +8,10 @@ exporter's CPU share of one core with one scrape per second (what Prometheus doe
 GPU is idle and while it is busy, the collection cycle it exports
 (trainwatch_gpu_exporter_collection_duration_seconds), and what the exporter reads idle and
 while an 8192^3 bf16 matmul runs for 25 s in another process (utilization, power, SM clock,
-temperature and the GPM ratios: tensor-core activity should read near 1). The matmul's own
-TFLOP/s is printed beside them. Last line: a JSON object. Results: docs/gpu_exporter.md.
+temperature and the GPM ratios: tensor-core activity should read near 1), whether the NVML
+event watch that the fast XID alerts ride on runs, and how many NVML calls failed. The
+matmul's own TFLOP/s is printed beside them. Last line: a JSON object. Results:
+docs/gpu_exporter.md.
 """
 
 from __future__ import annotations
@@ -65,6 +67,14 @@ def scrape(url: str) -> dict[tuple[str, str], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+def errors(url: str) -> float:
+    """NVML call errors the exporter counted, every call and error together."""
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - loopback
+        text = response.read().decode()
+    return sum(s.value for family in text_string_to_metric_families(text)
+               for s in family.samples if s.name == c.GPU_EXPORTER_ERRORS)
+
+
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
@@ -114,9 +124,13 @@ def main() -> int:
         out: dict[str, object] = {"scrape_ms_p50": latencies[150],
                                   "scrape_ms_p99": latencies[296]}
         idle_share, cycles = cpu_share_while_scraped(url, exporter.pid, 15)
+        health = scrape(url)
         out.update(cpu_share_idle=idle_share,
                    collection_cycle_ms_p50=statistics.median(cycles) * 1000,
-                   idle=readings(url))
+                   idle=readings(url),
+                   # the NVML event watch the fast XID alerts ride on, and NVML's errors
+                   xid_watch_up=health.get((c.GPU_EXPORTER_XID_WATCH_UP, "")),
+                   nvml_errors=errors(url))
         load = subprocess.Popen([sys.executable, "-c", LOAD], stdout=subprocess.PIPE, text=True)
         time.sleep(12)  # clocks and power settle
         loaded_share, _ = cpu_share_while_scraped(url, exporter.pid, 8)
