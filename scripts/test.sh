@@ -2,9 +2,10 @@
 # The whole test suite: sets up what it needs (scripts/setup.sh --tests: the demo's packages
 # and the test-only ones, Slurm, PostgreSQL, podman, npm, ruby, VictoriaMetrics), then runs pytest.
 #
-# pytest-xdist runs the test files on one worker per core (at most 4): the suite is CPU-bound
-# (Ansible runs, torchrun jobs, real Prometheus), about 27 CPU-minutes, and on one worker it
-# left the second core of a 2-core machine idle. `--dist loadfile` keeps each file on one
+# pytest-xdist runs the test files on two workers per core (at most 4): a test spends much of
+# its time waiting on the real services it started (scrape and evaluation intervals, Slurm's
+# scheduling pass, an alert's `for:`, a job's steps), and one worker per core left the cores
+# of a 2-core machine idle for much of a 47-minute run. `--dist loadfile` keeps each file on one
 # worker, so a module's shared fixture (the loopback cluster, the molecule scenario) is built
 # once. The temporary root is short because UNIX socket paths (108 bytes) and podman's runroot
 # (50) must fit under it. Extra arguments go to pytest (`-n 0` runs in this process).
@@ -14,7 +15,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --tests || exit 1
-workers=$(nproc 2>/dev/null || echo 2)
+workers=$(( $(nproc 2>/dev/null || echo 1) * 2 ))
 [ "$workers" -gt 4 ] && workers=4
 [ "$workers" -lt 2 ] && workers=2
 tmp_root=$(mktemp -d /tmp/twXXXX)
