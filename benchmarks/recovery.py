@@ -278,13 +278,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default="kill,xid",
                         help="hang too: its playbook's 10-minute cooldown per job lets one "
                              "hang act per job in that time (--runs 1)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work folder (the logs of Slurm, the exporters, "
+                             "Prometheus, Alertmanager and remediation, its store) and print "
+                             "where: an outlier can be looked into afterwards")
     args = parser.parse_args(argv)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = set(kinds) - set(KINDS)
     if unknown:
         parser.error(f"unknown kinds {sorted(unknown)}: one of {sorted(KINDS)}")
     results: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
-    with tempfile.TemporaryDirectory(prefix="tw-recovery-") as tmp, ExitStack() as stack:
+    workdir = (contextlib.nullcontext(tempfile.mkdtemp(prefix="tw-recovery-")) if args.keep
+               else tempfile.TemporaryDirectory(prefix="tw-recovery-"))
+    with workdir as tmp, ExitStack() as stack:
+        if args.keep:
+            print(f"work folder (kept): {tmp}", file=sys.stderr, flush=True)
         root = Path(tmp)
         cluster = start(root / "slurm")
         stack.callback(cluster.stop)
