@@ -138,10 +138,19 @@ class ForwarderThread(threading.Thread):
             except Exception as exc:
                 log.warning("closing forwarder %s failed: %s", type(forwarder).__name__, exc)
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Let queued batches drain, then stop (waits at most `timeout`)."""
+    def close(self, timeout: float = 10.0) -> bool:
+        """Let queued batches drain, then stop (waits at most `timeout`). False, with a
+        warning, when the forwarders were still writing or finishing at the deadline (a
+        tracking client's finish can take long on a loaded host): what they hold then is left
+        to their own exit handlers."""
         try:
             self._queue.put(None, timeout=timeout)
         except queue.Full:
-            return
+            log.warning("forwarders: queue still full after %.0fs; not waiting for them", timeout)
+            return False
         self.join(timeout)
+        if self.is_alive():
+            log.warning("forwarders: still writing or finishing after %.0fs; not waiting "
+                        "longer", timeout)
+            return False
+        return True
