@@ -373,17 +373,6 @@ def _restart_rails(tx: Transaction, plan: QuarantinePlan, settings: SchedulerSet
             return Verdict(Decision.ALREADY_RESTARTED, "done",
                            f"job(s) {', '.join(done)} restarted after this fault began: the "
                            "same death, not restarted again", {**detail, "restarted": done})
-        # A fatal XID that took its rank: the XID's quarantine of the rank's node requeued the
-        # job it ended there, so the rank's own alert is the same death (no restart spent).
-        drains = [row for node in plan.fault.nodes
-                  for row in tx.grant_history(GRANT_PLAYBOOK, since, node) if happened(row)]
-        if drains and back and back == set(plan.jobs):
-            return Verdict(Decision.ALREADY_RESTARTED, "done",
-                           f"job(s) {', '.join(sorted(back))} requeued by the quarantine of "
-                           f"{drains[-1].target_key} (intent {drains[-1].intent_id}) after "
-                           "this fault began: the same death, not restarted again",
-                           {**detail, "restarted": sorted(back),
-                            "quarantine_intent": drains[-1].intent_id})
     counts = {job: sum(1 for row in history if row.target_key == job and happened(row))
               for job in plan.jobs}
     over = sorted(job for job, n in counts.items() if n >= settings.max_restarts)

@@ -108,27 +108,3 @@ def test_a_job_the_plan_saw_is_waited_for_when_the_step_finds_it_in_between() ->
     stopped = stopped_jobs(scheduler, plan, wait_seconds=10)
     assert [job.job_id for job in stopped.ended] == [JOB]
 
-
-def test_a_rank_the_xid_took_is_the_death_the_xid_quarantine_requeued(
-        tmp_path: Path, store_section: dict[str, Any]) -> None:
-    """A fatal XID kills its rank: the XID's fast alert drains tw-gpu-01 and requeues the job
-    the fault ended there; the rank's own alert (TrainingJobVanished, begun at the same death)
-    arrives after, finds the job back in the queue, and is that death: no second restart and
-    no restart grant spent (the job would reach max_restarts at half its deaths)."""
-    store = open_store(load_config(write_config(tmp_path, **store_section)))
-    settings = SchedulerSettings()
-    died = 3_000_000.0
-    with store.transaction() as tx:
-        xid_intent = tx.insert_intent(NewIntent(
-            fingerprint="xid", starts_at="t", playbook="node_quarantine", phase="fire",
-            alertname="GpuXidErrors", labels={}, annotations={}, target_key="tw-gpu-01",
-            state="done"))
-        xid = Fault("GpuXidErrors", "hardware", "quarantine", ("tw-gpu-01",), "XID 79")
-        granted(tx, QuarantinePlan(xid_intent, xid, ("tw-gpu-01", "tw-gpu-02"), (),
-                                   fault_at=died, fast=True), settings, died + 0.5,
-                "GpuXidErrors")
-    assert decide(store, fault_at=died + 0.2, now=died + 4) == Decision.ALREADY_RESTARTED
-    with store.transaction() as tx:
-        assert tx.grant_history(RESTART_GRANTS, died - 1, JOB) == []
-    # the job dies again later (a rank killed alone, found ended): a new death, restarted
-    assert decide(store, fault_at=died + 60, now=died + 63, ended=True) is None
