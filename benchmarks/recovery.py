@@ -82,7 +82,7 @@ from tests.slurm.test_heal_pipeline import gpu_exporters  # noqa: E402
 from tests.slurm.test_quarantine import NODE_HOST, running_on  # noqa: E402
 from tests.support.fast_alerts import DETECTION_BUDGET_SECONDS  # noqa: E402
 from tests.support.net import free_port, wait_until  # noqa: E402
-from trainwatch.exporters.node.fast_alerts import FAST_LABEL  # noqa: E402
+from trainwatch.exporters.contract.catalog import LABEL_FAST  # noqa: E402
 from trainwatch.exporters.node.tools.stack_dump import rank_processes  # noqa: E402
 from trainwatch.remediation.store import TERMINAL_STATES  # noqa: E402
 
@@ -214,7 +214,7 @@ def _rule_alert_since(stack: Stack, alertname: str, since: float) -> bool:
     """Whether the rule's own `alertname` (not an exporter's fast copy) reached the webhook
     after `since` and its intent was carried out (what it drains is drained by then)."""
     return any(i["alertname"] == alertname and i["created_at"] > since
-               and FAST_LABEL not in (i.get("labels") or {}) and i["state"] in TERMINAL_STATES
+               and LABEL_FAST not in (i.get("labels") or {}) and i["state"] in TERMINAL_STATES
                for i in stack.service.actions()["actions"])
 
 

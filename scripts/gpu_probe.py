@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
+from scripts.gpu_check import Series, free_port, scrape, wait_for  # noqa: E402
 from trainwatch.exporters.contract import catalog as c  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -53,26 +50,10 @@ print(2 * 8192**3 * n / (time.time() - began) / 1e12)
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def scrape(url: str) -> dict[tuple[str, str], float]:
-    """(series name, gpu label) -> value."""
-    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - loopback
-        text = response.read().decode()
-    return {(s.name, s.labels.get("gpu", "")): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def errors(url: str) -> float:
-    """NVML call errors the exporter counted, every call and error together."""
-    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - loopback
-        text = response.read().decode()
-    return sum(s.value for family in text_string_to_metric_families(text)
-               for s in family.samples if s.name == c.GPU_EXPORTER_ERRORS)
+def value(series: Series, name: str, gpu: str = "") -> float | None:
+    """The sample `name` of GPU `gpu` (or the exporter's own, gpu ""), None when absent."""
+    return next((v for n, labels, v in series
+                 if n == name and labels.get("gpu", "") == gpu), None)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -80,9 +61,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def readings(url: str) -> dict[str, float | None]:
-    got = scrape(url)
-    return {name: got.get((name, "0")) for name in READINGS}
+def readings(series: Series) -> dict[str, float | None]:
+    """What GPU 0 read, of READINGS."""
+    return {name: value(series, name, "0") for name in READINGS}
 
 
 def cpu_share_while_scraped(url: str, pid: int, seconds: float) -> tuple[float, list[float]]:
@@ -90,7 +71,7 @@ def cpu_share_while_scraped(url: str, pid: int, seconds: float) -> tuple[float, 
     cycle durations it exported meanwhile."""
     before, began, cycles = cpu_seconds(pid), time.monotonic(), []
     while time.monotonic() - began < seconds:
-        cycles.append(scrape(url).get((c.GPU_EXPORTER_COLLECTION_DURATION, ""), 0.0))
+        cycles.append(value(scrape(url), c.GPU_EXPORTER_COLLECTION_DURATION) or 0.0)
         time.sleep(1)
     return (cpu_seconds(pid) - before) / (time.monotonic() - began), cycles
 
@@ -103,17 +84,9 @@ def main() -> int:
          "--port", str(port), "--interval", "1"], cwd=REPO, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if scrape(url).get((c.GPU_UP, "0")) == 1:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or exporter.poll() is not None:
-                print("gpu-exporter did not report GPU 0 up within 30 s", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
+        if not wait_for("gpu-exporter", lambda: value(scrape(url), c.GPU_UP, "0") == 1, 30,
+                        exporter):
+            return 1
         time.sleep(3)  # GPM needs two cycles
         latencies = []
         for _ in range(300):
@@ -127,14 +100,14 @@ def main() -> int:
         health = scrape(url)
         out.update(cpu_share_idle=idle_share,
                    collection_cycle_ms_p50=statistics.median(cycles) * 1000,
-                   idle=readings(url),
+                   idle=readings(health),
                    # the NVML event watch the fast XID alerts ride on, and NVML's errors
-                   xid_watch_up=health.get((c.GPU_EXPORTER_XID_WATCH_UP, "")),
-                   nvml_errors=errors(url))
+                   xid_watch_up=value(health, c.GPU_EXPORTER_XID_WATCH_UP),
+                   nvml_errors=sum(v for n, _, v in health if n == c.GPU_EXPORTER_ERRORS))
         load = subprocess.Popen([sys.executable, "-c", LOAD], stdout=subprocess.PIPE, text=True)
         time.sleep(12)  # clocks and power settle
         loaded_share, _ = cpu_share_while_scraped(url, exporter.pid, 8)
-        out.update(cpu_share_loaded=loaded_share, loaded=readings(url),
+        out.update(cpu_share_loaded=loaded_share, loaded=readings(scrape(url)),
                    matmul_tflops=float(load.communicate(timeout=60)[0].strip()))
         print(json.dumps(out))
         return 0

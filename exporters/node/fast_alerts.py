@@ -4,7 +4,7 @@ A fatal XID is an event no noise produces, and the job it kills is dead from tha
 rule path (scrape interval + evaluation interval + the rule's `for:` + `group_wait`) costs the
 production profile about two minutes before remediation hears of it. So the exporter that sees
 the event (the GPU exporter's NVML event thread) also posts it to Alertmanager's v2 API at
-once, with the label FAST_LABEL; the Alertmanager configuration
+once, with the label LABEL_FAST (the contract's catalog); the Alertmanager configuration
 (alert_rules/alertmanager.yml.j2) routes those to the remediation webhook only, with
 `group_wait: 0s`, and to nobody else: people are paged by the rules' own alerts, with their
 `for:` and grouping, exactly as before. The alert carries the rule's name and labels
@@ -46,12 +46,6 @@ from trainwatch.exporters.contract.catalog import (
 
 log = logging.getLogger(__name__)
 
-FAST_LABEL = LABEL_FAST
-# Each event's own alert: Alertmanager merges a post whose labels equal an alert it still holds
-# (for hold_seconds) into that alert and notifies nobody again, so without this label a second
-# XID of the same code on the same GPU, or the same rank killed again, within ten minutes of the
-# first never reached the webhook. The value is the event's time (UNIX milliseconds).
-EVENT_LABEL = LABEL_EVENT
 QUEUE_SIZE = 256
 # The fast alerts' `node` label: the host name Prometheus gives the node's targets
 # (inventory_hostname_short), which the remediation inventory is keyed by.
@@ -153,8 +147,12 @@ class FastAlerts:
         """Queue one alert (never blocks: a full queue drops it, counted)."""
         now = datetime.now(timezone.utc)
         event = str(int(now.timestamp() * 1000))
-        alert = {"labels": {**labels, "alertname": alertname, FAST_LABEL: "true",
-                            EVENT_LABEL: event},
+        # LABEL_EVENT makes each event an alert of its own: Alertmanager merges a post whose
+        # labels equal an alert it still holds (for hold_seconds) into that alert and notifies
+        # nobody again, so a second XID of the same code on the same GPU, or the same rank
+        # killed again, within ten minutes of the first never reached the webhook.
+        alert = {"labels": {**labels, "alertname": alertname, LABEL_FAST: "true",
+                            LABEL_EVENT: event},
                  "annotations": {"summary": summary},
                  "startsAt": now.isoformat(),
                  "endsAt": (now + timedelta(seconds=self.hold_seconds)).isoformat()}

@@ -19,7 +19,8 @@ import pytest
 from tests.support.fast_alerts import DETECTION_BUDGET_SECONDS, production_alertmanager
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
-from trainwatch.exporters.node.fast_alerts import EVENT_LABEL, FAST_LABEL, FastAlerts
+from trainwatch.exporters.contract.catalog import LABEL_EVENT, LABEL_FAST
+from trainwatch.exporters.node.fast_alerts import FastAlerts
 from trainwatch.exporters.node.gpu.config import ConfigError, build_parser, resolve
 from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
 
@@ -74,9 +75,9 @@ def test_an_xid_reaches_the_webhook_in_seconds_with_production_grouping(
             took = time.monotonic() - written
         [alert] = post.body["alerts"]
         assert {k: alert["labels"][k] for k in ("alertname", "node", "gpu", "xid",
-                                                FAST_LABEL)} == {
+                                                LABEL_FAST)} == {
             "alertname": "GpuXidErrors", "node": "node-b", "gpu": "1", "xid": "79",
-            FAST_LABEL: "true"}
+            LABEL_FAST: "true"}
         assert took <= DETECTION_BUDGET_SECONDS, f"{took:.1f}s from the XID to the webhook"
         assert not teams.posts(), "the fast copy pages nobody"
 
@@ -93,7 +94,7 @@ def test_the_same_xid_again_on_the_same_gpu_reaches_the_webhook_again(tmp_path: 
 
             def notified_events() -> set[tuple[str, str]]:
                 for post in stack.hooks.posts("/v1/alerts"):
-                    firing.update((a["labels"].get(EVENT_LABEL, ""), a["startsAt"])
+                    firing.update((a["labels"].get(LABEL_EVENT, ""), a["startsAt"])
                                   for a in post.body["alerts"] if a["status"] == "firing")
                 return firing
 

@@ -78,8 +78,7 @@ def test_the_rule_alert_of_an_event_the_fast_alert_drained_for_drains_nothing_ag
     assert decide(store, fault_at=xid + 120 + SETTINGS.rule_alert_lag_seconds + 1,
                   now=xid + 500, fast=False) is None
     with store.transaction() as tx:
-        drains = [row for row in tx.grant_history(GRANT_PLAYBOOK, xid - 1, NODE)]
-    assert len(drains) == 3
+        assert len(tx.grant_history(GRANT_PLAYBOOK, xid - 1, NODE)) == 3
 
 
 def test_a_fast_drain_that_failed_for_good_leaves_the_rule_alert_to_drain(
@@ -89,3 +88,15 @@ def test_a_fast_drain_that_failed_for_good_leaves_the_rule_alert_to_drain(
     # the fast alert's drain failed for good (the scheduler away past retry_until)
     assert decide(store, fault_at=xid, now=xid + 0.5, fast=True, state="failed") is None
     assert decide(store, fault_at=xid + 75, now=xid + 80, fast=False) is None
+
+
+def test_a_fast_alert_from_a_clock_ahead_absorbs_no_later_fault(
+        tmp_path: Path, store_section: dict[str, Any]) -> None:
+    """The node's clock runs an hour ahead: its fast alert's startsAt is in the future. The
+    drain is recorded at the decision's time instead, so a new fault's rule alert an hour
+    later is not taken for that event."""
+    store = open_store(load_config(write_config(tmp_path, **store_section)))
+    now = 3_000_000.0
+    assert decide(store, fault_at=now + 3600, now=now, fast=True) is None
+    resume(store, now + 60)
+    assert decide(store, fault_at=now + 3595, now=now + 3600, fast=False) is None

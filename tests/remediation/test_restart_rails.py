@@ -79,8 +79,8 @@ class CompletingJobScheduler:
     reads ended_jobs, then jobs_on; the state moves on after jobs_on."""
 
     def __init__(self, polls_in_between: int, seen_running: bool = True) -> None:
-        self.readings = [*(["running"] if seen_running else []), *["completing"] * polls_in_between,
-                         "failed"]
+        first = ["running"] if seen_running else []
+        self.readings = [*first, *["completing"] * polls_in_between, "failed"]
 
     def jobs_on(self, node: str) -> list[Job]:
         state = self.readings[0]

@@ -29,7 +29,7 @@ from tests.support.net import wait_until
 from tests.support.procs import ManagedProcess
 from tests.training.support import Exporter, exporter
 from trainwatch.exporters.contract import catalog
-from trainwatch.exporters.node.fast_alerts import FAST_LABEL
+from trainwatch.exporters.contract.catalog import LABEL_FAST
 
 LONE_RANK = Path(__file__).with_name("jobs") / "lone_rank.py"
 NODE = "gpu-node-07"
@@ -88,9 +88,9 @@ def test_a_killed_rank_reaches_the_webhook_in_seconds(
     with ranks(tmp_path, exp, "slurm-4711", "run") as [rank0]:
         alert = kill_and_wait(am, rank0, "slurm-4711")
     assert {k: alert["labels"].get(k) for k in (
-        "alertname", "training_job", "rank", "node", "severity", "component", FAST_LABEL)} == {
+        "alertname", "training_job", "rank", "node", "severity", "component", LABEL_FAST)} == {
         "alertname": "TrainingJobVanished", "training_job": "slurm-4711", "rank": "0",
-        "node": NODE, "severity": "critical", "component": "training", FAST_LABEL: "true"}
+        "node": NODE, "severity": "critical", "component": "training", LABEL_FAST: "true"}
     assert "rank 0" in alert["annotations"]["summary"]
     assert not [p for p in am.teams.posts() if p.body.get("alerts") and any(
         a["labels"].get("training_job") == "slurm-4711" for a in p.body["alerts"])], \
