@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                              "Prometheus, Alertmanager and remediation, its store) and print "
                              "where: an outlier can be looked into afterwards")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: Slurm, the exporters and the job are stopped on the way out
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = set(kinds) - set(KINDS)
     if unknown:

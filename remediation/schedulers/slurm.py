@@ -21,8 +21,9 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from trainwatch.remediation.config import SchedulerSettings
 from trainwatch.remediation.faults import check_plain_name
@@ -51,7 +52,13 @@ READ_BACK_SECONDS = 10.0
 CREDENTIAL_REVOKE_SECONDS = 1.2
 NODE_FORMAT = ("%N|%T|%H|%E", "NODELIST|STATE|TIMESTAMP|REASON")
 JOBS_FORMAT = ("%i|%T|%N", "JOBID|STATE|NODELIST")
-JOB_STATE_FORMAT = ("%T|%r", "STATE|REASON")
+# squeue --Format (-O), each field ended by `|`: the begin time has no %-letter.
+JOB_STATE_FORMAT = ("State:|,Reason:|,EligibleTime:", "STATE|REASON|ELIGIBLE_TIME")
+# A requeued batch job gets a begin time of about 121 s ahead (the credential's lifetime) when
+# its requeue completes; squeue shows the reason BeginTime only after a later scheduling pass
+# (27 s in one run, long enough in another that the watch gave up and the job waited out the
+# hold: 132 s). A begin time this far ahead is that hold, read at once.
+HOLD_AHEAD_SECONDS = 5.0
 # A job that ran on a node, ended ones included (ended_jobs): id, state, nodes, why it ends.
 ENDED_FORMAT = ("%i|%T|%N|%r", "JOBID|STATE|NODELIST|REASON")
 T = TypeVar("T")
@@ -90,6 +97,32 @@ def parse_table(out: str, header: str, fields: int, what: str) -> list[list[str]
             raise SchedulerError(f"{what}: unparseable line {line[:300]!r}")
         rows.append([c.strip() for c in cells])
     return rows
+
+
+class JobRow(NamedTuple):
+    """One job as squeue shows it: state and reason (lower case), and when it may start (a
+    Unix time; None when Slurm prints none)."""
+
+    state: str
+    reason: str
+    eligible: float | None
+
+    def held(self, now: float) -> bool:
+        """Pending behind a begin time: shown as such, or one well ahead of `now`."""
+        return self.state == "pending" and (
+            self.reason == "begintime"
+            or (self.eligible is not None and self.eligible > now + HOLD_AHEAD_SECONDS))
+
+
+def slurm_time(value: str) -> float | None:
+    """A time as squeue prints it (ISO 8601 in the local zone: the reads run without
+    SLURM_TIME_FORMAT) as a Unix time; None for Slurm's words for none (Unknown, N/A, None)."""
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        if value.lower() in ("unknown", "n/a", "none", ""):
+            return None
+        raise SchedulerError(f"squeue: unparseable time {value[:100]!r}") from None
 
 
 def _state_word(value: str, what: str) -> str:
@@ -171,27 +204,27 @@ class SlurmScheduler:
 
     def job_state(self, job_id: str) -> tuple[str, str]:
         """(state, reason) of a job, lower case; ("", "") when squeue no longer lists it."""
-        return self._job_row(job_id)
+        return self._job_row(job_id)[:2]
 
-    def _job_row(self, job_id: str, *states: str) -> tuple[str, str]:
-        """One job's (state, reason) under JOB_STATE_FORMAT's header; ("", "") when squeue
-        lists no such job (a job id slurmctld no longer knows included)."""
+    def _job_row(self, job_id: str, *states: str) -> JobRow:
+        """One job under JOB_STATE_FORMAT's header; ("", "", None) when squeue lists no such
+        job (a job id slurmctld no longer knows included)."""
         if not JOB_ID.match(job_id):
             raise SchedulerError(f"slurm: job id {job_id!r} is not a Slurm job id")
         fmt, header = JOB_STATE_FORMAT
         try:
-            out = self._run("squeue", *states, f"--jobs={job_id}", f"--format={fmt}")
+            out = self._run("squeue", *states, f"--jobs={job_id}", f"--Format={fmt}")
         except SchedulerError as exc:
             if "Invalid job id" in str(exc):
-                return "", ""
+                return JobRow("", "", None)
             raise
-        rows = parse_table(out, header, 2, "squeue")
+        rows = parse_table(out, header, 3, "squeue")
         if not rows:
-            return "", ""
+            return JobRow("", "", None)
         if len(rows) > 1:
             raise SchedulerError(f"squeue: {len(rows)} lines for job {job_id}")
-        state, reason = rows[0]
-        return _state_word(state, "squeue"), reason.lower()
+        state, reason, eligible = rows[0]
+        return JobRow(_state_word(state, "squeue"), reason.lower(), slurm_time(eligible))
 
     # --- changes -------------------------------------------------------------------------
     def drain(self, node: str, reason: str) -> dict[str, Any]:
@@ -224,24 +257,22 @@ class SlurmScheduler:
         self._run("scontrol", "requeue", job.job_id)
         requeued = time.monotonic()
         # The requeue completes asynchronously (the job passes through COMPLETING) and only
-        # then gets its new begin time: lifting the hold earlier is overwritten.
-        state, reason = self._read_back(
-            lambda: self.job_state(job.job_id),
-            lambda s: s[0] == "pending" and s[1] not in ("", "none"))
-        if state != "pending":
-            raise SchedulerError(f"slurm: job {job.job_id} is {state or 'gone'} after its "
+        # then gets its hold (a begin time ahead): lifting it earlier is overwritten.
+        row = self._read_back(
+            lambda: self._job_row(job.job_id),
+            lambda r: r.held(time.time()) or (r.state == "pending"
+                                              and r.reason not in ("", "none")))
+        if row.state != "pending":
+            raise SchedulerError(f"slurm: job {job.job_id} is {row.state or 'gone'} after its "
                                  "requeue, not pending")
-        if reason in ("begintime", "", "none"):  # held by the requeue: lift it
-            # The requeue revoked the job's credentials at a time in whole seconds, and slurmd
-            # refuses a credential created in that same second ("Killing non-startable batch
-            # job: Job credential revoked": the job ends FAILED). Start it a second later.
-            time.sleep(max(0.0, CREDENTIAL_REVOKE_SECONDS - (time.monotonic() - requeued)))
-            self._run("scontrol", "update", f"JobId={job.job_id}", "StartTime=now")
-            state, reason = self._read_back(lambda: self.job_state(job.job_id),
-                                            lambda s: s[1] != "begintime")
-            if state == "pending" and reason == "begintime":
+        if row.held(time.time()) or row.reason in ("", "none"):  # held by the requeue: lift it
+            self._lift(job.job_id, requeued)
+            row = self._read_back(lambda: self._job_row(job.job_id),
+                                  lambda r: not r.held(time.time()))
+            if row.held(time.time()):
                 raise SchedulerError(f"slurm: job {job.job_id} is still held (BeginTime) "
                                      "after StartTime=now")
+        state, reason = row.state, row.reason
         return {"job": job.job_id, "requeued": True, "was_on": job.nodes,
                 "now": [state, reason]}
 
@@ -283,7 +314,7 @@ class SlurmScheduler:
         if not JOB_ID.match(job.job_id):
             raise SchedulerError(f"slurm: job id {job.job_id!r} is not a Slurm job id")
         deadline = time.monotonic() + self.settings.command_timeout_seconds
-        state, reason = self._settled_state(job.job_id, deadline)
+        state, reason, _ = self._settled_state(job.job_id, deadline)
         if state in QUEUED:
             return {"job": job.job_id, "requeued": "already", "state": state}
         if state not in FAULT_ENDED:
@@ -298,40 +329,46 @@ class SlurmScheduler:
         return {"job": job.job_id, "requeued": True, "was": "ended", "ended_on": job.nodes,
                 "state": state, "now": [state, reason]}
 
+    def _lift(self, job_id: str, requeued: float) -> None:
+        """StartTime=now for a job the requeue held. The requeue revoked the job's credentials
+        at a time in whole seconds, and slurmd refuses a credential created in that same second
+        ("Killing non-startable batch job: Job credential revoked": the job ends FAILED), so
+        not within CREDENTIAL_REVOKE_SECONDS of the requeue."""
+        time.sleep(max(0.0, CREDENTIAL_REVOKE_SECONDS - (time.monotonic() - requeued)))
+        self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+
     def _lift_requeue_hold(self, job_id: str, requeued: float) -> tuple[str, str]:
-        """Watch a requeued job until it starts, lifting the requeue's hold (its begin time,
-        cred_expire on: 120 s by default) each time it is seen, until the command deadline.
-        The requeue goes through asynchronously: the job is PENDING at once with the old
-        reason, then none, and shows the hold (reason BeginTime) only when a scheduling pass
-        looks at it, which may be tens of seconds later; a lift before the hold is set is
-        overwritten. So the watch does not stop at the first reading without the hold. The
-        last (state, reason): running, or pending for another reason (Resources, Priority)
-        at the deadline, or still held (the caller's error)."""
+        """Watch a requeued job until it starts, lifting the requeue's hold (a begin time
+        ahead, the credential's lifetime: about 121 s by default) each time it is seen, until
+        the command deadline. The hold is read from the job's begin time, not only its reason:
+        squeue shows the reason BeginTime only when a scheduling pass looks at the job, tens of
+        seconds later; a lift before the hold is set is overwritten, so the watch does not stop
+        at the first reading without it. The last (state, reason): running, or pending for
+        another reason (Resources, Priority) at the deadline, or still held (the caller's
+        error)."""
         deadline = requeued + self.settings.command_timeout_seconds
         while True:
-            state, reason = self._any_state(job_id)
-            if state in ("running", "configuring") or time.monotonic() > deadline:
-                return state, reason
-            if state == "pending" and reason == "begintime":
-                # as in requeue: not within the second the requeue revoked the credential in
-                time.sleep(max(0.0, CREDENTIAL_REVOKE_SECONDS - (time.monotonic() - requeued)))
-                self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
-            elif state not in QUEUED:
-                return state, reason
+            row = self._any_state(job_id)
+            if row.state in ("running", "configuring") or time.monotonic() > deadline:
+                return row.state, row.reason
+            if row.held(time.time()):
+                self._lift(job_id, requeued)
+            elif row.state not in QUEUED:
+                return row.state, row.reason
             time.sleep(0.2)
 
-    def _settled_state(self, job_id: str, deadline: float) -> tuple[str, str]:
-        """The job's state once it is no longer COMPLETING (its ranks are still being
-        cleaned up), or COMPLETING at the deadline."""
+    def _settled_state(self, job_id: str, deadline: float) -> JobRow:
+        """The job once it is no longer COMPLETING (its ranks are still being cleaned up), or
+        COMPLETING at the deadline."""
         while True:
-            state, reason = self._any_state(job_id)
-            if state != "completing" or time.monotonic() > deadline:
-                return state, reason
+            row = self._any_state(job_id)
+            if row.state != "completing" or time.monotonic() > deadline:
+                return row
             time.sleep(0.1)
 
-    def _any_state(self, job_id: str) -> tuple[str, str]:
-        """(state, reason) of a job in any state, ended ones included while slurmctld keeps
-        their record; ("", "") once it is gone."""
+    def _any_state(self, job_id: str) -> JobRow:
+        """A job in any state, ended ones included while slurmctld keeps their record;
+        ("", "", None) once it is gone."""
         return self._job_row(job_id, "--states=all")
 
     def resume(self, node: str) -> dict[str, Any]:
