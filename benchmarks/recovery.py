@@ -41,7 +41,8 @@ Measured from the fault (the time the signal was sent), per phase:
 
 The acting intent is the first one since the fault whose playbook requeued the job; acts
 before it that brought nothing back (an alert ahead of the scheduler noticing that the job
-ended) are counted per fault as acts_without_requeue.
+ended) are counted per fault as acts_without_requeue, and fault_node_drained is 1 where the
+fault's node is out of service at the first step (an XID's must be, a kill's must not).
 
 plus fault_to_first_step and the goodput each fault cost: that time plus the work lost since
 the newest committed checkpoint before the fault. The last line printed is a JSON object: the
@@ -87,9 +88,12 @@ from trainwatch.exporters.node.tools.stack_dump import rank_processes  # noqa: E
 from trainwatch.remediation.store import TERMINAL_STATES  # noqa: E402
 
 JOB = "bench-recovery"
-KINDS = {"kill": ("job_restart", "TrainingJobVanished"),
-         "xid": ("node_quarantine", "GpuXidErrors"),
-         "hang": ("stalled_job_quarantine", "TrainingStalled")}
+# kind -> (the playbooks whose act may bring the job back, the rule's alert). An XID's job
+# comes back through the node's quarantine or, when the quarantine's step finds the job still
+# ending (Slurm's COMPLETING gap), through the dying rank's TrainingJobVanished restart.
+KINDS = {"kill": (("job_restart",), "TrainingJobVanished"),
+         "xid": (("node_quarantine", "job_restart"), "GpuXidErrors"),
+         "hang": (("stalled_job_quarantine",), "TrainingStalled")}
 BOOKS = ("job_restart", "node_quarantine", "stalled_job_diagnostics", "stalled_job_quarantine")
 PROFILES = ("demo", "production")
 # Issue 35, acceptance 5: per kind, fault to first kept step over at least MIN_FAULTS faults
@@ -143,17 +147,17 @@ def _requeued(record: dict[str, Any]) -> bool:
     return any((r.get("result") or {}).get("requeued") for r in results)
 
 
-def _acts(stack: Stack, playbook: str, since: float) -> list[dict[str, Any]]:
+def _acts(stack: Stack, playbooks: tuple[str, ...], since: float) -> list[dict[str, Any]]:
     audit = stack.service.actions()["audit"]
-    return sorted((a for a in audit if a["playbook"] == playbook and a["decision"] == "acted"
+    return sorted((a for a in audit if a["playbook"] in playbooks and a["decision"] == "acted"
                    and a["at"] > since), key=lambda a: a["at"])
 
 
-def _acted(stack: Stack, playbook: str, since: float) -> dict[str, Any] | None:
+def _acted(stack: Stack, playbooks: tuple[str, ...], since: float) -> dict[str, Any] | None:
     """The first acting record since the fault that requeued the job: an act that found no
     job to bring back (an alert ahead of the scheduler noticing the job ended) recovers
     nothing, so the path is measured to the act that did."""
-    return next((a for a in _acts(stack, playbook, since) if _requeued(a)), None)
+    return next((a for a in _acts(stack, playbooks, since) if _requeued(a)), None)
 
 
 def _intent_created(stack: Stack, intent_id: int) -> float:
@@ -169,7 +173,7 @@ def _checkpoint_before(out: Path, t: float) -> float:
 def one_fault(kind: str, cluster: SlurmCluster, stack: Stack, job: str, out: Path,
               scenarios: dict[str, Path]) -> tuple[float, dict[str, float]]:
     """Inject one fault of `kind`: (when it was injected, its figures)."""
-    playbook = KINDS[kind][0]
+    playbooks = KINDS[kind][0]
     nodes = running_on(cluster, job, timeout=180)
     resumed_at = max([e["time"] for e in of(events(out), "resumed")], default=0.0)
     wait_until(lambda: any(e["time"] > resumed_at for e in of(events(out), "checkpoint_saved")),
@@ -182,11 +186,11 @@ def one_fault(kind: str, cluster: SlurmCluster, stack: Stack, job: str, out: Pat
         scenarios[bad].write_text(json.dumps(doc))
     t_fault = time.time()
     os.kill(procs[0]["pid"], signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
-    acted = wait_until(lambda: _acted(stack, playbook, t_fault), timeout=300, interval=0.2,
-                       what=f"{playbook} acted")
+    acted = wait_until(lambda: _acted(stack, playbooks, t_fault), timeout=300, interval=0.2,
+                       what=f"one of {playbooks} acted")
     created = _intent_created(stack, acted["intent_id"])
     # acts before it that requeued nothing (e.g. the fast alert ahead of Slurm's job end)
-    idle_acts = sum(1 for a in _acts(stack, playbook, t_fault)
+    idle_acts = sum(1 for a in _acts(stack, playbooks, t_fault)
                     if a["at"] < acted["at"] and not _requeued(a))
     changes = [t for t, call in timed_calls(stack.log) if call[0] == "scontrol" and t > created]
     incarnation = wait_until(lambda: [e for e in of(events(out), "incarnation")
@@ -206,8 +210,10 @@ def one_fault(kind: str, cluster: SlurmCluster, stack: Stack, job: str, out: Pat
               "restore": t_restored - incarnation["time"], "first_step": first - t_restored}
     total = first - t_fault
     lost = t_fault - _checkpoint_before(out, t_fault)
+    # 1 where the fault's node is out of service now (an XID's must be; a kill's must not)
+    drained = float("drain" in cluster.node_state(bad))
     return t_fault, {**phases, "fault_to_first_step": total, "goodput_cost": total + lost,
-                     "acts_without_requeue": float(idle_acts)}
+                     "acts_without_requeue": float(idle_acts), "fault_node_drained": drained}
 
 
 def _rule_alert_since(stack: Stack, alertname: str, since: float) -> bool:
