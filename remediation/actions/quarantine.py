@@ -615,6 +615,12 @@ def ending_jobs(scheduler: Any, nodes: tuple[str, ...], named: str | None) -> li
     return [job for job_id, job in found.items() if named is None or job_id == named]
 
 
+def completing_jobs(scheduler: Any, nodes: tuple[str, ...], named: str | None) -> list[Any]:
+    """The jobs ending on `nodes` now (the named one, else every one there)."""
+    found = {job.job_id: job for node in nodes for job in scheduler.completing_jobs(node)}
+    return [job for job_id, job in found.items() if named is None or job_id == named]
+
+
 def stopped_jobs(scheduler: Any, plan: QuarantinePlan,
                  wait_seconds: float = 0.0) -> StoppedJobs:
     """One reading of which jobs the fault stopped, for the plan (the restart cap counts them)
@@ -650,6 +656,19 @@ def stopped_jobs(scheduler: Any, plan: QuarantinePlan,
                 ending = []
                 break
             ending = ending_jobs(scheduler, fault.nodes, named)
+    elif (not fault.ends_job and plan.diagnostics is None and not running and not ended
+          and wait_seconds > 0):
+        # A node's fault that took its job's process with it (a fatal XID) can meet the job
+        # in between too: no longer running, not ended yet. Watched while it is COMPLETING,
+        # brought back if it ends by the fault (benchmarks/recovery.py, attempt 6b: the
+        # quarantine drained and found no job; only the dying rank's alert requeued it).
+        deadline = time.monotonic() + wait_seconds
+        while (completing_jobs(scheduler, fault.nodes, named)
+               and time.monotonic() < deadline):
+            time.sleep(ENDING_POLL_SECONDS)
+            ended = ended_jobs(scheduler, fault.nodes, named)
+            if ended:
+                break
     return StoppedJobs(running, ended, found_by, ending)
 
 
@@ -663,8 +682,7 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     try:
         if fault.action == "quarantine":
             result["drain"] = scheduler.drain(fault.nodes[0], drain_reason(plan))
-        stopped = stopped_jobs(scheduler, plan,
-                               ENDING_WAIT_SECONDS if fault.ends_job else 0.0)
+        stopped = stopped_jobs(scheduler, plan, ENDING_WAIT_SECONDS)
         result["jobs_by"] = stopped.found_by
         if stopped.ending:
             # the rank died but its job lives on (torchrun elastic restarted it in place, or

@@ -191,9 +191,17 @@ class SlurmScheduler:
 
     def jobs_on(self, node: str) -> list[Job]:
         """The jobs running on `node` (each once, even when several partitions list it)."""
+        return self._jobs_in(node, "RUNNING,CONFIGURING")
+
+    def completing_jobs(self, node: str) -> list[Job]:
+        """The jobs ending on `node` now (COMPLETING: their epilog runs; a fault's exit code
+        is not their reason yet)."""
+        return self._jobs_in(node, "COMPLETING")
+
+    def _jobs_in(self, node: str, states: str) -> list[Job]:
         node = check_plain_name(node, "scheduler node")
         fmt, header = JOBS_FORMAT
-        out = self._run("squeue", f"--nodelist={node}", "--states=RUNNING,CONFIGURING",
+        out = self._run("squeue", f"--nodelist={node}", f"--states={states}",
                         f"--format={fmt}")
         jobs: dict[str, Job] = {}
         for job_id, state, nodes in parse_table(out, header, 3, "squeue"):

@@ -161,6 +161,9 @@ class TorchrunElasticScheduler:
     def ended_jobs(self, node: str, job_id: str | None = None) -> list[Job]:
         return []  # the agents left continue in the allocation: no job ends
 
+    def completing_jobs(self, node: str) -> list[Job]:
+        return []
+
     def requeue_ended(self, job: Job) -> dict[str, Any]:
         return {"job": job.job_id, "requeued": False}
 

@@ -108,3 +108,29 @@ def test_a_job_the_plan_saw_is_waited_for_when_the_step_finds_it_in_between() ->
     stopped = stopped_jobs(scheduler, plan, wait_seconds=10)
     assert [job.job_id for job in stopped.ended] == [JOB]
 
+
+
+class XidEndedJobScheduler(CompletingJobScheduler):
+    """The same script for a fatal XID that took its rank's process: at the quarantine's
+    step the job is already COMPLETING (listed by completing_jobs only), then ended."""
+
+    def completing_jobs(self, node: str) -> list[Job]:
+        state = self.readings[0]
+        if len(self.readings) > 1:
+            self.readings.pop(0)
+        return [Job(JOB, "completing", node)] if state == "completing" else []
+
+
+def test_a_node_quarantine_waits_for_a_job_its_fault_is_ending() -> None:
+    """A fatal XID drains its node; the step finds the job neither running nor ended (the
+    rank died with the GPU, Slurm ends the job): it waits for the job to read as ended by the
+    fault and brings it back, instead of draining only (benchmarks/recovery.py attempt 6b:
+    only the dying rank's own alert requeued it)."""
+    fault = Fault("GpuXidErrors", "hardware", "quarantine", ("tw-gpu-01",), "XID 48",
+                  ends_job=False)
+    plan = QuarantinePlan(1, fault, ("tw-gpu-01", "tw-gpu-02"), ("tw-gpu-01",),
+                          fault_at=1_000_000.0)
+    scheduler = XidEndedJobScheduler(polls_in_between=3, seen_running=False)
+    stopped = stopped_jobs(scheduler, plan, wait_seconds=10)
+    assert [job.job_id for job in stopped.ended] == [JOB]
+    assert stopped.running == []
