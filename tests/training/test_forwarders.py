@@ -54,7 +54,7 @@ def test_wandb_offline_run_receives_every_finite_value(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The real wandb client in offline mode (no network): the run file on disk is read back
     record by record."""
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     from tests.training.wandb_files import history_rows
     from trainwatch.exporters.rank.forwarders import WandbForwarder
 
@@ -72,6 +72,9 @@ def test_wandb_offline_run_receives_every_finite_value(tmp_path: Path,
     # the wandb client's finish writes the run file; on a loaded machine it took longer than
     # close()'s default 10 s, and the file was read before it was written: a long deadline
     monitor.close(timeout=180)
+    # the run's finish leaves wandb's service process (wandb-core) for the next run of this
+    # process: the test started it, the test stops it
+    wandb.teardown()
 
     rows = history_rows(tmp_path)
     losses = [(int(r["trainwatch/step"]), float(r["trainwatch/loss"])) for r in rows
