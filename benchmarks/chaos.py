@@ -1,5 +1,7 @@
-"""A chaos soak (issue 41): faults one after another at seeded random moments, each healed or
-not, the drains each caused, and the run's ETTR measured twice.
+"""A chaos soak (issue 41): seeded faults one at a time, healed or not, ETTR measured twice.
+
+Faults come one after another at seeded random moments; per fault, whether and how fast it
+healed and what it drained; for the run, its ETTR from a stopwatch and from Trainwatch.
 
     .venv/bin/python benchmarks/chaos.py [--minutes 60] [--every 180] [--seed 41]
                                          [--profile demo|production] [--kinds kill,xid,...]
