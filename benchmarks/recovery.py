@@ -66,7 +66,8 @@ import statistics
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -170,24 +171,40 @@ def _checkpoint_before(out: Path, t: float) -> float:
     return max(saved) if saved else t
 
 
-def one_fault(kind: str, cluster: SlurmCluster, stack: Stack, job: str, out: Path,
-              scenarios: dict[str, Path]) -> tuple[float, dict[str, float]]:
-    """Inject one fault of `kind`: (when it was injected, its figures)."""
-    playbooks = KINDS[kind][0]
+def ready_to_fault(cluster: SlurmCluster, job: str, out: Path, name: str = JOB
+                   ) -> tuple[str, list[dict[str, Any]]]:
+    """The node to fault (the job's second) and the rank processes of job `name` on it, once
+    the job runs and has committed a checkpoint in its current incarnation (a fault before
+    that would discard the previous incarnation's work twice)."""
     nodes = running_on(cluster, job, timeout=180)
     resumed_at = max([e["time"] for e in of(events(out), "resumed")], default=0.0)
     wait_until(lambda: any(e["time"] > resumed_at for e in of(events(out), "checkpoint_saved")),
                timeout=300, interval=0.2, what="a checkpoint of this incarnation")
     bad = nodes[1]
-    procs = wait_until(lambda: rank_processes(JOB, bad), timeout=60, what="the rank")
+    procs = wait_until(lambda: rank_processes(name, bad), timeout=60, what="the rank")
+    return bad, procs
+
+
+def inject(kind: str, bad: str, procs: list[dict[str, Any]],
+           scenarios: dict[str, Path]) -> float:
+    """Inject one fault of `kind` (KINDS) on node `bad`, whose rank processes are `procs`;
+    when it was injected."""
     if kind == "xid":
         doc = json.loads(scenarios[bad].read_text())
         doc.setdefault("xid_events", []).append({"gpu": 0, "xid": 48})
         scenarios[bad].write_text(json.dumps(doc))
     t_fault = time.time()
     os.kill(procs[0]["pid"], signal.SIGSTOP if kind == "hang" else signal.SIGKILL)
-    acted = wait_until(lambda: _acted(stack, playbooks, t_fault), timeout=300, interval=0.2,
-                       what=f"one of {playbooks} acted")
+    return t_fault
+
+
+def measure(playbooks: tuple[str, ...], stack: Stack, out: Path, t_fault: float,
+            acted_timeout: float = 300.0) -> dict[str, float]:
+    """The phases of the recovery that one of `playbooks` made from the fault at `t_fault` to
+    the job's first step after the restore (module docstring); TimeoutError where a phase
+    never came (the act: within `acted_timeout`)."""
+    acted = wait_until(lambda: _acted(stack, playbooks, t_fault), timeout=acted_timeout,
+                       interval=0.2, what=f"one of {playbooks} acted")
     created = _intent_created(stack, acted["intent_id"])
     # acts before it that requeued nothing (e.g. the fast alert ahead of Slurm's job end)
     idle_acts = sum(1 for a in _acts(stack, playbooks, t_fault)
@@ -210,10 +227,19 @@ def one_fault(kind: str, cluster: SlurmCluster, stack: Stack, job: str, out: Pat
               "restore": t_restored - incarnation["time"], "first_step": first - t_restored}
     total = first - t_fault
     lost = t_fault - _checkpoint_before(out, t_fault)
+    return {**phases, "fault_to_first_step": total, "goodput_cost": total + lost,
+            "acts_without_requeue": float(idle_acts)}
+
+
+def one_fault(kind: str, cluster: SlurmCluster, stack: Stack, job: str, out: Path,
+              scenarios: dict[str, Path]) -> tuple[float, dict[str, float]]:
+    """Inject one fault of `kind`: (when it was injected, its figures)."""
+    bad, procs = ready_to_fault(cluster, job, out)
+    t_fault = inject(kind, bad, procs, scenarios)
+    run = measure(KINDS[kind][0], stack, out, t_fault)
     # 1 where the fault's node is out of service now (an XID's must be; a kill's must not)
-    drained = float("drain" in cluster.node_state(bad))
-    return t_fault, {**phases, "fault_to_first_step": total, "goodput_cost": total + lost,
-                     "acts_without_requeue": float(idle_acts), "fault_node_drained": drained}
+    run["fault_node_drained"] = float("drain" in cluster.node_state(bad))
+    return t_fault, run
 
 
 def _rule_alert_since(stack: Stack, alertname: str, since: float) -> bool:
@@ -224,15 +250,15 @@ def _rule_alert_since(stack: Stack, alertname: str, since: float) -> bool:
                for i in stack.service.actions()["actions"])
 
 
-def settle(cluster: SlurmCluster, stack: Stack, kind: str, fault_at: float,
-           rule_path_seconds: float) -> None:
-    """Before the next fault, let the last one's rule alerts arrive (the production profile's
-    rules fire a minute or two after the fault, after the fast alert healed it), then return
-    drained nodes to service, as an operator does after the health check. Returned sooner,
-    the late rule alert of the old XID reads as a new fault of the returned node and drains it
-    again (seen 2026-11-28: the next fault's drain then needed approval, min_healthy_fraction).
-    An XID's rule alert always fires (the XID counter rose): it is waited for, up to a minute
-    past the configured worst case; the rest wait out the worst case plus a margin."""
+def await_rule_alerts(stack: Stack, kind: str, fault_at: float,
+                      rule_path_seconds: float) -> None:
+    """Let a fault's rule alerts arrive before its drained node is returned (the production
+    profile's rules fire a minute or two after the fault, after the fast alert healed it).
+    Returned sooner, the late rule alert of the old XID reads as a new fault of the returned
+    node and drains it again (seen 2026-11-28: the next fault's drain then needed approval,
+    min_healthy_fraction). An XID's rule alert always fires (the XID counter rose): it is
+    waited for, up to a minute past the configured worst case; the rest wait out the worst
+    case plus a margin."""
     until = fault_at + rule_path_seconds + SETTLE_MARGIN_SECONDS
     if kind == "xid":
         with contextlib.suppress(TimeoutError):
@@ -240,6 +266,13 @@ def settle(cluster: SlurmCluster, stack: Stack, kind: str, fault_at: float,
                        timeout=max(1.0, until + 60 - time.time()), interval=1.0,
                        what="the XID rule's own alert")
     time.sleep(max(0.0, until - time.time()))
+
+
+def settle(cluster: SlurmCluster, stack: Stack, kind: str, fault_at: float,
+           rule_path_seconds: float) -> None:
+    """Before the next fault, let the last one's rule alerts arrive (await_rule_alerts), then
+    return drained nodes to service, as an operator does after the health check."""
+    await_rule_alerts(stack, kind, fault_at, rule_path_seconds)
     for node in cluster.nodes:
         if "drain" in cluster.node_state(node):
             cluster.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
@@ -275,6 +308,51 @@ def acceptance(results: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     return checks
 
 
+def rule_paths(profile: str) -> dict[str, float]:
+    """How long a fault's rule alerts may take to arrive after it, per kind (its settle
+    time): the production path's worst case; the demo profile's 1 s intervals, 5 s."""
+    return production_alert_path() if profile == "production" else dict.fromkeys(KINDS, 5.0)
+
+
+@contextmanager
+def work_folder(prefix: str, keep: bool) -> Iterator[Path]:
+    """A temporary folder for a run, removed afterwards; with `keep` it stays, and where it is
+    goes to stderr (an outlier can be looked into afterwards)."""
+    if not keep:
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            yield Path(tmp)
+        return
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    print(f"work folder (kept): {tmp}", file=sys.stderr, flush=True)
+    yield Path(tmp)
+
+
+@contextmanager
+def bench_stack(root: Path, profile: str) -> Iterator[tuple[SlurmCluster, dict[str, Path],
+                                                             Stack]]:
+    """The Slurm test cluster under `root` with the whole path around it (module docstring;
+    `profile` one of PROFILES); yields (cluster, node -> fake NVML scenario file, stack)."""
+    with ExitStack() as stack:
+        cluster = start(root / "slurm")
+        stack.callback(cluster.stop)
+        production = profile == "production"
+        am_port = free_port() if production else None
+        fast = {node: ("--alertmanager-url", f"http://127.0.0.1:{am_port}",
+                       "--node", NODE_HOST[node]) for node in cluster.nodes} \
+            if production else None
+        scenarios, urls = stack.enter_context(gpu_exporters(root, cluster.nodes,
+                                                            extra_args=fast))
+        mon = stack.enter_context(monitoring(root, cluster, BOOKS, gpus=urls,
+                                             profile=profile, fast_alerts=production,
+                                             alertmanager_port=am_port,
+                                             quarantine_window="5s", max_quarantined=5,
+                                             # every fault restarts the one job: the
+                                             # default cap (3 per hour) would page at
+                                             # the fifth
+                                             max_restarts=1000))
+        yield cluster, scenarios, mon
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=PROFILES, default="demo",
@@ -296,32 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown kinds {sorted(unknown)}: one of {sorted(KINDS)}")
     results: dict[str, list[dict[str, float]]] = {k: [] for k in kinds}
-    workdir = (contextlib.nullcontext(tempfile.mkdtemp(prefix="tw-recovery-")) if args.keep
-               else tempfile.TemporaryDirectory(prefix="tw-recovery-"))
-    with workdir as tmp, ExitStack() as stack:
-        if args.keep:
-            print(f"work folder (kept): {tmp}", file=sys.stderr, flush=True)
-        root = Path(tmp)
-        cluster = start(root / "slurm")
-        stack.callback(cluster.stop)
-        production = args.profile == "production"
-        am_port = free_port() if production else None
-        fast = {node: ("--alertmanager-url", f"http://127.0.0.1:{am_port}",
-                       "--node", NODE_HOST[node]) for node in cluster.nodes} \
-            if production else None
-        scenarios, urls = stack.enter_context(gpu_exporters(root, cluster.nodes,
-                                                            extra_args=fast))
-        mon = stack.enter_context(monitoring(root, cluster, BOOKS, gpus=urls,
-                                             profile=args.profile, fast_alerts=production,
-                                             alertmanager_port=am_port,
-                                             quarantine_window="5s", max_quarantined=5,
-                                             # every fault restarts the one job: the
-                                             # default cap (3 per hour) would page at
-                                             # the fifth
-                                             max_restarts=1000))
+    with work_folder("tw-recovery-", args.keep) as root, ExitStack() as stack:
+        cluster, scenarios, mon = stack.enter_context(bench_stack(root, args.profile))
         job, out, _ = submit_job(cluster, mon, root, JOB, ranks_per_node=1)
-        # how long a fault's rule alerts may take to arrive after it (its settle time)
-        rule_path = production_alert_path() if production else dict.fromkeys(KINDS, 5.0)
+        rule_path = rule_paths(args.profile)
         try:
             for index in range(args.runs):
                 for kind in kinds:
