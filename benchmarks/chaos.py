@@ -121,6 +121,7 @@ from benchmarks.recovery import (  # noqa: E402
     bench_stack,
     inject,
     measure,
+    positive,
     ready_to_fault,
     rule_paths,
     work_folder,
@@ -501,9 +502,9 @@ def _round(value: float | None) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=60.0,
+    parser.add_argument("--minutes", type=positive(float), default=60.0,
                         help="no fault is planned past this; the last one is seen to its end")
-    parser.add_argument("--every", type=float, default=180.0,
+    parser.add_argument("--every", type=positive(float), default=180.0,
                         help="mean seconds between faults (exponential)")
     parser.add_argument("--seed", type=int, default=41, help="the plan's only source")
     parser.add_argument("--profile", choices=PROFILES, default="demo",
@@ -557,9 +558,14 @@ def main(argv: list[str] | None = None) -> int:
             aborted = f"{type(exc).__name__}: {exc}"[:2000]
             print(f"run aborted: {aborted}", file=sys.stderr, flush=True)
         t_end = time.time()
-        # one more scrape and evaluation, so Prometheus holds the counters as of t_end
-        time.sleep(2 * _seconds(STACK_PROFILES[args.profile]["global"]()["scrape_interval"]))
-        series = trainwatch_ettr(mon, args.profile, t_end)
+        # read once Prometheus holds the counters as of t_end (a scrape at or after it; the
+        # query at t_end then sees the newest sample, which `sampled` names)
+        scrape = _seconds(STACK_PROFILES[args.profile]["global"]()["scrape_interval"])
+        with contextlib.suppress(TimeoutError):  # a Prometheus that stopped scraping: read on
+            wait_until(lambda: (trainwatch_ettr(mon, args.profile, time.time())["sampled"]
+                                or 0) >= t_end, timeout=10 * scrape + 30, interval=scrape / 2,
+                       what="a scrape of the goodput counters after the last fault")
+        series = trainwatch_ettr(mon, args.profile, time.time())
         evs = events(soak.out)
         first = min(e["time"] for e in of(evs, "incarnation"))
         watch = stopwatch_ettr(evs, first, series["sampled"] or t_end)

@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import platform
 import signal
@@ -66,7 +67,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -353,12 +354,25 @@ def bench_stack(root: Path, profile: str) -> Iterator[tuple[SlurmCluster, dict[s
         yield cluster, scenarios, mon
 
 
+def positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    """An argparse type: a finite number of `kind` above 0, else argparse's one-line error."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (value > 0 and math.isfinite(value)):  # inf would plan faults for ever
+            raise argparse.ArgumentTypeError(f"must be a finite number above 0: {text!r}")
+        return value
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=PROFILES, default="demo",
                         help="demo: 1 s intervals, no fast alerts; production: the production "
                              "intervals, rules and grouping, fast alerts on")
-    parser.add_argument("--runs", type=int, default=5, help="faults of each kind")
+    parser.add_argument("--runs", type=positive(int), default=5, help="faults of each kind")
     parser.add_argument("--kinds", default="kill,xid",
                         help="hang too: its playbook's 10-minute cooldown per job lets one "
                              "hang act per job in that time (--runs 1)")

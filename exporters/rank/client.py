@@ -539,8 +539,15 @@ class TrainingMonitor:
 
 def _leave_at_exit(ref: weakref.ref[TrainingMonitor], timeout: float = 2.0) -> None:
     """At interpreter exit (also after an uncaught exception: a collective that raised
-    because a peer died) or on SIGTERM, send the last datagram of a monitor nobody closed."""
+    because a peer died) or on SIGTERM, send the last datagram of a monitor nobody closed.
+    A close already under way (atexit's, when torchrun's SIGTERM lands in it) is waited for
+    until its last datagram is out, within `timeout`: the process dies right after this, and
+    a rank whose last word is lost reads as the killed one (a suite run lost rank 1's)."""
     monitor = ref()
-    if monitor is not None and not monitor._closed:
+    if monitor is None:
+        return
+    if not monitor._closed:
         monitor.close(timeout=timeout, finished=False)
+    elif monitor._shipper.is_alive():
+        monitor._shipper.join(timeout)
 

@@ -47,7 +47,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -608,17 +608,22 @@ class StoppedJobs:
     ending: list[Any] = dataclasses.field(default_factory=list)
 
 
+def _named_on(read: Callable[[str], list[Any]], nodes: tuple[str, ...],
+              named: str | None) -> list[Any]:
+    """What `read` lists on `nodes` (each job once): the named job, else every one."""
+    found = {job.job_id: job for node in nodes for job in read(node)}
+    return [job for job_id, job in found.items() if named is None or job_id == named]
+
+
 def ending_jobs(scheduler: Any, nodes: tuple[str, ...], named: str | None) -> list[Any]:
     """The jobs still on `nodes` that a fault ending its job may be ending: the named one,
     else every one there."""
-    found = {job.job_id: job for node in nodes for job in scheduler.jobs_on(node)}
-    return [job for job_id, job in found.items() if named is None or job_id == named]
+    return _named_on(scheduler.jobs_on, nodes, named)
 
 
 def completing_jobs(scheduler: Any, nodes: tuple[str, ...], named: str | None) -> list[Any]:
     """The jobs ending on `nodes` now (the named one, else every one there)."""
-    found = {job.job_id: job for node in nodes for job in scheduler.completing_jobs(node)}
-    return [job for job_id, job in found.items() if named is None or job_id == named]
+    return _named_on(scheduler.completing_jobs, nodes, named)
 
 
 def stopped_jobs(scheduler: Any, plan: QuarantinePlan,

@@ -108,10 +108,13 @@ class JobRow(NamedTuple):
     eligible: float | None
 
     def held(self, now: float) -> bool:
-        """Pending behind a begin time: shown as such, or one well ahead of `now`."""
-        return self.state == "pending" and (
-            self.reason == "begintime"
-            or (self.eligible is not None and self.eligible > now + HOLD_AHEAD_SECONDS))
+        """Pending behind a begin time well ahead of `now`; the reason BeginTime only where
+        Slurm prints no begin time (the reason lags a lift as it lags the hold)."""
+        if self.state != "pending":
+            return False
+        if self.eligible is not None:
+            return self.eligible > now + HOLD_AHEAD_SECONDS
+        return self.reason == "begintime"
 
 
 def slurm_time(value: str) -> float | None:
@@ -280,9 +283,8 @@ class SlurmScheduler:
             if row.held(time.time()):
                 raise SchedulerError(f"slurm: job {job.job_id} is still held (BeginTime) "
                                      "after StartTime=now")
-        state, reason = row.state, row.reason
         return {"job": job.job_id, "requeued": True, "was_on": job.nodes,
-                "now": [state, reason]}
+                "now": [row.state, row.reason]}
 
     def ended_jobs(self, node: str, job_id: str | None = None) -> list[Job]:
         """Batch jobs that ran on `node` and ended by a fault (or are ending: COMPLETING with
@@ -330,12 +332,12 @@ class SlurmScheduler:
                                  "not ended by a fault: not requeued")
         self._run("scontrol", "requeue", job.job_id)
         requeued = time.monotonic()
-        state, reason = self._lift_requeue_hold(job.job_id, requeued)
-        if state not in QUEUED or reason == "begintime":
-            raise SchedulerError(f"slurm: job {job.job_id} is {state or 'gone'} ({reason}) "
-                                 "after its requeue, not queued to start now")
+        row = self._lift_requeue_hold(job.job_id, requeued)
+        if row.state not in QUEUED or row.held(time.time()):
+            raise SchedulerError(f"slurm: job {job.job_id} is {row.state or 'gone'} "
+                                 f"({row.reason}) after its requeue, not queued to start now")
         return {"job": job.job_id, "requeued": True, "was": "ended", "ended_on": job.nodes,
-                "state": state, "now": [state, reason]}
+                "state": row.state, "now": [row.state, row.reason]}
 
     def _lift(self, job_id: str, requeued: float) -> None:
         """StartTime=now for a job the requeue held. The requeue revoked the job's credentials
@@ -345,24 +347,23 @@ class SlurmScheduler:
         time.sleep(max(0.0, CREDENTIAL_REVOKE_SECONDS - (time.monotonic() - requeued)))
         self._run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
 
-    def _lift_requeue_hold(self, job_id: str, requeued: float) -> tuple[str, str]:
+    def _lift_requeue_hold(self, job_id: str, requeued: float) -> JobRow:
         """Watch a requeued job until it starts, lifting the requeue's hold (a begin time
         ahead, the credential's lifetime: about 121 s by default) each time it is seen, until
         the command deadline. The hold is read from the job's begin time, not only its reason:
         squeue shows the reason BeginTime only when a scheduling pass looks at the job, tens of
         seconds later; a lift before the hold is set is overwritten, so the watch does not stop
-        at the first reading without it. The last (state, reason): running, or pending for
-        another reason (Resources, Priority) at the deadline, or still held (the caller's
-        error)."""
+        at the first reading without it. The last reading: running, or pending for another
+        reason (Resources, Priority) at the deadline, or still held (the caller's error)."""
         deadline = requeued + self.settings.command_timeout_seconds
         while True:
             row = self._any_state(job_id)
             if row.state in ("running", "configuring") or time.monotonic() > deadline:
-                return row.state, row.reason
+                return row
             if row.held(time.time()):
                 self._lift(job_id, requeued)
             elif row.state not in QUEUED:
-                return row.state, row.reason
+                return row
             time.sleep(0.2)
 
     def _settled_state(self, job_id: str, deadline: float) -> JobRow:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import socket
+import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 from tests.support.net import wait_until
 from trainwatch.exporters.contract import catalog, wire
 from trainwatch.exporters.contract.launcher import RankInfo, detect
-from trainwatch.exporters.rank.client import TrainingMonitor
+from trainwatch.exporters.rank.client import TrainingMonitor, _leave_at_exit
 
 INFO = RankInfo("unit-job", rank=0, local_rank=0, world_size=1, restarts=0)
 
@@ -225,3 +227,33 @@ def test_a_non_finite_command_is_reported_failed_and_the_lr_is_untouched(
         assert optimizer.param_groups[0]["lr"] == 0.05
     finally:
         monitor.close()
+
+
+def test_sigterm_during_the_exit_close_waits_for_its_last_datagram(
+        receiver: tuple[socket.socket, Path]) -> None:
+    """A rank that raised closes its monitor at exit; torchrun's SIGTERM can land while that
+    close's last datagram is still being sent. The SIGTERM goodbye must wait for it (within
+    its timeout), not find the monitor closed and let the process die first: the rank then
+    reads as the one that was killed (a whole-suite run lost rank 1's word that way). The
+    last send is made slow here: it waits for a gate that opens a second later."""
+    sock, path = receiver
+    monitor = TrainingMonitor(rank_info=INFO, socket_path=str(path), control=False,
+                              flush_interval=0.05)
+    shipper = monitor._shipper
+    gate = threading.Event()
+    flush = shipper._flush
+
+    def slow_last_flush(force: bool = False) -> None:
+        if force:
+            gate.wait(30)
+        flush(force=force)
+
+    shipper._flush = slow_last_flush  # type: ignore[method-assign]
+    monitor.report(1, loss=0.5, step_time=0.1)
+    closer = threading.Thread(target=monitor.close, kwargs={"timeout": 30, "finished": False})
+    closer.start()
+    wait_until(lambda: monitor._closed, timeout=10, what="the exit close begun")
+    threading.Timer(1.0, gate.set).start()  # the slow send, not a synchronisation
+    _leave_at_exit(weakref.ref(monitor), timeout=30)  # the SIGTERM goodbye
+    assert any(m.get("exiting") for m in read_all(sock)), "the goodbye returned first"
+    closer.join(30)

@@ -66,15 +66,18 @@ def test_wandb_offline_run_receives_every_finite_value(tmp_path: Path,
     forwarder = WandbForwarder(mode="offline", dir=str(tmp_path), project="trainwatch-test")
     monitor = TrainingMonitor(rank_info=INFO, socket_path=str(tmp_path / "none.sock"),
                               control=False, flush_interval=0.05, forwarders=[forwarder])
-    for step in [*range(20), 15, 16]:  # a rollback: steps go back, W&B must keep them
-        loss = float("nan") if step == 10 else 1.0 / (step + 1)
-        monitor.report(step, loss=loss, lr=0.01, step_time=0.1)
-    # the wandb client's finish writes the run file; on a loaded machine it took longer than
-    # close()'s default 10 s, and the file was read before it was written: a long deadline
-    monitor.close(timeout=180)
-    # the run's finish leaves wandb's service process (wandb-core) for the next run of this
-    # process: the test started it, the test stops it
-    wandb.teardown()
+    try:
+        for step in [*range(20), 15, 16]:  # a rollback: steps go back, W&B must keep them
+            loss = float("nan") if step == 10 else 1.0 / (step + 1)
+            monitor.report(step, loss=loss, lr=0.01, step_time=0.1)
+        # the wandb client's finish writes the run file; on a loaded machine it took longer
+        # than close()'s default 10 s, and the file was read before it was written: a long
+        # deadline
+        monitor.close(timeout=180)
+    finally:
+        # the run's finish leaves wandb's service process (wandb-core) for the next run of
+        # this process: the test started it, the test stops it
+        wandb.teardown()
 
     rows = history_rows(tmp_path)
     losses = [(int(r["trainwatch/step"]), float(r["trainwatch/loss"])) for r in rows
