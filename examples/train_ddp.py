@@ -276,4 +276,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception as exc:
+        # the moment this rank stopped training (a peer's death reaches it as an error from
+        # the collective), before the interpreter's teardown: the tests' stopwatch
+        emit("failed", rank=int(os.environ.get("RANK", "0")),
+             error=f"{type(exc).__name__}: {exc}"[:300])
+        raise

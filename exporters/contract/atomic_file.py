@@ -62,11 +62,13 @@ def _keep_metadata(fd: int, old: os.stat_result, name: str) -> None:
 
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], object], *,
-                 dir_fd: int | None = None) -> None:
+                 dir_fd: int | None = None, durable: bool = True) -> None:
     """Replace `path` with what `write(fileobj)` writes; all or nothing, owner and mode kept.
 
-    With `dir_fd`, `path` is a bare file name inside that open directory.
-    """
+    With `dir_fd`, `path` is a bare file name inside that open directory. `durable=False`
+    skips both fsyncs: still all or nothing for every reader, but a power cut may keep the old
+    content (for a record rewritten every second, where an fsync each time would cost the
+    shared filesystem more than losing one rewrite)."""
     path = Path(path)
     if dir_fd is not None and (path.name != str(path) or path.name in ("", ".", "..")):
         raise ValueError(f"with dir_fd, {path!s} must be a bare file name")
@@ -89,19 +91,21 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object], *,
                     _keep_metadata(handle.fileno(), old, name)
                 write(handle)
                 handle.flush()
-                os.fsync(handle.fileno())
+                if durable:
+                    os.fsync(handle.fileno())
             os.replace(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=directory)
             raise
-        os.fsync(directory)
+        if durable:
+            os.fsync(directory)
     finally:
         os.close(directory)
 
 
 def atomic_write_json(path: Path, document: Any, *, dir_fd: int | None = None,
-                      **dumps_options: Any) -> None:
+                      durable: bool = True, **dumps_options: Any) -> None:
     """Replace `path` with `document` as JSON; all or nothing, owner and mode kept."""
     data = json.dumps(document, **dumps_options).encode()
-    atomic_write(path, lambda handle: handle.write(data), dir_fd=dir_fd)
+    atomic_write(path, lambda handle: handle.write(data), dir_fd=dir_fd, durable=durable)

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from trainwatch.exporters.contract.identity import INCARNATION_PATTERN
+
 # The partition of wall time (label `kind` of training_node_time_seconds_total).
 PRODUCTIVE = "productive"
 CAUSES = ("startup", "data_wait", "checkpoint_save", "checkpoint_restore", "stall", "downtime",
@@ -57,11 +59,42 @@ class RankGoodput:
     marks: list[tuple[int, float]]
     resumed: int | None
     negative: int = 0  # intervals the rank found negative (counted, not booked)
+    previous: Handoff | None = None  # what the slot's rank before this one left (lineage)
 
     @property
     def counted(self) -> float:
         """Seconds from the process start up to the rank's last report."""
         return sum(self.seconds.values())
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """What a rank says of its slot's rank in the previous incarnation, from the record that
+    rank kept in the job's checkpoint directory (trainwatch.exporters.rank.lineage): the
+    exporter books it only where it did not see that rank itself (a slot that moved nodes)."""
+
+    incarnation: str
+    downtime: float  # old rank's last report -> this process's start (may be < 0: clocks)
+    # the old rank's kept progress beyond the checkpoint resumed from; None until this rank
+    # has resumed (its first step)
+    discarded: float | None
+
+
+def _handoff(obj: Any) -> Handoff | None:
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise ValueError("goodput previous must be an object or null")
+    incarnation, downtime = obj.get("incarnation"), obj.get("downtime")
+    if (not isinstance(incarnation, str) or not incarnation
+            or not INCARNATION_PATTERN.match(incarnation)):
+        raise ValueError("goodput previous incarnation must be an incarnation id")
+    if (not isinstance(downtime, (int, float)) or isinstance(downtime, bool)
+            or not math.isfinite(downtime)):
+        raise ValueError("goodput previous downtime must be a finite number")
+    discarded = obj.get("discarded")
+    return Handoff(incarnation, float(downtime),
+                   None if discarded is None else _nonneg(discarded))
 
 
 def _nonneg(value: Any) -> float:
@@ -102,4 +135,4 @@ def parse(obj: Any) -> RankGoodput | None:
         raise ValueError("goodput seconds exceed the process's age")
     return RankGoodput(age=age, seconds=parsed, discarded=_nonneg(obj.get("discarded", 0)),
                        goodput=_nonneg(obj.get("goodput", 0)), marks=parsed_marks,
-                       resumed=resumed, negative=negative)
+                       resumed=resumed, negative=negative, previous=_handoff(obj.get("previous")))

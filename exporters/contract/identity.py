@@ -21,6 +21,9 @@ from collections.abc import Mapping
 from trainwatch.exporters.contract.catalog import ENV_JOB
 from trainwatch.exporters.contract.catalog import JOB_NAME_PATTERN as _JOB_NAME_PATTERN
 
+# A launch's incarnation id as datagrams carry it (hex of a uuid; empty: none).
+INCARNATION_PATTERN = re.compile(r"^[0-9a-f]{0,32}$")
+
 JOB_NAME_PATTERN = re.compile(_JOB_NAME_PATTERN)
 
 # (rank, local rank, world size, restart count) variable names per launcher, in order of

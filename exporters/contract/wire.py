@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainwatch.exporters.contract import catalog
 from trainwatch.exporters.contract import goodput as gp
 from trainwatch.exporters.contract.commands import COMMAND_ID_PATTERN, COMMAND_TYPE_PATTERN
-from trainwatch.exporters.contract.identity import is_job_name
+from trainwatch.exporters.contract.identity import INCARNATION_PATTERN, is_job_name
 
 VERSION = 1
 MAX_DATAGRAM_BYTES = 60_000  # below the default Unix socket send buffer with room to spare
@@ -25,7 +24,6 @@ MAX_STEPS_PER_DATAGRAM = 200
 MAX_APPLIED_PER_DATAGRAM = 50
 MAX_COMMAND_TYPES = 32
 # Index of each field inside one entry of "steps".
-INCARNATION_PATTERN = re.compile(r"^[0-9a-f]{0,32}$")
 COLLECTIVE_SOURCES = ("agreement", "flight_recorder")
 STEP_FIELDS = ("step", "time", "duration", "loss", "lr", "grad_norm", "data_wait")
 

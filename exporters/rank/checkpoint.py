@@ -73,6 +73,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from trainwatch.exporters.contract.atomic_file import atomic_write
+from trainwatch.exporters.rank import lineage
 from trainwatch.exporters.rank import train_state as ts
 from trainwatch.exporters.rank.checkpoint_writer import WriterError, WriterProcess, shared_writer
 from trainwatch.exporters.rank.counters import RankCounters
@@ -349,6 +350,10 @@ class CheckpointManager:
         # A run id agreed at start names this run's checkpoints, so a relaunched job never
         # writes into a directory an earlier run committed (and the manifest still names).
         self._run_id = self._check_layout()
+        # The slot's rank in the incarnation before this one (goodput across nodes,
+        # exporters/rank/lineage.py): read before the barrier, so before any rank of this
+        # incarnation can have rewritten a record.
+        self.predecessor = lineage.read_predecessor(self.directory, self.rank)
         if self.rank == 0:
             self._remove_uncommitted()
         self._barrier()
@@ -429,7 +434,8 @@ class CheckpointManager:
         for path in self.directory.glob("step-*"):
             if path.is_dir() and path.name not in named:
                 shutil.rmtree(path, ignore_errors=True)
-        for leftover in self.directory.glob(".*.tmp"):
+        for leftover in [*self.directory.glob(".*.tmp"),
+                         *(self.directory / lineage.DIRECTORY).glob(".*.tmp")]:
             leftover.unlink(missing_ok=True)
 
     # --- manifest ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from trainwatch.exporters.contract.goodput import MAX_MARKS, PRODUCTIVE, RANK_KINDS, mark_at
+from trainwatch.exporters.rank import lineage
 
 # A step interval is a stall when its time outside data wait and checkpoints exceeds
 # max(STALL_STEP_FACTOR x the median of the rank's last STALL_WINDOW steps, STALL_FLOOR_SECONDS);
@@ -102,10 +103,25 @@ def _median(values: Iterable[float]) -> float:
 class RankAccount:
     """One rank's timeline, cut at its step reports. Used by one thread (the shipper)."""
 
-    def __init__(self, start_perf: float, checkpoints: Any = None) -> None:
+    def __init__(self, start_perf: float, checkpoints: Any = None, local_rank: int = 0) -> None:
         self._start_perf = start_perf
         self._closed = start_perf  # perf_counter time up to which every second is counted
         self._checkpoints = checkpoints
+        # The slot's record in the job's checkpoint directory (lineage.py): with a
+        # CheckpointManager only, which knows the directory every node of the job mounts.
+        directory = getattr(checkpoints, "directory", None)
+        self._record = (lineage.RecordWriter(
+            Path(directory), int(checkpoints.rank), local_rank, lineage.local_world_size(),
+            lineage.record_interval(int(getattr(checkpoints, "world_size", 1))))
+            if directory is not None else None)
+        # The handoff from the slot's rank before this process (lineage.py): its gap from the
+        # first datagram, the discard once this process has resumed (its first step).
+        predecessor = getattr(checkpoints, "predecessor", None)
+        self._predecessor = predecessor if isinstance(predecessor, lineage.Predecessor) else None
+        self.previous: dict[str, Any] | None = None
+        if self._predecessor is not None:
+            start_wall = time.time() - (time.perf_counter() - start_perf)
+            self.previous = self._predecessor.handoff(start_wall)
         self._event_seq = 0  # newest checkpoint event consumed
         self.seconds = dict.fromkeys(RANK_KINDS, 0.0)
         self.discarded = 0.0  # by rollbacks, within this process
@@ -168,6 +184,9 @@ class RankAccount:
             self._first = False
             if self.resumed is None and self._checkpoints is not None:
                 self.resumed = -1  # a checkpoint manager that restored nothing: from scratch
+            if self._predecessor is not None and self.previous is not None:
+                self.previous = {**self.previous,
+                                 "discarded": self._predecessor.discarded(self.resumed)}
         else:
             stall = 0.0
             if rest > STALL_FLOOR_SECONDS and len(self._recent) >= STALL_MIN_STEPS:
@@ -196,10 +215,16 @@ class RankAccount:
         self.seconds["unattributed"] += interval - blocked
         self._closed = at
 
+    def keep_record(self, incarnation: str, force: bool = False) -> None:
+        """Rewrite the slot's record (after a datagram; `force`: the last one)."""
+        if self._record is not None:
+            self._record.keep(incarnation, self.goodput, list(self.marks), force=force)
+
     def wire(self, now: float) -> dict[str, Any]:
         """The cumulative values a datagram sent at perf_counter time `now` carries (see
         trainwatch.exporters.contract.goodput.parse)."""
         return {"age": now - self._start_perf, "negative": self.negative,
                 "seconds": [self.seconds[k] for k in RANK_KINDS],
                 "discarded": self.discarded, "goodput": self.goodput,
-                "marks": [list(m) for m in self.marks], "resumed": self.resumed}
+                "marks": [list(m) for m in self.marks], "resumed": self.resumed,
+                "previous": self.previous}

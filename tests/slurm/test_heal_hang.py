@@ -137,6 +137,7 @@ def monitoring(tmp_path: Path, cluster: SlurmCluster, books: tuple[str, ...] = (
         prom_config.write_text(json.dumps({
             "global": PROFILES[profile]["global"](),
             "rule_files": [str(PROFILES[profile]["rules"] / "training.yml"),
+                           str(PROFILES[profile]["rules"] / "goodput.yml"),
                            *([str(PROFILES[profile]["rules"] / "gpu.yml")] if gpus else [])],
             "alerting": {"alertmanagers": [{"static_configs": [
                 {"targets": [am.removeprefix("http://")]}]}]},

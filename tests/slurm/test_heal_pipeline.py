@@ -27,11 +27,15 @@ import pytest
 
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.fixtures import drains, requeues
+from tests.slurm.job_clock import RankClock, discarded_by_restart, goodput_panels_sound
+from tests.slurm.test_heal_e2e import events
 from tests.slurm.test_heal_ended import assert_resumed
-from tests.slurm.test_heal_hang import audit, monitoring, submit_job, wait_checkpoints
+from tests.slurm.test_heal_hang import Stack, audit, monitoring, submit_job, wait_checkpoints
 from tests.slurm.test_quarantine import NODE_HOST, running_on
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
+from tests.training.goodput_support import node_totals
+from tests.training.support import of
 from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
 from trainwatch.exporters.node.tools.stack_dump import rank_processes
 
@@ -94,26 +98,78 @@ def test_killed_rank_through_prometheus_and_alertmanager_requeues_the_ended_job(
 
 def test_fatal_xid_that_kills_its_rank_drains_the_node_and_requeues_the_ended_job(
         slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Also issue 37, acceptance 2 and 3: the job moves off the drained node onto the spare;
+    its wall, downtime and discarded seconds at the job level (every node's counters added
+    up) equal the stopwatch within max(0.5 s, 2 %), and every Goodput dashboard query over
+    the run is sound."""
     job_name = "heal-xid"
+    clock = RankClock()
     with gpu_exporters(tmp_path, slurm.nodes) as (scenarios, urls), \
             monitoring(tmp_path, slurm, books=("node_quarantine",), gpus=urls) as stack:
-        job, out, ckpt = submit_job(slurm, stack, tmp_path, job_name, ranks_per_node=1)
-        first = running_on(slurm, job)
-        wait_checkpoints(out)
-        bad = first[1]
-        scenario = scenarios[bad]
-        doc = json.loads(scenario.read_text())
-        doc["xid_events"] = [{"gpu": 0, "xid": 48}]
-        scenario.write_text(json.dumps(doc))
-        t_fault = kill_rank(job_name, bad)  # XID 48 takes the CUDA process with it
-        acted = wait_until(lambda: audit(stack, "node_quarantine", "acted"), timeout=120,
-                           what="the quarantine acted")
-        t_acted = time.time()
-        plan = acted[0]["detail"]["results"][0]["result"]["plan"]
-        assert (plan["fault"]["xid"], plan["fault"]["nodes"]) == (48, [bad])
-        assert len(drains(stack.log)) == 1 and requeues(stack.log) == [["requeue", job]]
-        second = assert_resumed(slurm, job, out, ckpt)
-        assert bad not in second and set(first) - {bad} <= set(second)
-        assert len(drains(stack.log)) == 1
-        print(f"XID 48 + rank death -> quarantine acted {t_acted - t_fault:.1f} s (demo)")
+        try:
+            job, out, ckpt = submit_job(slurm, stack, tmp_path, job_name, ranks_per_node=1)
+            first = running_on(slurm, job)
+            slots1 = clock.incarnation(job_name, first, ranks=2)
+            wait_checkpoints(out)
+            bad = first[1]
+            scenario = scenarios[bad]
+            doc = json.loads(scenario.read_text())
+            doc["xid_events"] = [{"gpu": 0, "xid": 48}]
+            scenario.write_text(json.dumps(doc))
+            killed = clock.pid(next(r for r, n in slots1.items() if n == bad))
+            t_fault = kill_rank(job_name, bad)  # XID 48 takes the CUDA process with it
+            clock.killed(killed, t_fault)
+            acted = wait_until(lambda: audit(stack, "node_quarantine", "acted"), timeout=120,
+                               what="the quarantine acted")
+            t_acted = time.time()
+            plan = acted[0]["detail"]["results"][0]["result"]["plan"]
+            assert (plan["fault"]["xid"], plan["fault"]["nodes"]) == (48, [bad])
+            assert len(drains(stack.log)) == 1 and requeues(stack.log) == [["requeue", job]]
+            second = running_on(slurm, job, timeout=120)
+            slots2 = clock.incarnation(job_name, second, ranks=2)
+            assert bad not in second and set(first) - {bad} <= set(second)
+            moved = [r for r in slots2 if slots2[r] != slots1[r]]
+            assert moved, (slots1, slots2)  # a slot now runs on the spare
+            job_level_goodput_is_the_stopwatch(stack, clock, out, job_name, slots2)
+            assert_resumed(slurm, job, out, ckpt)
+            assert len(drains(stack.log)) == 1
+            print(f"XID 48 + rank death -> quarantine acted {t_acted - t_fault:.1f} s (demo)")
+        finally:
+            clock.close()
     assert "drain" in slurm.node_state(bad)
+
+
+def job_level_goodput_is_the_stopwatch(stack: Stack, clock: RankClock, out: Path, job: str,
+                                       slots: dict[int, str]) -> None:
+    """The job's counters on every node added up against the stopwatch, once each new node
+    serves them (a new job's counters read zero for their first 30 s) and the job has
+    stepped; then the Goodput dashboard over the whole run."""
+    resumed = wait_until(lambda: (r := of(events(out), "resumed")) and len(r) == 2 and r,
+                         timeout=180, interval=0.5, what="both ranks resumed")
+    resumed_from = resumed[0]["step"] - 1
+    spare = [stack.exporters[n] for n in set(slots.values())]
+    wait_until(lambda: all(node_totals(exp, job).get("wall", 0) > 0 for exp in spare),
+               timeout=120, interval=0.5, what="the new nodes serving the job's counters")
+    wait_until(lambda: all(node_totals(exp, job).get("discarded_restart", 0) > 0
+                           for exp in spare), timeout=60, interval=0.5,
+               what="each slot's restart discard booked")
+    at = time.time()
+    totals: dict[str, float] = {}
+    for exp in stack.exporters.values():
+        for key, value in node_totals(exp, job).items():
+            totals[key] = totals.get(key, 0.0) + value
+    found = events(out)
+    restarted = of(found, "incarnation", restart_count=1)[0]["time"]
+    old = [e for e in found if e.get("time", 0) < restarted]
+    stopped = clock.stopped(found, 0)
+    truth = {
+        "wall": sum(at - clock.starts[0][r] for r in slots),
+        "downtime": sum(clock.starts[1][r] - stopped[r] for r in slots),
+        "discarded_restart": sum(discarded_by_restart(old, r, resumed_from) for r in slots),
+    }
+    report = {k: (round(totals.get(k, 0.0), 2), round(v, 2)) for k, v in truth.items()}
+    print("job-level goodput (Trainwatch, stopwatch):", report)
+    for key, want in truth.items():
+        assert abs(totals.get(key, 0.0) - want) <= max(0.5, 0.02 * want), (key, report)
+    points = goodput_panels_sound(stack.prom, job, clock.starts[0][0], time.time())
+    assert points["Time by kind"] > 0 and points["ETTR (life)"] > 0, points

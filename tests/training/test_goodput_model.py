@@ -153,20 +153,26 @@ def test_ledger_incarnations_downtime_stall_and_restart_discard(tmp_path: Path) 
                 account._checkpoints.event(rg.SAVE, t, t, 5)
         ledger.ingest("job-a", "inc1", rank, False, report(account, 15.0), 1000.0 + 15.0)
     # killed at 1015 (last heartbeat); relaunched processes start at 1020
-    new = rg.RankAccount(0.0, Manager())
-    ledger.ingest("job-a", "inc2", 0, False, report(new, 0.5), 1020.5)
+    new = [rg.RankAccount(0.0, Manager()) for _ in range(2)]
+    for rank, account in enumerate(new):
+        ledger.ingest("job-a", "inc2", rank, False, report(account, 0.5), 1020.5)
     totals = ledger.totals(["job-a"])["job-a"]
     assert totals["stall"] == pytest.approx(2 * 3.0)  # last report 1012 -> heartbeat 1015
-    assert totals["downtime"] == pytest.approx(5.0)
-    assert totals["discarded_restart"] == 0.0  # not known until the new rank resumed
-    new.resumed = 5
-    ledger.ingest("job-a", "inc2", 0, False, report(new, 1.0), 1021.0)
+    assert totals["downtime"] == pytest.approx(2 * 5.0)
+    assert totals["discarded_restart"] == 0.0  # not known until the new ranks resumed
+    new[0].resumed = 5
+    ledger.ingest("job-a", "inc2", 0, False, report(new[0], 1.0), 1021.0)
     totals = ledger.totals(["job-a"])["job-a"]
-    # each old rank kept 10 s, of which 5 s were saved at step 5
+    # each slot's old rank kept 10 s, of which 5 s were saved at step 5; slot by slot
+    assert totals["discarded_restart"] == pytest.approx(5.0)
+    new[1].resumed = 5
+    ledger.ingest("job-a", "inc2", 1, False, report(new[1], 1.0), 1021.0)
+    ledger.ingest("job-a", "inc2", 1, False, report(new[1], 1.2), 1021.2)  # once
+    totals = ledger.totals(["job-a"])["job-a"]
     assert totals["discarded_restart"] == pytest.approx(2 * 5.0)
     parts = sum(totals[k] for k in gp.KINDS)
     assert parts == pytest.approx(totals["wall"])
-    assert totals["wall"] == pytest.approx(2 * 15.0 + 5.0)
+    assert totals["wall"] == pytest.approx(2 * 15.0 + 2 * 5.0)
     # a late datagram of the retired incarnation changes nothing
     ledger.ingest("job-a", "inc1", 1, False, report(old[1], 30.0), 1030.0)
     assert ledger.totals(["job-a"])["job-a"] == totals

@@ -27,6 +27,7 @@ from trainwatch.exporters.contract.goodput import (
     KINDS,
     PER_RANK_CAUSES,
     RANK_KINDS,
+    Handoff,
     RankGoodput,
     mark_at,
 )
@@ -63,6 +64,11 @@ class RankEntry:
     age: float = 0.0  # the process's age in its newest datagram
     negative: int = 0  # the rank's own count of negative intervals, already added
     settled: bool = False  # silent long enough: its trailing seconds are booked
+    # A new incarnation's rank whose slot's restart discard is not booked yet (it is once the
+    # rank says where it resumed), and whether its gap came from its handoff (the slot's rank
+    # before it reported elsewhere) rather than this node's own record.
+    joining: bool = False
+    handed: bool = False
 
     @classmethod
     def fresh(cls, start: float, heartbeat: float) -> RankEntry:
@@ -78,12 +84,11 @@ class JobLedger:
     incarnation: str = ""
     ranks: dict[int, RankEntry] = field(default_factory=dict)
     retired: list[str] = field(default_factory=list)
-    # The incarnation before this one: when it ended, its ranks' kept progress and marks
-    # (for the restart's discard, once a new rank says where it resumed), and which new
-    # ranks were charged the downtime.
+    # The incarnation before this one on this node: when it ended here, and its ranks' kept
+    # progress and marks, each slot's taken by the slot's next rank here (its restart
+    # discard, once that rank says where it resumed).
     previous_end: float | None = None
     previous_ranks: dict[int, tuple[float, list[tuple[int, float]]]] = field(default_factory=dict)
-    restart_settled: bool = True
     updated: float = 0.0
     born: float = 0.0  # when this node first heard of the job (its counters' birth at zero)
 
@@ -102,7 +107,7 @@ class JobLedger:
                 "ranks": {str(r): asdict(e) for r, e in self.ranks.items()},
                 "retired": self.retired, "previous_end": self.previous_end,
                 "previous_ranks": {str(r): [g, m] for r, (g, m) in self.previous_ranks.items()},
-                "restart_settled": self.restart_settled, "updated": self.updated,
+                "updated": self.updated,
                 "born": self.born}
 
     @classmethod
@@ -118,7 +123,6 @@ class JobLedger:
         job.previous_end = data.get("previous_end")
         job.previous_ranks = {int(r): (float(g), [(int(s), float(v)) for s, v in m])
                               for r, (g, m) in data.get("previous_ranks", {}).items()}
-        job.restart_settled = bool(data.get("restart_settled", True))
         job.updated = float(data.get("updated", 0.0))
         job.born = float(data.get("born", 0.0))
         return job
@@ -218,8 +222,7 @@ class Ledger:
                               "discarded": g.discarded}
             if entry is None:
                 entry = job.ranks[rank] = RankEntry.fresh(start, heartbeat)
-                if job.previous_end is not None:
-                    job.add("downtime", start - job.previous_end)
+                self._join(job, rank, entry, g.previous)
             entry.start = min(entry.start, start)  # the least delayed datagram places it best
             for kind in RANK_KINDS:
                 job.add(kind, g.seconds[kind] - entry.seen[kind])
@@ -233,13 +236,51 @@ class Ledger:
             entry.age = g.age
             entry.finished = finished
             entry.goodput, entry.marks = g.goodput, list(g.marks)
-            if not job.restart_settled and g.resumed is not None:
-                job.restart_settled = True
-                job.add("discarded_restart", sum(
-                    max(0.0, kept - mark_at(marks, g.resumed))
-                    for kept, marks in job.previous_ranks.values()))
+            if entry.joining and g.resumed is not None:
+                self._discard_restart(job, rank, entry, g.resumed, g.previous)
             job.updated = self._wall()
             self._dirty.add(job_name)
+
+    @staticmethod
+    def _join(job: JobLedger, rank: int, entry: RankEntry, previous: Handoff | None) -> None:
+        """Book a new rank's gap (downtime) since its slot's rank before it, once per slot.
+
+        Where this node saw that rank (the incarnation the new rank's handoff follows, or,
+        without a handoff to say which, any earlier one here): from that incarnation's end
+        here. Otherwise (the slot moved here from another node, or the job comes back after
+        running elsewhere): the handoff's gap, which the node that saw the old rank never
+        books. With neither: nothing."""
+        if previous is not None and previous.incarnation == job.incarnation:
+            previous = None  # a process under a reused id: ingest handles it as such
+        before = job.retired[-1] if job.retired else None
+        entry.joining = True
+        if job.previous_end is not None and (
+                previous is None or (previous.incarnation == before
+                                     and rank in job.previous_ranks)):
+            job.add("downtime", entry.start - job.previous_end)
+        elif previous is not None:
+            entry.handed = True
+            job.add("downtime", previous.downtime)
+            # this node's record of the slot, if any, is of an older incarnation: not this
+            # rank's to discard
+            job.previous_ranks.pop(rank, None)
+        else:
+            entry.joining = False
+
+    @staticmethod
+    def _discard_restart(job: JobLedger, rank: int, entry: RankEntry, resumed: int,
+                         previous: Handoff | None) -> None:
+        """The slot's old rank's kept progress beyond the checkpoint the new one resumed from,
+        once: from this node's record of it, or from the handoff where the slot moved."""
+        entry.joining = False
+        if entry.handed:
+            if previous is not None and previous.discarded is not None:
+                job.add("discarded_restart", previous.discarded)
+            return
+        kept_marks = job.previous_ranks.pop(rank, None)
+        if kept_marks is not None:
+            kept, marks = kept_marks
+            job.add("discarded_restart", max(0.0, kept - mark_at(marks, resumed)))
 
     @staticmethod
     def _close(job: JobLedger, entry: RankEntry, end: float) -> None:
@@ -258,7 +299,6 @@ class Ledger:
                 self._close(job, entry, end)
             job.previous_end = end
             job.previous_ranks = {r: (e.goodput, e.marks) for r, e in job.ranks.items()}
-            job.restart_settled = False
         job.incarnation = incarnation
         job.ranks = {}
 
