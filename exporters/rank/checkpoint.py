@@ -8,6 +8,8 @@ Layout of the checkpoint directory (one directory shared by every rank: see docs
     manifest.json                   {"version": 2, "checkpoints": [{"step", "dir", "loss",
                                      "healthy", "world_size", "time"}, ...]}   (oldest first)
     effects.json                    command effects journalled as they are agreed (train_state)
+    lineage/rank-<r>.json           each rank's record of itself, for goodput across nodes
+                                     (exporters/rank/lineage.py)
     step-0000000120-9f2c41d07a3be512-3/   one checkpoint (run id agreed at start, save number)
         .metadata, __<rank>_0.distcp   DCP: every rank writes its own shards
         rng-rank<r>.json            every rank's RNG state, written by that rank

@@ -112,18 +112,22 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def discarded_by_restart(found: list[dict[str, Any]], rank: int, resumed_from: int) -> float:
-    """Productive seconds rank `rank` spent past checkpoint `resumed_from` in the incarnation
-    whose events are `found`: each step's time from the step before, less a save between."""
+def productive_seconds(found: list[dict[str, Any]], rank: int, after: int = -1) -> float:
+    """Productive seconds of rank `rank` in the incarnation whose events are `found`, in its
+    steps after step `after`: each step's time from the step before, less a save between
+    (the first step's own time is startup)."""
     steps = {e["step"]: e["time"] for e in of(found, "step", rank=rank)}
     saved = {e["step"]: e["time"] - steps[e["step"]] for e in of(found, "checkpoint_saved",
                                                                   rank=rank)
              if e["step"] in steps}
-    total = 0.0
-    for step in sorted(steps):
-        if step > resumed_from and step - 1 in steps:
-            total += steps[step] - steps[step - 1] - saved.get(step - 1, 0.0)
-    return total
+    return sum(steps[step] - steps[step - 1] - saved.get(step - 1, 0.0)
+               for step in sorted(steps) if step > after and step - 1 in steps)
+
+
+def discarded_by_restart(found: list[dict[str, Any]], rank: int, resumed_from: int) -> float:
+    """What a restart threw away of rank `rank`'s incarnation `found`: its productive time
+    after the checkpoint the next incarnation resumed from."""
+    return productive_seconds(found, rank, after=resumed_from)
 
 
 def goodput_panels_sound(prom: str, job: str, start: float, end: float) -> dict[str, int]:

@@ -27,14 +27,19 @@ import pytest
 
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.fixtures import drains, requeues
-from tests.slurm.job_clock import RankClock, discarded_by_restart, goodput_panels_sound
+from tests.slurm.job_clock import (
+    RankClock,
+    discarded_by_restart,
+    goodput_panels_sound,
+    productive_seconds,
+)
 from tests.slurm.test_heal_e2e import events
 from tests.slurm.test_heal_ended import assert_resumed
 from tests.slurm.test_heal_hang import Stack, audit, monitoring, submit_job, wait_checkpoints
 from tests.slurm.test_quarantine import NODE_HOST, running_on
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
-from tests.training.goodput_support import node_totals
+from tests.training.goodput_support import node_totals, query, settled_ettr
 from tests.training.support import of
 from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
 from trainwatch.exporters.node.tools.stack_dump import rank_processes
@@ -130,8 +135,10 @@ def test_fatal_xid_that_kills_its_rank_drains_the_node_and_requeues_the_ended_jo
             assert bad not in second and set(first) - {bad} <= set(second)
             moved = [r for r in slots2 if slots2[r] != slots1[r]]
             assert moved, (slots1, slots2)  # a slot now runs on the spare
-            job_level_goodput_is_the_stopwatch(stack, clock, out, job_name, slots2)
-            assert_resumed(slurm, job, out, ckpt)
+            resumed_from = job_level_goodput_is_the_stopwatch(stack, clock, out, job_name,
+                                                              slots2)
+            assert_resumed(slurm, job, out, ckpt)  # and cancelled
+            hour_ettr_is_the_stopwatch(stack, clock, out, job_name, slots2, resumed_from)
             assert len(drains(stack.log)) == 1
             print(f"XID 48 + rank death -> quarantine acted {t_acted - t_fault:.1f} s (demo)")
         finally:
@@ -140,10 +147,10 @@ def test_fatal_xid_that_kills_its_rank_drains_the_node_and_requeues_the_ended_jo
 
 
 def job_level_goodput_is_the_stopwatch(stack: Stack, clock: RankClock, out: Path, job: str,
-                                       slots: dict[int, str]) -> None:
+                                       slots: dict[int, str]) -> int:
     """The job's counters on every node added up against the stopwatch, once each new node
     serves them (a new job's counters read zero for their first 30 s) and the job has
-    stepped; then the Goodput dashboard over the whole run."""
+    stepped; then the Goodput dashboard over the whole run. The checkpoint resumed from."""
     resumed = wait_until(lambda: (r := of(events(out), "resumed")) and len(r) == 2 and r,
                          timeout=180, interval=0.5, what="both ranks resumed")
     resumed_from = resumed[0]["step"] - 1
@@ -173,3 +180,24 @@ def job_level_goodput_is_the_stopwatch(stack: Stack, clock: RankClock, out: Path
         assert abs(totals.get(key, 0.0) - want) <= max(0.5, 0.02 * want), (key, report)
     points = goodput_panels_sound(stack.prom, job, clock.starts[0][0], time.time())
     assert points["Time by kind"] > 0 and points["ETTR (life)"] > 0, points
+    return resumed_from
+
+
+def hour_ettr_is_the_stopwatch(stack: Stack, clock: RankClock, out: Path, job: str,
+                               slots: dict[int, str], resumed_from: int) -> None:
+    """After the job's end: the 1 h ETTR in Prometheus (the shipped rule) against the job's own
+    step log (productive time kept, over each slot's first start to its last step), and
+    TrainingGoodputLow having fired (the restart's downtime fills its window)."""
+    found = events(out)
+    restarted = of(found, "incarnation", restart_count=1)[0]["time"]
+    old = [e for e in found if e.get("time", 0) < restarted]
+    new = [e for e in found if e.get("time", 0) >= restarted]
+    kept = sum(productive_seconds(old, r) - discarded_by_restart(old, r, resumed_from)
+               + productive_seconds(new, r) for r in slots)
+    wall = sum(of(new, "step", rank=r)[-1]["time"] - clock.starts[0][r] for r in slots)
+    ettr = settled_ettr(stack.prom, job, wall)
+    print(f"1 h ETTR (Prometheus, stopwatch): {ettr:.4f}, {kept / wall:.4f}")
+    assert abs(ettr - kept / wall) <= 0.01, (ettr, kept / wall)
+    fired = query(stack.prom, f'max_over_time(ALERTS{{alertname="TrainingGoodputLow",'
+                              f'training_job="{job}",alertstate="firing"}}[1h])')
+    assert fired == 1.0

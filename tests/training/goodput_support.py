@@ -13,11 +13,15 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from alert_rules import goodput as rules
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess
 from tests.training.support import events, of
 from trainwatch.exporters.contract import catalog
 from trainwatch.exporters.contract import goodput as gp
+from trainwatch.exporters.rank.shipper import HEARTBEAT_SECONDS
+
+RATE_WINDOW_SECONDS = 10  # the demo profile's goodput rate window
 
 WORKER = Path(__file__).with_name("jobs") / "goodput_worker.py"
 
@@ -101,3 +105,35 @@ class Measured:
             e["wall"] += end[rank] - start[rank]
             per_rank[rank] = {"steps": steps, "productive": productive, "rolled": rolled}
         return per_rank
+
+
+def query(url: str, expr: str) -> float | None:
+    answer = requests.get(f"{url}/api/v1/query", params={"query": expr}, timeout=5).json()
+    result = answer["data"]["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
+def settled_ettr(url: str, job: str, wall: float) -> float:
+    """The 1 h ETTR once Prometheus has seen the job's whole wall counted (as measured, less
+    what the exporter cannot see: a killed rank's life after its last heartbeat) and a rate
+    window has passed over the last increase (the recorded wall rate is back at 0)."""
+    blind = 2 * HEARTBEAT_SECONDS + 0.5  # two ranks
+    seen = (f"sum(max_over_time({catalog.TRAINING_NODE_WALL}"
+            f'{{training_job="{job}"}}[1h]))')
+    try:
+        wait_until(lambda: (query(url, seen) or 0.0) >= wall - blind,
+                   timeout=60, what=f"{job}'s wall counted in Prometheus")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}: measured wall {wall:.2f}, "
+                             f"Prometheus saw {query(url, seen)}") from None
+    counted = time.time()
+
+    def ready() -> float | None:
+        if time.time() < counted + RATE_WINDOW_SECONDS + 2:
+            return None
+        rate = query(url, f'{rules.WALL_RATE}{{training_job="{job}"}}')
+        ettr = query(url, f'{rules.ETTR_1H}{{training_job="{job}"}}')
+        # 0, or absent: what the code before kept no series for once the job expired
+        return ettr if rate in (0.0, None) and ettr is not None else None
+
+    return wait_until(ready, timeout=90, what=f"{job}'s 1 h ETTR settled")

@@ -28,24 +28,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 import yaml
 
-from alert_rules import goodput as rules
 from tests.support.net import wait_until
 from tests.support.procs import ManagedProcess, prometheus
-from tests.training.goodput_support import Measured, launch, newest_step, starts
+from tests.training.goodput_support import (
+    Measured,
+    launch,
+    newest_step,
+    query,
+    settled_ettr,
+    starts,
+)
 from tests.training.support import JOB_BASE_ENV, Exporter, events, exporter, of
-from trainwatch.exporters.contract import catalog
 from trainwatch.exporters.contract import goodput as gp
-from trainwatch.exporters.rank.shipper import HEARTBEAT_SECONDS
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "alert_rules" / "generated" / "demo" / "goodput.yml"
 EXPIRY_SECONDS = 5  # the exporter's job expiry; the relaunch gap is longer
 DEPARTED_SECONDS = 3  # silent this long: the incarnation ended for good
-RATE_WINDOW_SECONDS = 10  # the demo profile's
 HEALTHY = ("--steps", "120", "--step-time", "0.05", "--slow-data-steps", "20-29",
            "--data-delay", "0.1")
 
@@ -68,38 +70,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Exporter, 
                 {"targets": [exp.url.removeprefix("http://")]}]}]}))
         with prometheus(workdir, config) as url:
             yield exp, url
-
-
-def query(url: str, expr: str) -> float | None:
-    answer = requests.get(f"{url}/api/v1/query", params={"query": expr}, timeout=5).json()
-    result = answer["data"]["result"]
-    return float(result[0]["value"][1]) if result else None
-
-
-def settled_ettr(url: str, job: str, wall: float) -> float:
-    """The 1 h ETTR once Prometheus has seen the job's whole wall counted (as measured, less
-    what the exporter cannot see: a killed rank's life after its last heartbeat) and a rate
-    window has passed over the last increase (the recorded wall rate is back at 0)."""
-    blind = 2 * HEARTBEAT_SECONDS + 0.5  # two ranks
-    seen = (f"sum(max_over_time({catalog.TRAINING_NODE_WALL}"
-            f'{{training_job="{job}"}}[1h]))')
-    try:
-        wait_until(lambda: (query(url, seen) or 0.0) >= wall - blind,
-                   timeout=60, what=f"{job}'s wall counted in Prometheus")
-    except TimeoutError as exc:
-        raise AssertionError(f"{exc}: measured wall {wall:.2f}, "
-                             f"Prometheus saw {query(url, seen)}") from None
-    counted = time.time()
-
-    def ready() -> float | None:
-        if time.time() < counted + RATE_WINDOW_SECONDS + 2:
-            return None
-        rate = query(url, f'{rules.WALL_RATE}{{training_job="{job}"}}')
-        ettr = query(url, f'{rules.ETTR_1H}{{training_job="{job}"}}')
-        # 0, or absent: what the code before kept no series for once the job expired
-        return ettr if rate in (0.0, None) and ettr is not None else None
-
-    return wait_until(ready, timeout=90, what=f"{job}'s 1 h ETTR settled")
 
 
 def truth(e: dict[str, float]) -> float:
