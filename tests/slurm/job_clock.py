@@ -18,10 +18,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import requests
-
-from dashboards import check
-from tests.dashboards.dashboard_files import load_all
 from tests.support.net import wait_until
 from tests.training.goodput_support import started_at
 from tests.training.support import of
@@ -128,38 +124,3 @@ def discarded_by_restart(found: list[dict[str, Any]], rank: int, resumed_from: i
     """What a restart threw away of rank `rank`'s incarnation `found`: its productive time
     after the checkpoint the next incarnation resumed from."""
     return productive_seconds(found, rank, after=resumed_from)
-
-
-def goodput_panels_sound(prom: str, job: str, start: float, end: float) -> dict[str, int]:
-    """Every Goodput dashboard query over [start, end] (1 s steps) for `job`: no NaN or
-    infinity, no negative value in a share panel, and the stacked shares of "Time by kind"
-    adding up to 1 within 0.01 at every instant that has them. Returns the number of points
-    read per panel."""
-    dashboard = next(d for d in load_all().values() if d["uid"] == "trainwatch-goodput")
-    points: dict[str, int] = {}
-    for title, expr in check.panel_queries(dashboard, {"training_job": job}):
-        panel = next(p for p in check.panels(dashboard) if p.get("title") == title)
-        unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
-        resp = requests.get(f"{prom}/api/v1/query_range", timeout=30, params={
-            "query": expr, "start": start, "end": end, "step": 1})
-        assert resp.status_code == 200, (title, resp.text)
-        series = resp.json()["data"]["result"]
-        sums: dict[float, float] = {}
-        for one in series:
-            for at, value in one["values"]:
-                number = float(value)
-                assert math.isfinite(number), (title, one["metric"], at, value)
-                if unit == "percentunit":
-                    assert number >= 0.0, (title, one["metric"], at, value)
-                sums[at] = sums.get(at, 0.0) + number
-        if title == "Time by kind":
-            off = {at: s for at, s in sums.items() if abs(s - 1.0) > 0.01}
-            assert sums and not off, (title, off)
-        points[title] = sum(len(one["values"]) for one in series)
-    for name, expr in check.annotation_queries(dashboard, {"training_job": job}):
-        resp = requests.get(f"{prom}/api/v1/query_range", timeout=30, params={
-            "query": expr, "start": start, "end": end, "step": 1})
-        assert resp.status_code == 200, (name, resp.text)
-        for one in resp.json()["data"]["result"]:
-            assert all(math.isfinite(float(v)) for _, v in one["values"]), (name, one)
-    return points

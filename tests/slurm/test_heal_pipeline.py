@@ -27,19 +27,19 @@ import pytest
 
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.fixtures import drains, requeues
-from tests.slurm.job_clock import (
-    RankClock,
-    discarded_by_restart,
-    goodput_panels_sound,
-    productive_seconds,
-)
+from tests.slurm.job_clock import RankClock, discarded_by_restart, productive_seconds
 from tests.slurm.test_heal_e2e import events
 from tests.slurm.test_heal_ended import assert_resumed
 from tests.slurm.test_heal_hang import Stack, audit, monitoring, submit_job, wait_checkpoints
 from tests.slurm.test_quarantine import NODE_HOST, running_on
 from tests.support.net import free_port, wait_until
 from tests.support.procs import running
-from tests.training.goodput_support import node_totals, query, settled_ettr
+from tests.training.goodput_support import (
+    goodput_panels_sound,
+    node_totals,
+    query,
+    settled_ettr,
+)
 from tests.training.support import of
 from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
 from trainwatch.exporters.node.tools.stack_dump import rank_processes
@@ -178,7 +178,7 @@ def job_level_goodput_is_the_stopwatch(stack: Stack, clock: RankClock, out: Path
     print("job-level goodput (Trainwatch, stopwatch):", report)
     for key, want in truth.items():
         assert abs(totals.get(key, 0.0) - want) <= max(0.5, 0.02 * want), (key, report)
-    points = goodput_panels_sound(stack.prom, job, clock.starts[0][0], time.time())
+    points = goodput_panels_sound(stack.prom, job, clock.starts[0][0], time.time(), 2)
     assert points["Time by kind"] > 0 and points["ETTR (life)"] > 0, points
     return resumed_from
 

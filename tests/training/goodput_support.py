@@ -4,6 +4,7 @@ processes' start times from /proc, and every cause measured with the job's own c
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import sys
 import time
@@ -14,6 +15,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from alert_rules import goodput as rules
+from dashboards import check
+from tests.dashboards.dashboard_files import load_all
 from tests.support.net import free_port, wait_until
 from tests.support.procs import ManagedProcess
 from tests.training.support import events, of
@@ -137,3 +140,42 @@ def settled_ettr(url: str, job: str, wall: float) -> float:
         return ettr if rate in (0.0, None) and ettr is not None else None
 
     return wait_until(ready, timeout=90, what=f"{job}'s 1 h ETTR settled")
+
+
+def goodput_panels_sound(prom: str, job: str, start: float, end: float,
+                         ranks: int) -> dict[str, int]:
+    """Every Goodput dashboard query (and annotation) over [start, end] (1 s steps) for
+    `job`: no NaN or infinity, no negative value in a share panel, the stacked shares of
+    "Time by kind" adding up to 1 within 0.01 at every instant that has them, and "Ranks
+    counted" the job's `ranks` wherever it has a value (through stalls and restarts too).
+    Returns the number of points read per panel (issue 37, shape 4 and acceptance 3)."""
+    dashboard = next(d for d in load_all().values() if d["uid"] == "trainwatch-goodput")
+    points: dict[str, int] = {}
+    for title, expr in check.panel_queries(dashboard, {"training_job": job}):
+        panel = next(p for p in check.panels(dashboard) if p.get("title") == title)
+        unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit")
+        resp = requests.get(f"{prom}/api/v1/query_range", timeout=30, params={
+            "query": expr, "start": start, "end": end, "step": 1})
+        assert resp.status_code == 200, (title, resp.text)
+        series = resp.json()["data"]["result"]
+        sums: dict[float, float] = {}
+        for one in series:
+            for at, value in one["values"]:
+                number = float(value)
+                assert math.isfinite(number), (title, one["metric"], at, value)
+                if unit == "percentunit":
+                    assert number >= 0.0, (title, one["metric"], at, value)
+                sums[at] = sums.get(at, 0.0) + number
+        if title == "Ranks counted":
+            assert set(sums.values()) <= {float(ranks)}, (title, sums)
+        if title == "Time by kind":
+            off = {at: s for at, s in sums.items() if abs(s - 1.0) > 0.01}
+            assert sums and not off, (title, off)
+        points[title] = sum(len(one["values"]) for one in series)
+    for name, expr in check.annotation_queries(dashboard, {"training_job": job}):
+        resp = requests.get(f"{prom}/api/v1/query_range", timeout=30, params={
+            "query": expr, "start": start, "end": end, "step": 1})
+        assert resp.status_code == 200, (name, resp.text)
+        for one in resp.json()["data"]["result"]:
+            assert all(math.isfinite(float(v)) for _, v in one["values"]), (name, one)
+    return points

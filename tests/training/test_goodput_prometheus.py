@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,10 +35,12 @@ from tests.support.net import wait_until
 from tests.support.procs import ManagedProcess, prometheus
 from tests.training.goodput_support import (
     Measured,
+    goodput_panels_sound,
     launch,
     newest_step,
     query,
     settled_ettr,
+    started_at,
     starts,
 )
 from tests.training.support import JOB_BASE_ENV, Exporter, events, exporter, of
@@ -163,6 +166,8 @@ def test_a_gap_longer_than_the_job_expiry_keeps_the_series_and_counts_the_downti
     got = settled_ettr(url, job_name, e["wall"])
     print(f"1 h ETTR {got:.4f}, measured {want:.4f} (downtime {e['downtime']:.1f} s)")
     assert abs(got - want) <= 0.01, (got, want)
+    # shape 4: the dashboard through the kill, the gap and the relaunch
+    goodput_panels_sound(url, job_name, min(start1.values()), time.time(), ranks=2)
 
 
 def test_a_hang_then_a_kill_never_relaunched_counts_the_hang(
@@ -192,6 +197,8 @@ def test_a_hang_then_a_kill_never_relaunched_counts_the_hang(
     print(f"1 h ETTR {got:.4f}, measured {want:.4f} (stall {e['stall']:.1f} s)")
     assert e["stall"] > 15.0
     assert abs(got - want) <= 0.01, (got, want)
+    # shape 4: the dashboard through the hang and the kill
+    goodput_panels_sound(url, job_name, min(start.values()), time.time(), ranks=2)
 
 
 def window_truth(found: list[dict[str, Any]], since: float) -> float:
@@ -233,3 +240,43 @@ def test_the_alert_fires_for_the_job_below_target_and_only_for_it(
     assert window_truth(slow_found, fired - 30) < 0.9
     assert window_truth(fast_found, began) > 0.9
     assert never is None  # neither pending nor firing, ever
+
+
+FRAMEWORK_WORKER = Path(__file__).with_name("jobs") / "framework_worker.py"
+
+
+@pytest.mark.parametrize("framework", ["hf", "lightning"])
+def test_a_framework_jobs_loader_time_is_not_productive_in_the_hour_ettr(
+        stack: tuple[Exporter, str], tmp_path: Path, framework: str) -> None:
+    """Shape 3: a real Trainer (Hugging Face, Lightning) with a slow loader, through the
+    installed callback. Its own clocks: the process start (/proc), the loader's seconds, each
+    optimizer step's end and the trainer's return; the loader's time is data wait, not
+    productive (the code before counted it productive: ETTR far above the truth)."""
+    pytest.importorskip("transformers" if framework == "hf" else "lightning")
+    exp, url = stack
+    job_name = f"gp-{framework}"
+    job = ManagedProcess([sys.executable, str(FRAMEWORK_WORKER), framework],
+                         tmp_path / f"{framework}.log",
+                         env={**JOB_BASE_ENV, **exp.job_env(job_name),
+                              "TMPDIR": str(tmp_path)})
+    try:
+        pid = wait_until(lambda: of(events(job), "start"), timeout=60, what="the job's start")
+        began = started_at(pid[0]["pid"])
+        wait_until(lambda: not job.alive(), timeout=300, what="the trainer's end")
+        assert job.proc.returncode == 0, job.log_text()[-3000:]
+        found = events(job)
+    finally:
+        job.stop()
+    steps = of(found, "step")
+    closed = of(found, "closed")[0]["wall"]
+    first, last = steps[0], steps[-1]
+    wall = closed - began
+    loader = last["loader"]
+    startup = first["wall"] - began - first["loader"]
+    productive = wall - startup - loader - (closed - last["wall"])
+    want = productive / wall
+    got = settled_ettr(url, job_name, wall)
+    print(f"{framework}: 1 h ETTR {got:.4f}, measured {want:.4f} (loader {loader:.2f} s of "
+          f"{wall:.2f} s)")
+    assert loader > 0.2 * wall  # the shape: a loader worth counting
+    assert abs(got - want) <= 0.01, (got, want)
