@@ -111,7 +111,8 @@ class RankAccount:
         # CheckpointManager only, which knows the directory every node of the job mounts.
         directory = getattr(checkpoints, "directory", None)
         self._record = (lineage.RecordWriter(
-            Path(directory), int(checkpoints.rank), local_rank, lineage.local_world_size(),
+            Path(directory), int(getattr(checkpoints, "rank", 0)), local_rank,
+            lineage.local_world_size(),
             lineage.record_interval(int(getattr(checkpoints, "world_size", 1))))
             if directory is not None else None)
         # The handoff from the slot's rank before this process (lineage.py): its gap from the
