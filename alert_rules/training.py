@@ -180,6 +180,33 @@ JOB_FINISHED = "training_job:training_finished:min_last_over_time"
 # rank: its peers die of it after it stopped, and their monitors say so as they exit); the
 # value is that heartbeat's Unix time
 STOPPED_FIRST = "training_job_rank:training_heartbeat:stopped_first"
+# per job and training exporter (`instance`) that still serves an earlier launch of the job
+# than its newest (the job moved off that node; the exporter keeps the old launch's ranks until
+# the job expires there): the newest heartbeat of that launch. The readers of every rank's
+# series (the stall suspects, the rank that stopped first) leave those exporters out, so no
+# alert names a rank of an incarnation other than the job's newest.
+SUPERSEDED = "training_job_instance:training_stall_evidence:superseded"
+
+
+def _superseded(p: Profile) -> Record:
+    """The exporters still serving a launch of a job older than its newest one. A launch is
+    the stall evidence's `incarnation` (the same id on every node of one launch); launches of
+    one job run one after another, so the newest is the one whose ranks heartbeated last. Read
+    from the evidence, which every exporter of a stopped job serves whatever the rules'
+    aggregation; a node serves one launch of a job at a time, so the exporter names it."""
+    beat = sel(catalog.TRAINING_STALL_EVIDENCE, p.selector("training"), 'signal="heartbeat"')
+    return Record(SUPERSEDED,
+                  f"max by (training_job, instance) (\n  {beat}\n"
+                  f"  and on (training_job, incarnation)\n  (\n"
+                  f"    max by (training_job, incarnation) ({beat})\n"
+                  f"    < on (training_job) group_left ()\n"
+                  f"    max by (training_job) ({beat})\n  )\n)")
+
+
+def newest_launch(series: str) -> str:
+    """`series` (a rank's) without those of exporters that serve an earlier launch of the
+    job than its newest (SUPERSEDED)."""
+    return f"({series}\nunless on (training_job, instance)\n{SUPERSEDED})"
 
 
 def _twice(duration: str) -> str:
@@ -222,6 +249,7 @@ def _stall_records(p: Profile) -> list[Record]:
     stalled = (f"{PROGRESS_AGE} > on (training_job) {STALL_THRESHOLD}\n"
                f"and on (training_job) {HEARTBEAT_AGE_JOB} < {cfg['heartbeat_stale_seconds']}")
     return [
+        _superseded(p),
         # with the aggregation, the median step time is a slow-moving baseline of its own group
         *([] if p.aggregate else [_step_time_median(p)]),
         Record(PROGRESS_AGE, f"time() - max by (training_job) ({last})"),
@@ -243,18 +271,22 @@ def _stopped_first(p: Profile) -> Record:
     nothing. A job killed whole sends no such word from any rank and names nobody.
     Aggregated, the ranks' heartbeats and exits come from the exporters' stall evidence,
     served for a job whose ranks stopped stepping until the job expires (none while every
-    job steps)."""
+    job steps). Only the job's newest launch counts: after the job moved nodes, an old node
+    still serves the earlier launch's ranks, whose heartbeats stopped before any of the newest
+    launch's."""
     training = p.selector("training")
     if p.aggregate:
         beat = sel(catalog.TRAINING_STALL_EVIDENCE, training, 'signal="heartbeat"')
-        exited = sel(catalog.TRAINING_STALL_EVIDENCE, training, 'signal="exited"') + " == 1"
+        exited = sel(catalog.TRAINING_STALL_EVIDENCE, training, 'signal="exited"')
     else:
         beat = sel(catalog.TRAINING_HEARTBEAT_TIMESTAMP, training)
-        exited = sel(catalog.TRAINING_EXITED, training) + " == 1"
+        exited = sel(catalog.TRAINING_EXITED, training)
+    beat, exited = newest_launch(beat), newest_launch(exited) + " == 1"
     silent = f"({beat} unless on (training_job, rank) {exited})"
     after = p.alert("TrainingJobVanished")["after_seconds"]
     return Record(STOPPED_FIRST,
-                  f"max without (signal) (\n  {silent}\n  == on (training_job) group_left ()\n"
+                  f"max without (signal, incarnation) (\n  {silent}\n"
+                  f"  == on (training_job) group_left ()\n"
                   f"  min by (training_job) {silent}\n)\n"
                   f"and on (training_job)\ncount by (training_job) ({exited})\n"
                   f"and on (training_job)\n{HEARTBEAT_AGE_JOB} > {after}")
@@ -293,7 +325,7 @@ def _suspect_parts(p: Profile, seq: str, step: str, beat: str, collective: str, 
 def _suspects_flat(p: Profile, stalled: str) -> Record:
     """The suspects without per-job recordings (the rules as they were)."""
     training = p.selector("training")
-    seq, step, beat, collective = (sel(metric, training) for metric in (
+    seq, step, beat, collective = (newest_launch(sel(metric, training)) for metric in (
         catalog.TRAINING_COLLECTIVE_SEQ, catalog.TRAINING_STEP,
         catalog.TRAINING_HEARTBEAT_TIMESTAMP, catalog.TRAINING_COLLECTIVE_ID))
     silent, first, lowest = _suspect_parts(p, seq, step, beat, collective,
@@ -319,7 +351,10 @@ def _suspects_per_job(p: Profile, stalled: str) -> list[Record]:
     series whatever follows it, so reading a series that exists only when needed, instead of
     every rank's three series every round, is what saves the time."""
     evidence = sel(catalog.TRAINING_STALL_EVIDENCE, p.selector("training"))
-    inputs = f"{evidence}\nand on (training_job)\n{JOB_STALLED}"
+    # the newest launch's ranks only, without the launch's id (the alerts' labels are the
+    # same with and without the aggregation)
+    inputs = (f"max without (incarnation) (\n  {evidence}\n  and on (training_job)\n"
+              f"  {JOB_STALLED}\n  unless on (training_job, instance)\n  {SUPERSEDED}\n)")
     seq, step, beat, collective = (f'{STALLED_INPUTS}{{signal="{signal}"}}'
                                    for signal in ("seq", "step", "heartbeat", "collective"))
     silent, first, lowest = _suspect_parts(p, seq, step, beat, collective,

@@ -3,6 +3,8 @@
 Decision (once per intent, inside one BEGIN IMMEDIATE transaction, so two processes cannot
 both pass a cooldown): labels allowlisted -> still firing -> dry-run -> approval gate ->
 per-target cooldown and rate limit -> circuit breaker of the playbook's priority -> grant.
+A playbook whose cooldown ends on the job's progress (`cooldown_ends_on: job_progress`, the
+stall playbooks) is cooled down only by the same event (trainwatch.remediation.progress).
 Then steps run one by one; after each the step index is committed, so a crash resumes at the
 first unfinished step (and that step, being idempotent, is safe to repeat).
 
@@ -42,6 +44,7 @@ from trainwatch.remediation.labels import LabelError, safe_labels
 from trainwatch.remediation.lifecycle import Grant, LostLease, cancel_if_resolved, hold
 from trainwatch.remediation.pager import Page, Pager
 from trainwatch.remediation.playbooks import Playbook
+from trainwatch.remediation.progress import Progress, read_progress, same_event
 from trainwatch.remediation.recovery import RecoveryTimes
 from trainwatch.remediation.store import PRIORITIES, Intent, Store, Transaction
 
@@ -85,19 +88,21 @@ class Engine:
 
     # --- decision -------------------------------------------------------------------------
     def _decide(self, intent: Intent, book: Playbook, labels_ok: bool, reason: str,
-                plans: Mapping[str, Plan]) -> str:
+                plans: Mapping[str, Plan], progress: Progress | None = None) -> str:
         """Returns 'act', 'resolve_act', 'deferred', or a terminal decision already written to
         the audit. Each action's rails run here, in the same transaction; pages go out once
         it committed."""
         pages: list[Page] = []
         with self.store.transaction() as tx:
-            decision = self._decide_in(tx, intent, book, labels_ok, reason, plans, pages)
+            decision = self._decide_in(tx, intent, book, labels_ok, reason, plans, pages,
+                                       progress)
         for page in pages:
             self.pager.send(page)
         return decision
 
     def _decide_in(self, tx: Transaction, intent: Intent, book: Playbook, labels_ok: bool,
-                   reason: str, plans: Mapping[str, Plan], pages: list[Page]) -> str:
+                   reason: str, plans: Mapping[str, Plan], pages: list[Page],
+                   progress: Progress | None = None) -> str:
         now = tx.now  # the store's clock: grants and windows agree across replicas
         seen = hold(tx, intent, self.owner)
 
@@ -135,10 +140,13 @@ class Engine:
                         if book.rate_limit_count is not None else None),
             breaker_since=now - self.config.breaker_window_seconds if breaker else None,
             min_priority=priority)
-        if grants.last is not None:
+        same = (None if grants.last is None
+                else same_event(book, intent.starts_at, grants.last, progress))
+        if same is not None:
+            assert grants.last is not None
             return finish(Decision.COOLED_DOWN, "done",
                           f"acted on {key} {now - grants.last:.0f}s ago; cooldown "
-                          f"{book.cooldown_seconds:.0f}s")
+                          f"{book.cooldown_seconds:.0f}s" + (f"; {same}" if same else ""))
         if book.rate_limit_count is not None and \
                 grants.in_rate_window >= book.rate_limit_count:
             return finish(Decision.RATE_LIMITED, "done",
@@ -226,7 +234,9 @@ class Engine:
                 if cancel_if_resolved(tx, hold(tx, intent, self.owner), intent.next_step):
                     return
         else:
-            decision = self._decide(intent, book, labels_ok, reason, plans)
+            progress = (read_progress(self.session, self.config.prometheus_url, book, labels)
+                        if labels_ok else None)
+            decision = self._decide(intent, book, labels_ok, reason, plans, progress)
         if decision not in RUNS_STEPS:
             return
         steps = book.on_resolve if decision == Decision.RESOLVE_ACT else book.steps

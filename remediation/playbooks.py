@@ -14,10 +14,15 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from trainwatch.exporters.contract import commands as training_commands
+from trainwatch.exporters.contract.catalog import LABEL_JOB
 from trainwatch.remediation.actions.registry import ACTIONS
 from trainwatch.remediation.durations import seconds
 from trainwatch.remediation.schemas import first_error, validator
 from trainwatch.remediation.templating import referenced_labels
+
+# `cooldown_ends_on` value: an alert that began after the last action, once the job stepped
+# since that action, is a new event (trainwatch.remediation.engine.same_event)
+COOLDOWN_ENDS_ON_PROGRESS = "job_progress"
 
 
 class PlaybookError(ValueError):
@@ -50,6 +55,9 @@ class Playbook:
     steps: tuple[dict[str, Any], ...]
     on_resolve: tuple[dict[str, Any], ...] = ()
     cooldown_seconds: float = 0.0
+    # COOLDOWN_ENDS_ON_PROGRESS: the cooldown holds only against the same event (the engine's
+    # same_event); None: against every alert on the target
+    cooldown_ends_on: str | None = None
     rate_limit_count: int | None = None
     rate_limit_window_seconds: float = 0.0
     dry_run: bool = False
@@ -110,6 +118,10 @@ def parse_playbook(doc: object, source: Path) -> Playbook:
                         *((f"on_resolve/{i}", s) for i, s in enumerate(on_resolve))]:
         _check_command_args(step, f"{source}: {where}")
     rate = doc.get("rate_limit")
+    if doc.get("cooldown_ends_on") == COOLDOWN_ENDS_ON_PROGRESS \
+            and LABEL_JOB not in doc["target"]:
+        raise PlaybookError(f"{source}: cooldown_ends_on: {COOLDOWN_ENDS_ON_PROGRESS} reads "
+                            f"the job's progress: the target must name {LABEL_JOB}")
     used = set(doc["target"]) | referenced_labels([*steps, *on_resolve])
     for step in (*steps, *on_resolve):  # silence matchers copy label values into Alertmanager
         used.update(step.get("matchers", ()) if step["action"] == "silence" else ())
@@ -121,6 +133,7 @@ def parse_playbook(doc: object, source: Path) -> Playbook:
         steps=steps,
         on_resolve=on_resolve,
         cooldown_seconds=seconds(doc.get("cooldown", 0)),
+        cooldown_ends_on=doc.get("cooldown_ends_on"),
         rate_limit_count=rate["count"] if rate else None,
         rate_limit_window_seconds=seconds(rate["window"]) if rate else 0.0,
         dry_run=bool(doc.get("dry_run", False)),

@@ -38,6 +38,10 @@ TRAINING_LABELS = (LABEL_JOB, LABEL_RANK, LABEL_NODE)
 # event's time (UNIX milliseconds), so each event is an alert of its own.
 LABEL_FAST = "trainwatch_fast"
 LABEL_EVENT = "trainwatch_event"
+# The launch (incarnation) a rank belongs to: the id its ranks share (the wire's incarnation),
+# on the stall evidence, so the rules take a job's newest launch only (an old node keeps
+# serving an earlier launch's ranks after the job moved; alert_rules/training.py SUPERSEDED).
+LABEL_INCARNATION = "incarnation"
 GPU_LABELS = (LABEL_GPU, LABEL_UUID, LABEL_GPU_NAME)
 
 # --- environment variables read by the training client ---------------------------------------
@@ -223,8 +227,8 @@ TRAINING_STALL_EVIDENCE = _training(
     "While the job's ranks on this node make no progress: the rank's collective sequence "
     "(signal=seq), last step (signal=step), heartbeat Unix time (signal=heartbeat), the "
     "collective it is inside (signal=collective, as training_collective_id) or whether it "
-    "ended without a clean finish (signal=exited, 0 or 1).",
-    extra=("signal",))
+    "ended without a clean finish (signal=exited, 0 or 1); incarnation is the rank's launch.",
+    extra=("signal", LABEL_INCARNATION))
 STALL_EVIDENCE_SIGNALS = ("seq", "step", "heartbeat", "collective", "exited")
 TRAINING_SAMPLES = _training("training_samples_total", COUNTER, "Samples processed.",
                              wire="samples_total")

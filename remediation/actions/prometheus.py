@@ -1,5 +1,5 @@
 """The Prometheus look-ups remediation makes, in one place: the instant query and what the
-actions ask of it (the nodes where a job's ranks still heartbeat).
+actions ask of it (the nodes where a job's ranks still heartbeat; when the job last stepped).
 
 Why here and not in one action: `ansible` (hosts_from: job_nodes) and `training_command` both
 find a job's nodes, and an error must name the action whose step failed, not the module the
@@ -19,6 +19,7 @@ from trainwatch.exporters.contract.catalog import (
     LABEL_JOB,
     RANK_DEPARTED_AFTER_SECONDS,
     TRAINING_NODE_HEARTBEAT_TIMESTAMP,
+    TRAINING_NODE_LAST_STEP_TIMESTAMP,
 )
 from trainwatch.remediation.actions.base import ActionContext, ActionError
 
@@ -65,3 +66,18 @@ def job_instances(ctx: ActionContext, job: str, *, action: str,
     if bad:
         raise ActionError(f"{action}: refusing malformed instance labels {bad[:3]!r}")
     return instances
+
+
+def job_last_step(session: requests.Session | Any, prometheus_url: str, job: str) -> float | None:
+    """Unix time of the newest step of `job` that any training exporter serves (None: no
+    exporter serves a step of it); PrometheusError when Prometheus does not answer. `job`
+    must be allowlisted (trainwatch.remediation.labels): it goes into the query."""
+    query = f'max({TRAINING_NODE_LAST_STEP_TIMESTAMP}{{{LABEL_JOB}="{job}"}})'
+    newest = None
+    for item in instant_query(session, prometheus_url, query):
+        try:
+            value = float(item["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise PrometheusError(f"unreadable sample {item!r:.200}") from exc
+        newest = value if newest is None else max(newest, value)
+    return newest

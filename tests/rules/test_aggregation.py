@@ -138,15 +138,19 @@ def test_aggregated_alerts_read_per_job_and_per_node_series() -> None:
                 for g in yaml.safe_load(text)["groups"] for r in g["rules"]}
 
     flat, aggregated = by_name(False), by_name(True)
-    assert "max by (training_job) (training_collective_sequence" in flat[
+    assert "max by (training_job) ((training_collective_sequence" in flat[
         "training_job_rank:training_progress:stall_suspect"]
     # no rank's own series is read every round: the stall evidence the exporters expose only
     # while a job's ranks stop stepping, narrowed to the stalled jobs before anything else;
     # the job's max / min and the priorities read only that (normally empty) recording; the
     # job's progress and liveness come from one series per job and node
     inputs = aggregated["training_job_rank:training_progress:stalled_inputs"]
-    assert inputs == ('training_stall_evidence{job="training"}\nand on (training_job)\n'
-                      "training_job:training_progress:stalled")
+    # (less the ranks of a launch of the job older than its newest that an exporter still
+    # serves, without the launch's id)
+    assert inputs == ('max without (incarnation) (\n  training_stall_evidence{job="training"}\n'
+                      "  and on (training_job)\n  training_job:training_progress:stalled\n"
+                      "  unless on (training_job, instance)\n"
+                      "  training_job_instance:training_stall_evidence:superseded\n)")
     stall = [expr for name, expr in aggregated.items() if "progress" in name
              or "heartbeat" in name or name in ("TrainingStalled", "TrainingJobVanished")]
     for metric in ("training_collective_sequence", "training_step",

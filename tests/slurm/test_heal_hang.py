@@ -294,6 +294,44 @@ def test_stopped_rank_node_drained_job_requeued_and_resumed(slurm: SlurmCluster,
         wait_until(lambda: job_nodes(slurm, job)[0] == "", timeout=60, what="job gone")
 
 
+def test_the_next_incarnations_hang_is_healed_inside_the_first_ones_cooldown(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    """docs/performance.md, Chaos soak, bug 3: after one hang was healed, a hang of the job's
+    next incarnation minutes later (inside both stall playbooks' cooldowns on the job) is
+    diagnosed, drained and requeued too; each stall is acted on once. The rails let the
+    second drain through (min_healthy_fraction 0.3: one of three nodes left in service)."""
+    job_name = "heal-hang-twice"
+    with monitoring(tmp_path, slurm, min_healthy_fraction=0.3) as stack:
+        job, out, _ = submit_job(slurm, stack, tmp_path, job_name, ranks_per_node=1)
+        good, bad = running_on(slurm, job)
+        wait_checkpoints(out)
+        stop_rank(job_name, bad)
+        wait_until(lambda: audit(stack, "stalled_job_quarantine", "acted"), timeout=240,
+                   what="the first stall's quarantine acted")
+        # the next incarnation, on the surviving node and the spare, resumes and steps
+        second = running_on(slurm, job, timeout=120)
+        assert bad not in second and good in second and len(second) == 2
+        [spare] = [node for node in second if node != good]
+        resumed = wait_until(lambda: (lambda r: r if len(r) == 2 else None)(
+            of(events(out), "resumed")), timeout=180, interval=0.5, what="both ranks resumed")
+        wait_until(lambda: len({e["step"] for e in of(events(out), "checkpoint_saved")
+                                if e["time"] > resumed[0]["time"]}) >= 2, timeout=240,
+                   interval=0.5, what="2 checkpoints of the next incarnation")
+        stop_rank(job_name, spare)
+        acted = wait_until(lambda: (lambda a: a if len(a) == 2 else None)(
+            audit(stack, "stalled_job_quarantine", "acted")), timeout=300,
+            what="the second stall's quarantine acted")
+        plans = sorted((a["intent_id"], a["detail"]["results"][0]["result"]["plan"])
+                       for a in acted)
+        assert [plan["fault"]["nodes"] for _, plan in plans] == [[bad], [spare]]
+        assert len(audit(stack, "stalled_job_diagnostics", "acted")) == 2
+        assert [[a for a in c if a.startswith("NodeName=")] for c in drains(stack.log)] == [
+            [f"NodeName={bad}"], [f"NodeName={spare}"]]
+        assert len(requeues(stack.log)) == 2, "each stall requeued the job once"
+        slurm.run(["scancel", job])
+        wait_until(lambda: job_nodes(slurm, job)[0] == "", timeout=60, what="job gone")
+
+
 def test_stopped_ranks_on_both_nodes_requeue_without_draining(slurm: SlurmCluster,
                                                               tmp_path: Path) -> None:
     job_name = "heal-hang-both"

@@ -9,7 +9,10 @@ service (a real process) with the shipped playbooks.
   drained, the job resumes from its newest committed checkpoint with equal weights;
 * XID 48 on one node's GPU, taking the rank on it with it: GpuXidErrors, that node drained
   once, the ended job requeued and running on the healthy node and the spare, resumed as
-  above.
+  above;
+* after that quarantine moved the job, its rank on the spare SIGKILLed: TrainingJobVanished
+  names that rank (not the earlier launch's rank the drained node's exporter still serves),
+  and the ended job is requeued.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm.cluster import SlurmCluster
-from tests.slurm.fixtures import drains, requeues
+from tests.slurm.fixtures import drains, job_nodes, requeues
 from tests.slurm.job_clock import RankClock, discarded_by_restart, productive_seconds
 from tests.slurm.test_heal_e2e import events
 from tests.slurm.test_heal_ended import assert_resumed
@@ -196,3 +199,47 @@ def hour_ettr_is_the_stopwatch(stack: Stack, clock: RankClock, out: Path, job: s
     ettr = settled_ettr(stack.prom, job, wall)
     print(f"1 h ETTR (Prometheus, stopwatch): {ettr:.4f}, {kept / wall:.4f}")
     assert abs(ettr - kept / wall) <= 0.01, (ettr, kept / wall)
+
+
+def test_a_rank_killed_after_a_quarantine_moved_the_job_is_named_on_its_new_node(
+        slurm: SlurmCluster, tmp_path: Path) -> None:
+    """docs/performance.md, Chaos soak, bug 2: XID 48 moves the job off a node (drained,
+    requeued onto the healthy node and the spare); then the rank on the spare is SIGKILLed,
+    within TrainingJobVanished's memory of the first death. The drained node's exporter still
+    serves the earlier launch's rank (its heartbeat the oldest), yet the alert names the
+    killed rank on the spare, and job_restart requeues the ended job."""
+    job_name = "heal-moved"
+    with gpu_exporters(tmp_path, slurm.nodes) as (scenarios, urls), \
+            monitoring(tmp_path, slurm, books=("node_quarantine", "job_restart"),
+                       gpus=urls) as stack:
+        job, out, _ = submit_job(slurm, stack, tmp_path, job_name, ranks_per_node=1)
+        first = running_on(slurm, job)
+        wait_checkpoints(out)
+        bad = first[1]
+        doc = json.loads(scenarios[bad].read_text())
+        doc["xid_events"] = [{"gpu": 0, "xid": 48}]
+        scenarios[bad].write_text(json.dumps(doc))
+        kill_rank(job_name, bad)  # XID 48 takes the CUDA process with it
+        wait_until(lambda: audit(stack, "node_quarantine", "acted"), timeout=120,
+                   what="the quarantine acted")
+        second = running_on(slurm, job, timeout=120)
+        assert bad not in second and len(second) == 2
+        [spare] = [node for node in second if node not in first]
+        resumed = wait_until(lambda: (lambda r: r if len(r) == 2 else None)(
+            of(events(out), "resumed")), timeout=180, interval=0.5, what="both ranks resumed")
+        wait_until(lambda: sum(1 for e in of(events(out), "step")
+                               if e["time"] > resumed[0]["time"]) >= 6, timeout=120,
+                   interval=0.5, what="steps after the resume")
+        before = len(requeues(stack.log))
+        kill_rank(job_name, spare)
+        wait_until(lambda: len(requeues(stack.log)) == before + 1, timeout=180,
+                   what="the ended job requeued after the kill on the spare")
+        restarted = wait_until(lambda: [a for a in audit(stack, "job_restart", "acted")
+                                        if a["detail"]["results"][0]["result"]["requeued"]],
+                               timeout=60, what="the restart that requeued it, audited")
+        plan = max(restarted, key=lambda a: a["intent_id"])["detail"]["results"][0][
+            "result"]["plan"]
+        assert plan["alert"]["node"] == NODE_HOST[spare], plan["alert"]
+        running_on(slurm, job, timeout=120)
+        slurm.run(["scancel", job])
+        wait_until(lambda: job_nodes(slurm, job)[0] == "", timeout=60, what="job gone")

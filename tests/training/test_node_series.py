@@ -30,12 +30,13 @@ class Wall:
 
 def _report(rank: int, step: int | None, wall: float | None, *, duration: float = 0.5,
             seq: int | None = None, nonfinite: int = 0, key: int = 0,
-            exiting: bool = False) -> RankReport:
+            exiting: bool = False, incarnation: str = "") -> RankReport:
     steps = [] if step is None else [(step, wall, duration, 1.0, 0.1, 1.0, 0.0)]
     return RankReport(job=JOB, rank=rank, local_rank=rank, world_size=4, restarts=0,
                       counters={catalog.TRAINING_NONFINITE_LOSS: nonfinite},
                       applied_counts={}, command_types={}, cuda=None,
-                      collective_seq=seq, steps=steps, collective_key=key, exiting=exiting)
+                      collective_seq=seq, steps=steps, collective_key=key, exiting=exiting,
+                      incarnation=incarnation)
 
 
 def _scrape(store: Store) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
@@ -91,6 +92,30 @@ def test_stall_evidence_appears_only_once_the_ranks_here_stop_stepping() -> None
     # one rank steps again: the job's ranks here progress, the evidence goes
     store.ingest(_report(0, 21, wall.now, seq=22))
     assert catalog.TRAINING_STALL_EVIDENCE not in _scrape(store)
+
+
+def test_stall_evidence_names_the_launch_its_ranks_belong_to() -> None:
+    """The evidence carries the launch (incarnation) of the ranks this node holds, so the
+    rules can leave out an earlier launch that an old node still serves after the job moved
+    (docs/performance.md, Chaos soak, bug 2); a new launch here replaces it."""
+    wall = Wall(1000.0)
+    store = _store(wall)
+    first, second = "a" * 32, "b" * 32
+    store.ingest(_report(1, 20, 1000.0, seq=20, incarnation=first))
+    wall.now = 1010.0
+
+    def launches() -> dict[tuple[str, str], str]:
+        evidence = _scrape(store)[catalog.TRAINING_STALL_EVIDENCE]
+        return {(dict(k)["rank"], dict(k)["signal"]): dict(k)[catalog.LABEL_INCARNATION]
+                for k in evidence}
+
+    assert set(launches().values()) == {first}
+    assert len(launches()) == len(catalog.STALL_EVIDENCE_SIGNALS)
+    # the job is requeued and its next launch's rank on this node reports and steps, then
+    # stops: its evidence names the new launch, and the earlier launch's rank is gone
+    store.ingest(_report(0, 3, 1020.0, seq=3, incarnation=second))
+    wall.now = 1030.0
+    assert launches() == {("0", signal): second for signal in catalog.STALL_EVIDENCE_SIGNALS}
 
 
 def test_slow_steps_wait_longer_for_evidence() -> None:

@@ -4,7 +4,9 @@ Besides every rank's series, it serves what the alert rules read every round in 
 costs Prometheus little (each series read costs it about 10 us, so 8,192 ranks cost 80 ms per
 read): per job and node, the newest step and heartbeat of the job's ranks here; and the
 per-rank evidence that locates a hang only while the job's ranks here have stopped stepping
-(see stall_evidence_after). The non-finite loss counter appears with the first one (counted
+(see stall_evidence_after), labelled with the launch (incarnation) its ranks belong to: after a
+job moved nodes, the old node serves the earlier launch until the job expires here, and the
+rules leave it out by that label. The non-finite loss counter appears with the first one (counted
 here too, so every non-finite loss gauge comes with it and the alert reads only the counter).
 """
 
@@ -142,9 +144,10 @@ class TrainingCollector(Collector):
         compute_median = _family(c.TRAINING_NODE_COMPUTE_MEDIAN)
         compute_slowest = _family(c.TRAINING_NODE_COMPUTE_SLOWEST)
         compute_ranks = _family(c.TRAINING_NODE_COMPUTE_RANKS)
-        jobs = self._store.snapshot_with_rollups()
+        launches = self._store.snapshot_with_launches()
+        jobs = {job: (ranks, rollup) for job, (ranks, rollup, _) in launches.items()}
         now = self._store.wall()
-        for job, (ranks, rollup) in jobs.items():
+        for job, (ranks, rollup, incarnation) in launches.items():
             node_values = [job, self._node]
             node_samples.add_metric(node_values, rollup.samples)
             node_tokens.add_metric(node_values, rollup.tokens)
@@ -199,7 +202,8 @@ class TrainingCollector(Collector):
                                               collective, float(s.exited)),
                                              strict=True):
                         if value is not None:
-                            evidence.add_metric([*values, signal], float(value))
+                            evidence.add_metric([*values, signal, incarnation],
+                                                float(value))
                 # The datagram's numbers, each under its row; a sparse row (FLOPs and peak of
                 # a job that reports none, non-finite losses before the first) is absent at 0.
                 for row in c.RANK_WIRE:

@@ -461,11 +461,12 @@ class Store:
     # --- collector --------------------------------------------------------------------------
     def snapshot(self) -> dict[str, dict[int, RankState]]:
         """A private copy for one scrape, so rendering happens outside the lock."""
-        return {name: ranks for name, (ranks, _) in self.snapshot_with_rollups().items()}
+        return {name: ranks for name, (ranks, _, _) in self.snapshot_with_launches().items()}
 
-    def snapshot_with_rollups(self) -> dict[str, tuple[dict[int, RankState], NodeRollup]]:
-        """Each live job's ranks and their node rollup, copied for one scrape."""
+    def snapshot_with_launches(self) -> dict[str, tuple[dict[int, RankState], NodeRollup, str]]:
+        """Each live job's ranks, their node rollup and the launch (incarnation) the ranks
+        belong to, copied for one scrape."""
         cutoff = self._clock() - self._expiry
         with self._lock:
-            return {name: (copy.deepcopy(job.ranks), copy.deepcopy(job.rollup))
+            return {name: (copy.deepcopy(job.ranks), copy.deepcopy(job.rollup), job.incarnation)
                     for name, job in self._jobs.items() if job.last_seen >= cutoff}
