@@ -353,9 +353,14 @@ def operator_recovers(soak: Soak, why: str) -> tuple[float, str]:
     that, what they did.)"""
     t = time.time()
     done = soak.cluster.run(["scontrol", "requeue", soak.job])
+    known = soak.cluster.run(["squeue", "-h", "-j", soak.job, "-o", "%T"]).stdout.strip()
     if done.returncode == 0:
         soak.cluster.run(["scontrol", "release", soak.job])
         action = f"requeued job {soak.job} by hand ({why})"
+    elif known:  # still queued (pending, held): never a second copy of it; let it start
+        soak.cluster.run(["scontrol", "release", soak.job])
+        soak.cluster.run(["scontrol", "update", f"JobId={soak.job}", "StartTime=now"])
+        action = f"released job {soak.job} ({known}) by hand ({why})"
     else:
         again = soak.cluster.run(["sbatch", "--parsable", f"--chdir={soak.root}",
                                   str(soak.root / "job.sh")])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -85,6 +86,15 @@ class SlurmCluster:
                          for path in sorted((self.root / "log").glob("*.log")))
 
     def stop(self) -> None:
+        """Cancel every job first: a job's steps run under slurmstepd, which outlives the
+        daemons, so a job left running would keep its processes (and write into its
+        folder while it is removed)."""
+        try:
+            self.run(["scancel", "--full", "--partition", self.partition])
+            wait_until(lambda: self.run(["squeue", "-h", "-o", "%i"]).stdout.strip() == "",
+                       timeout=30, what="every job gone before the daemons stop")
+        except (OSError, TimeoutError, subprocess.SubprocessError) as exc:
+            print(f"slurm test cluster: jobs not all gone at stop: {exc}", file=sys.stderr)
         for proc in reversed(self._procs):
             proc.stop()
         self._stack.close()
