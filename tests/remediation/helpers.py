@@ -151,19 +151,30 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def stub_server(state: StubState | None = None) -> Iterator[tuple[str, StubState]]:
-    """A real HTTP server on a free loopback port that records what it receives: the stand-in
-    for a pager or an arbitrary `http` action target (external services)."""
-    state = state or StubState()
-    handler = type("Handler", (_Handler,), {"state": state})
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """`handler` served by a real HTTP server on a free loopback port ("127.0.0.1:port"),
+    stopped and joined on the way out."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"127.0.0.1:{server.server_address[1]}", state
+        yield f"127.0.0.1:{server.server_address[1]}"
     finally:
-        if state.gate is not None:
-            state.gate.set()
         server.shutdown()
         server.server_close()
+        thread.join(10)
+
+
+@contextmanager
+def stub_server(state: StubState | None = None) -> Iterator[tuple[str, StubState]]:
+    """A real HTTP server on a free loopback port that records what it receives: the stand-in
+    for a pager or an arbitrary `http` action target (external services)."""
+    state = state or StubState()
+    handler = type("Handler", (_Handler,), {"state": state})
+    with serving(handler) as address:
+        try:
+            yield address, state
+        finally:
+            if state.gate is not None:
+                state.gate.set()

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
-from tests.remediation.helpers import REPO, alert, auth, payload, stub_server
+from tests.remediation.helpers import REPO, alert, auth, payload, serving, stub_server
 from trainwatch.remediation.playbooks import (
     COOLDOWN_ENDS_ON_PROGRESS,
     PlaybookError,
@@ -71,16 +71,8 @@ def prometheus() -> Iterator[tuple[str, Prometheus]]:
             self.end_headers()
             self.wfile.write(body)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+    with serving(Handler) as address:
+        yield f"http://{address}", state
 
 
 def shipped_with_http_steps(hostport: str) -> list[dict[str, Any]]:

@@ -15,13 +15,13 @@ inside it).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from tests.training.jobs.framework_worker import SlowRows
 from trainwatch.exporters.contract.launcher import RankInfo
 from trainwatch.exporters.rank.checkpoint import weights_digest
 
@@ -46,21 +46,7 @@ def monitor_options(rows: Rows, job: str) -> dict[str, Any]:
             "sync_every": 1, "forwarders": [rows], "flush_interval": 0.01}
 
 
-class SlowRows(list):
-    """The training rows, each read in `delay` seconds: the loader's stopwatch."""
-
-    delay = 0.004
-
-    def __init__(self, rows: list[Any]) -> None:
-        super().__init__(rows)
-        self.seconds = 0.0
-
-    def __getitem__(self, index: Any) -> Any:
-        began = time.perf_counter()
-        time.sleep(self.delay)
-        item = super().__getitem__(index)
-        self.seconds += time.perf_counter() - began
-        return item
+LOADER_DELAY = 0.004  # seconds per row read: the loader's stopwatch (SlowRows)
 
 
 def check_data_wait(rows: Rows, data: SlowRows) -> None:
@@ -105,7 +91,7 @@ def test_hf_trainer_callback(tmp_path: Path) -> None:
                                      n_head=2)
     model = transformers.GPT2LMHeadModel(config)
     data = SlowRows([{"input_ids": ids, "labels": ids}
-                     for ids in torch.randint(0, 32, (256, 8))])
+                     for ids in torch.randint(0, 32, (256, 8))], LOADER_DELAY)
     rows, digests, fetched, trained = Rows(), {}, [], []
     first_rows = {tuple(item["input_ids"].tolist()): i for i, item in enumerate(list(data))}
 
@@ -175,7 +161,7 @@ def test_lightning_callback(tmp_path: Path) -> None:
 
     torch.manual_seed(0)
     module = Module()
-    data = SlowRows([(torch.randn(8), torch.randn(1)) for _ in range(256)])
+    data = SlowRows([(torch.randn(8), torch.randn(1)) for _ in range(256)], LOADER_DELAY)
     first_rows = {tuple(x.tolist()): i for i, (x, _) in enumerate(list(data))}
     rows, digests, fetched, trained = Rows(), {}, [], []
     tw = TrainwatchCallback(checkpoint_dir=str(tmp_path / "ckpt"), save_every=4,
