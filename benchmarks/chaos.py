@@ -353,7 +353,8 @@ def operator_recovers(soak: Soak, why: str) -> tuple[float, str]:
     that, what they did.)"""
     t = time.time()
     done = soak.cluster.run(["scontrol", "requeue", soak.job])
-    known = soak.cluster.run(["squeue", "-h", "-j", soak.job, "-o", "%T"]).stdout.strip()
+    queued = soak.cluster.run(["squeue", "-h", "-j", soak.job, "-o", "%T"]).stdout.strip()
+    known = queued if queued in ("PENDING", "REQUEUE_HOLD", "REQUEUED") else ""
     if done.returncode == 0:
         soak.cluster.run(["scontrol", "release", soak.job])
         action = f"requeued job {soak.job} by hand ({why})"

@@ -67,8 +67,8 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object], *,
 
     With `dir_fd`, `path` is a bare file name inside that open directory. `durable=False`
     skips both fsyncs: still all or nothing for every reader, but a power cut may keep the old
-    content (for a record rewritten every second, where an fsync each time would cost the
-    shared filesystem more than losing one rewrite)."""
+    content (for a record rewritten several times a second, where an fsync each time would
+    cost the shared filesystem more than losing one rewrite)."""
     path = Path(path)
     if dir_fd is not None and (path.name != str(path) or path.name in ("", ".", "..")):
         raise ValueError(f"with dir_fd, {path!s} must be a bare file name")

@@ -67,6 +67,11 @@ class RankGoodput:
         return sum(self.seconds.values())
 
 
+# A handoff's gap or discard beyond this is not a restart's (records older than a week are not
+# predecessors: trainwatch.exporters.rank.lineage), and never booked into a counter for good.
+MAX_HANDOFF_SECONDS = 7 * 86400.0
+
+
 @dataclass(frozen=True)
 class Handoff:
     """What a rank says of its slot's rank in the previous incarnation, from the record that
@@ -80,7 +85,7 @@ class Handoff:
     discarded: float | None
 
 
-def _handoff(obj: Any) -> Handoff | None:
+def parse_handoff(obj: Any) -> Handoff | None:
     if obj is None:
         return None
     if not isinstance(obj, dict):
@@ -90,9 +95,11 @@ def _handoff(obj: Any) -> Handoff | None:
             or not INCARNATION_PATTERN.match(incarnation)):
         raise ValueError("goodput previous incarnation must be an incarnation id")
     if (not isinstance(downtime, (int, float)) or isinstance(downtime, bool)
-            or not math.isfinite(downtime)):
-        raise ValueError("goodput previous downtime must be a finite number")
+            or not math.isfinite(downtime) or abs(downtime) > MAX_HANDOFF_SECONDS):
+        raise ValueError("goodput previous downtime must be a finite number of seconds")
     discarded = obj.get("discarded")
+    if discarded is not None and _nonneg(discarded) > MAX_HANDOFF_SECONDS:
+        raise ValueError("goodput previous discarded is out of range")
     return Handoff(incarnation, float(downtime),
                    None if discarded is None else _nonneg(discarded))
 
@@ -135,4 +142,5 @@ def parse(obj: Any) -> RankGoodput | None:
         raise ValueError("goodput seconds exceed the process's age")
     return RankGoodput(age=age, seconds=parsed, discarded=_nonneg(obj.get("discarded", 0)),
                        goodput=_nonneg(obj.get("goodput", 0)), marks=parsed_marks,
-                       resumed=resumed, negative=negative, previous=_handoff(obj.get("previous")))
+                       resumed=resumed, negative=negative,
+                       previous=parse_handoff(obj.get("previous")))

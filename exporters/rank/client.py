@@ -130,7 +130,8 @@ class TrainingMonitor:
         self._shared = RankShared(
             buffer=deque(maxlen=config.buffer_size), counters=self._counters,
             incarnation=self.incarnation, collectives=collectives,
-            goodput=goodput.RankAccount(started, checkpoints, self.info.local_rank),
+            goodput=goodput.RankAccount(started, checkpoints, self.info.local_rank,
+                                       self.info.job),
             wall_offset=wall_offset, command_types=self._command_types,
             schemas=self._schemas, cuda_memory=self._cuda_memory)
         self._buffer = self._shared.buffer  # the hot path's own reference: one lookup less

@@ -22,7 +22,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainwatch.exporters.contract.goodput import MAX_MARKS, PRODUCTIVE, RANK_KINDS, mark_at
+from trainwatch.exporters.contract.goodput import (
+    MAX_MARKS,
+    PRODUCTIVE,
+    RANK_KINDS,
+    mark_at,
+    parse_handoff,
+)
 from trainwatch.exporters.rank import lineage
 
 # A step interval is a stall when its time outside data wait and checkpoints exceeds
@@ -94,6 +100,15 @@ def process_age() -> float | None:
         return None
 
 
+def _valid_handoff(handoff: dict[str, Any]) -> dict[str, Any] | None:
+    """The handoff as the datagram carries it, or None where the exporter would refuse it."""
+    try:
+        parse_handoff(handoff)
+    except ValueError:
+        return None
+    return handoff
+
+
 def _median(values: Iterable[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
@@ -103,7 +118,8 @@ def _median(values: Iterable[float]) -> float:
 class RankAccount:
     """One rank's timeline, cut at its step reports. Used by one thread (the shipper)."""
 
-    def __init__(self, start_perf: float, checkpoints: Any = None, local_rank: int = 0) -> None:
+    def __init__(self, start_perf: float, checkpoints: Any = None, local_rank: int = 0,
+                 job: str = "") -> None:
         self._start_perf = start_perf
         self._closed = start_perf  # perf_counter time up to which every second is counted
         self._checkpoints = checkpoints
@@ -111,18 +127,21 @@ class RankAccount:
         # CheckpointManager only, which knows the directory every node of the job mounts.
         directory = getattr(checkpoints, "directory", None)
         self._record = (lineage.RecordWriter(
-            Path(directory), int(getattr(checkpoints, "rank", 0)), local_rank,
+            Path(directory), job, int(getattr(checkpoints, "rank", 0)), local_rank,
             lineage.local_world_size(),
             lineage.record_interval(int(getattr(checkpoints, "world_size", 1))))
             if directory is not None else None)
         # The handoff from the slot's rank before this process (lineage.py): its gap from the
-        # first datagram, the discard once this process has resumed (its first step).
+        # first datagram, the discard once this process has resumed (its first step). Only
+        # this job's (another job may have used the directory before) and only what the
+        # datagram's contract accepts (a record is data: never a reason to lose the reports).
         predecessor = getattr(checkpoints, "predecessor", None)
-        self._predecessor = predecessor if isinstance(predecessor, lineage.Predecessor) else None
+        self._predecessor = (predecessor if isinstance(predecessor, lineage.Predecessor)
+                             and predecessor.job == job else None)
         self.previous: dict[str, Any] | None = None
         if self._predecessor is not None:
             start_wall = time.time() - (time.perf_counter() - start_perf)
-            self.previous = self._predecessor.handoff(start_wall)
+            self.previous = _valid_handoff(self._predecessor.handoff(start_wall))
         self._event_seq = 0  # newest checkpoint event consumed
         self.seconds = dict.fromkeys(RANK_KINDS, 0.0)
         self.discarded = 0.0  # by rollbacks, within this process
@@ -186,8 +205,8 @@ class RankAccount:
             if self.resumed is None and self._checkpoints is not None:
                 self.resumed = -1  # a checkpoint manager that restored nothing: from scratch
             if self._predecessor is not None and self.previous is not None:
-                self.previous = {**self.previous,
-                                 "discarded": self._predecessor.discarded(self.resumed)}
+                self.previous = _valid_handoff({
+                    **self.previous, "discarded": self._predecessor.discarded(self.resumed)})
         else:
             stall = 0.0
             if rest > STALL_FLOOR_SECONDS and len(self._recent) >= STALL_MIN_STEPS:

@@ -199,6 +199,7 @@ class Shipper(threading.Thread):
             return
         chunks = [rows[i:i + MAX_STEPS_PER_DATAGRAM]
                   for i in range(0, len(rows), MAX_STEPS_PER_DATAGRAM)] or [[]]
+        sent = self.datagrams_sent
         for chunk in chunks:
             message = self._header()
             message["steps"] = [list(r) for r in chunk]
@@ -210,9 +211,10 @@ class Shipper(threading.Thread):
             except OSError as exc:  # absent, refused, not allowed: drop, count, say so once
                 self._counters.dropped += len(chunk)
                 self._say_unreachable(exc)
-        # the slot's record for a restart on other nodes (lineage.py), once what it says
-        # was sent: the exporter's last word of this rank is never older than the record
-        self._shared.goodput.keep_record(self._shared.incarnation, force=force)
+        if self.datagrams_sent > sent:
+            # the slot's record for a restart on other nodes (lineage.py), once what it says
+            # reached the exporter: the record is never newer than the exporter's last word
+            self._shared.goodput.keep_record(self._shared.incarnation, force=force)
 
     def _say_unreachable(self, exc: OSError) -> None:
         """One warning on the job's log for the whole run: steps are being lost and why (a

@@ -91,8 +91,12 @@ class SlurmCluster:
         folder while it is removed)."""
         try:
             self.run(["scancel", "--full", "--partition", self.partition])
-            wait_until(lambda: self.run(["squeue", "-h", "-o", "%i"]).stdout.strip() == "",
-                       timeout=30, what="every job gone before the daemons stop")
+
+            def gone() -> bool:
+                listed = self.run(["squeue", "-h", "-o", "%i"])
+                return listed.returncode == 0 and listed.stdout.strip() == ""
+
+            wait_until(gone, timeout=30, what="every job gone before the daemons stop")
         except (OSError, TimeoutError, subprocess.SubprocessError) as exc:
             print(f"slurm test cluster: jobs not all gone at stop: {exc}", file=sys.stderr)
         for proc in reversed(self._procs):

@@ -3,13 +3,14 @@
 Each node's ledger counts the gap and the discarded work of a restart only for the slots whose
 old rank it saw; a slot that moved is counted by its new node from the handoff its new rank
 read from the old rank's record in the checkpoint directory (exporters/rank/lineage.py). The
-real job on the Slurm test cluster is tests/slurm/test_goodput_moved.py; these pin the
-arithmetic and the records.
+real job on the Slurm test cluster is the fatal XID test of
+tests/slurm/test_heal_pipeline.py; these pin the arithmetic and the records.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import deque
 from pathlib import Path
@@ -17,6 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.support.net import wait_until
 from trainwatch.exporters.contract import goodput as gp
 from trainwatch.exporters.contract.wire import WireError, decode, encode
 from trainwatch.exporters.node.training import ledger as gl
@@ -100,6 +102,28 @@ def test_a_job_back_on_a_node_after_running_elsewhere_counts_only_the_last_gap()
     assert a.totals(["job-m"])["job-m"]["discarded_restart"] == pytest.approx(3.0)
 
 
+def test_once_a_handoff_says_the_job_ran_elsewhere_no_slot_uses_the_old_end() -> None:
+    """A grown job back on node A: rank 0 follows inc2 (which ran elsewhere), rank 1 is a new
+    slot with no handoff. Neither gets A's gap since inc1's end."""
+    a = gl.Ledger(zero_hold=0)
+    a.ingest("job-m", INC1, 0, False, rank_report(20.0, 19.0, resumed=-1), 1020.0)
+    a.ingest("job-m", INC3, 0, False,
+             rank_report(0.5, 0.0, previous=gp.Handoff(INC2, 10.0, None)), 1110.5)
+    a.ingest("job-m", INC3, 1, False, rank_report(0.5, 0.0), 1110.5)
+    assert a.totals(["job-m"])["job-m"]["downtime"] == pytest.approx(10.0)  # was 10 + 90
+
+
+def test_a_process_under_a_reused_id_still_books_its_slots_restart_discard() -> None:
+    a = gl.Ledger(zero_hold=0)
+    a.ingest("job-m", INC1, 0, False,
+             rank_report(20.0, 19.0, resumed=-1, marks=[(10, 9.0)]), 1020.0)
+    a.ingest("job-m", INC2, 0, False, rank_report(0.5, 0.0), 1030.5)
+    # that process dies before its first step; the launcher starts another under the same id
+    a.ingest("job-m", INC2, 0, False, rank_report(0.5, 0.0), 1040.5)
+    a.ingest("job-m", INC2, 0, False, rank_report(3.0, 2.0, resumed=10), 1043.0)
+    assert a.totals(["job-m"])["job-m"]["discarded_restart"] == pytest.approx(19.0 - 9.0)
+
+
 def test_without_a_handoff_the_node_counts_what_it_saw() -> None:
     """No checkpoint manager (no records): the node's own gap, as before."""
     a = gl.Ledger(zero_hold=0)
@@ -110,34 +134,68 @@ def test_without_a_handoff_the_node_counts_what_it_saw() -> None:
 
 def write_record(directory: Path, rank: int, incarnation: str, end: float, *,
                  host: str = "node-a", local_rank: int = 0, local_world: int = 1,
-                 goodput: float = 19.0, marks: list[list[float]] | None = None) -> None:
+                 goodput: float = 19.0, marks: list[list[float]] | None = None,
+                 job: str = "job-m", **other: object) -> None:
     path = lineage.record_path(directory, rank)
     path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps({"v": 1, "incarnation": incarnation, "host": host,
+    path.write_text(json.dumps({"v": 1, "job": job, "incarnation": incarnation, "host": host,
                                 "local_rank": local_rank, "local_world": local_world,
                                 "end": end, "goodput": goodput,
-                                "marks": marks if marks is not None else [[10, 9.0]]}))
+                                "marks": marks if marks is not None else [[10, 9.0]],
+                                **other}))
 
 
 def test_the_predecessor_is_the_slot_record_of_rank_zeros_incarnation(tmp_path: Path) -> None:
-    write_record(tmp_path, 0, INC2, 1100.0)
-    write_record(tmp_path, 1, INC2, 1098.0, host="node-b", local_rank=0, local_world=2)
-    write_record(tmp_path, 2, INC2, 1100.5, host="node-b", local_rank=1, local_world=2)
-    write_record(tmp_path, 3, INC1, 1020.0)  # a slot inc2 did not have: stale
+    t = time.time() - 100.0
+    write_record(tmp_path, 0, INC2, t)
+    write_record(tmp_path, 1, INC2, t - 2.0, host="node-b", local_rank=0, local_world=2)
+    write_record(tmp_path, 2, INC2, t + 0.5, host="node-b", local_rank=1, local_world=2)
+    write_record(tmp_path, 3, INC1, t - 80.0)  # a slot inc2 did not have: stale
     one = lineage.read_predecessor(tmp_path, 1)
-    assert one is not None and one.incarnation == INC2
-    # its node-mate lived on to 1100.5 and its exporter closed both there: the gap starts there
-    assert one.end == 1100.5
-    assert one.handoff(1110.0) == {"incarnation": INC2, "downtime": pytest.approx(9.5),
-                                   "discarded": None}
+    assert one is not None and (one.incarnation, one.job) == (INC2, "job-m")
+    # its node-mate lived on 2.5 s longer and its exporter closed both then: the gap starts there
+    assert one.end == t + 0.5
+    assert one.handoff(t + 10.0) == {"incarnation": INC2, "downtime": pytest.approx(9.5),
+                                     "discarded": None}
     assert one.discarded(10) == pytest.approx(10.0) and one.discarded(-1) == 19.0
     assert lineage.read_predecessor(tmp_path, 3) is None
     assert lineage.read_predecessor(tmp_path, 4) is None  # a new slot
     (tmp_path / "lineage" / "rank-2.json").write_text("{half")  # torn or foreign: ignored
-    assert lineage.read_predecessor(tmp_path, 1).end == 1098.0  # type: ignore[union-attr]
-    write_record(tmp_path, 1, INC2, 1098.0, local_rank=5, local_world=2)  # not a record
-    assert lineage.read_predecessor(tmp_path, 1) is None
+    assert lineage.read_predecessor(tmp_path, 1).end == t - 2.0  # type: ignore[union-attr]
     assert lineage.read_predecessor(tmp_path / "absent", 0) is None
+
+
+@pytest.mark.parametrize("bad", [
+    {"local_rank": 5, "local_world": 2}, {"local_rank": float("inf")},
+    {"incarnation": "NOT-HEX"}, {"marks": [[1e999, 1.0]]}, {"marks": [[-1, 1.0]]},
+    {"goodput": -1.0}, {"goodput": float("nan")}, {"v": 2}, {"end": 0.0},
+    {"end": "now"}, {"job": None, "v": None},
+])
+def test_a_record_that_is_not_one_is_no_predecessor_and_never_raises(
+        tmp_path: Path, bad: dict[str, object]) -> None:
+    now = time.time()
+    fields = {"incarnation": INC1, "end": now - 5.0, **bad}
+    write_record(tmp_path, 0, str(fields.pop("incarnation")), fields.pop("end"),  # type: ignore[arg-type]
+                 **fields)  # type: ignore[arg-type]
+    assert lineage.read_predecessor(tmp_path, 0) is None
+
+
+def test_a_record_in_the_far_future_a_link_a_fifo_or_a_huge_file_is_none(
+        tmp_path: Path) -> None:
+    write_record(tmp_path, 0, INC1, time.time() + 3600)  # a clock an hour ahead
+    assert lineage.read_predecessor(tmp_path, 0) is None
+    real = tmp_path / "elsewhere.json"
+    write_record(tmp_path, 1, INC1, time.time())
+    lineage.record_path(tmp_path, 1).rename(real)
+    lineage.record_path(tmp_path, 0).unlink()
+    lineage.record_path(tmp_path, 0).symlink_to(real)
+    assert lineage.read_predecessor(tmp_path, 0) is None
+    lineage.record_path(tmp_path, 0).unlink()
+    os.mkfifo(lineage.record_path(tmp_path, 0))  # nobody writes: must not wait
+    assert lineage.read_predecessor(tmp_path, 0) is None
+    lineage.record_path(tmp_path, 0).unlink()
+    write_record(tmp_path, 0, INC1, time.time(), padding="x" * lineage.MAX_RECORD_BYTES)
+    assert lineage.read_predecessor(tmp_path, 0) is None
 
 
 class Manager(SimpleNamespace):
@@ -148,30 +206,46 @@ class Manager(SimpleNamespace):
                          predecessor=lineage.read_predecessor(directory, rank))
 
 
-def test_a_rank_keeps_its_record_and_its_successor_sends_the_handoff(tmp_path: Path) -> None:
-    old = rg.RankAccount(0.0, Manager(tmp_path, 0))
-    old.step(1.0, None)
-    old.step(3.0, None)
-    old.keep_record(INC1)
-    first = json.loads(lineage.record_path(tmp_path, 0).read_text())
-    old.step(4.0, None)
-    old.keep_record(INC1)  # within RECORD_SECONDS: not rewritten
-    assert json.loads(lineage.record_path(tmp_path, 0).read_text()) == first
-    old.keep_record(INC1, force=True)  # the last datagram's: always
-    record = json.loads(lineage.record_path(tmp_path, 0).read_text())
-    assert record["goodput"] == pytest.approx(3.0) and record["incarnation"] == INC1
+def record_of(directory: Path, rank: int = 0) -> dict[str, object] | None:
+    path = lineage.record_path(directory, rank)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def test_the_writer_keeps_the_newest_values_off_the_callers_thread(tmp_path: Path) -> None:
+    writer = lineage.RecordWriter(tmp_path, "job-m", 0, 0, 1, interval=3600.0)
+    writer.keep(INC1, 1.0, [])
+    first = wait_until(lambda: record_of(tmp_path), timeout=10, what="the first record")
+    assert (first["goodput"], first["job"]) == (1.0, "job-m")
+    writer.keep(INC1, 2.0, [])  # within the interval, nothing new: not rewritten
+    writer.keep(INC1, 3.0, [(5, 3.0)], force=True)  # a new checkpoint mark: at once
+    assert record_of(tmp_path)["marks"] == [[5, 3.0]]  # type: ignore[index]
+    writer.keep(INC1, 4.0, [(5, 3.0)], force=True)  # the last one: always, waited for
+    assert record_of(tmp_path)["goodput"] == 4.0  # type: ignore[index]
     assert not list((tmp_path / "lineage").glob(".*.tmp"))
 
+
+def test_a_rank_keeps_its_record_and_its_successor_sends_the_handoff(tmp_path: Path) -> None:
+    old = rg.RankAccount(0.0, Manager(tmp_path, 0), job="job-m")
+    old.step(1.0, None)
+    old.step(3.0, None)
+    old.keep_record(INC1, force=True)  # the last datagram's
+    record = record_of(tmp_path)
+    assert record is not None and record["goodput"] == pytest.approx(2.0)
+    assert (record["incarnation"], record["job"]) == (INC1, "job-m")
+
     began = time.perf_counter()  # a process that starts now, after the old one's last record
-    new = rg.RankAccount(began, Manager(tmp_path, 0))
+    new = rg.RankAccount(began, Manager(tmp_path, 0), job="job-m")
     sent = gp.parse(new.wire(began + 0.5))
     assert sent is not None and sent.previous is not None
     assert sent.previous.incarnation == INC1 and sent.previous.discarded is None
     assert 0.0 <= sent.previous.downtime < 60.0
-    new.step(began + 1.0, None)  # its first step: resumed from nothing (-1), all 3 s discarded
+    new.step(began + 1.0, None)  # its first step: resumed from nothing (-1), all 2 s discarded
     sent = gp.parse(new.wire(began + 1.0))
     assert sent is not None and sent.resumed == -1
-    assert sent.previous is not None and sent.previous.discarded == pytest.approx(3.0)
+    assert sent.previous is not None and sent.previous.discarded == pytest.approx(2.0)
+    # another job that reuses the directory inherits nothing
+    other = rg.RankAccount(began, Manager(tmp_path, 0), job="job-other")
+    assert gp.parse(other.wire(began + 0.5)).previous is None  # type: ignore[union-attr]
 
 
 def test_a_rank_without_a_checkpoint_manager_keeps_no_record(tmp_path: Path) -> None:

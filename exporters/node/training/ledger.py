@@ -211,7 +211,9 @@ class Ledger:
                 job.add("unattributed" if entry.finished else "stall",
                         entry.heartbeat - entry.closed_end)
                 job.add("downtime", start - entry.heartbeat)
+                joining, handed = entry.joining, entry.handed  # its slot's discard still due
                 entry = job.ranks[rank] = RankEntry.fresh(start, heartbeat)
+                entry.joining, entry.handed = joining, handed
             elif entry is not None and entry.settled:
                 # Back after `end_after` of silence (a stopped process): its trailing seconds
                 # up to the last heartbeat were booked as stall; the silence since is stall
@@ -251,19 +253,20 @@ class Ledger:
         running elsewhere): the handoff's gap, which the node that saw the old rank never
         books. With neither: nothing."""
         if previous is not None and previous.incarnation == job.incarnation:
-            previous = None  # a process under a reused id: ingest handles it as such
+            previous = None  # the handoff of this very incarnation: nothing to hand over
         before = job.retired[-1] if job.retired else None
+        if previous is not None and previous.incarnation != before:
+            # the job ran elsewhere since it was here: this node's record of its end and its
+            # ranks is of an older incarnation, for no slot to use (nor one without a handoff)
+            job.previous_end, job.previous_ranks = None, {}
         entry.joining = True
         if job.previous_end is not None and (
-                previous is None or (previous.incarnation == before
-                                     and rank in job.previous_ranks)):
+                previous is None or rank in job.previous_ranks):
             job.add("downtime", entry.start - job.previous_end)
         elif previous is not None:
             entry.handed = True
             job.add("downtime", previous.downtime)
-            # this node's record of the slot, if any, is of an older incarnation: not this
-            # rank's to discard
-            job.previous_ranks.pop(rank, None)
+            job.previous_ranks.pop(rank, None)  # another rank's slot here before: not this one
         else:
             entry.joining = False
 
