@@ -61,6 +61,8 @@ class Engine:
         self.owner = owner
         self.session = requests.Session()
         self.pager = pager or Pager(config.pager_url, config.request_timeout_seconds)
+        if config.tls_ca_file is not None:  # the control APIs' certificates, verified
+            self.session.verify = str(config.tls_ca_file)
         # what self-healing saved (remediation/recovery.py); the server wires it in
         self.recovery: RecoveryTimes | None = None
         # how soon a resolve waiting for a running firing intent looks again

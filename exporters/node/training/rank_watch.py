@@ -68,15 +68,15 @@ class RankWatch:
         self._reported: set[tuple[str, str]] = set()
         self.killed = 0  # killed ranks seen, reported or not (consequences)
 
-    def saw(self, report: RankReport, pid: int) -> None:
-        """A datagram of `report.rank` came from process `pid` (the kernel's word)."""
+    def saw(self, report: RankReport, process: peers.Process | None) -> None:
+        """A datagram of `report.rank` came from `process` (the kernel's word, senders.py);
+        None: not visible from here, or gone already (the rules' case)."""
+        if process is None:
+            return
         key = (report.job, report.rank)
         known = self._watched.get(key)
-        if known is not None and known.process.pid == pid \
+        if known is not None and known.process == process \
                 and known.incarnation == report.incarnation:
-            return
-        process = peers.identify(pid, self._proc)
-        if process is None:  # not visible from here, or gone already: the rules' case
             return
         if known is None and len(self._watched) >= MAX_WATCHED:
             return
