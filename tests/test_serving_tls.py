@@ -54,6 +54,32 @@ def test_plain_http_and_clients_that_do_not_trust_the_ca_are_refused(
         requests.get(f"https://{address}/", timeout=10)
 
 
+def test_the_remediation_services_session_keeps_its_ca_whatever_the_environment_says(
+        tls_server: tuple[str, Authority], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39: the cluster's loss spike was never cut because the remediation service ran
+    with REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE set (this machine sets both), which requests lets
+    replace a session's `verify`: every control API call failed certificate verification, so
+    scale_lr never reached an exporter. The engine's session (control_api_session) keeps the
+    configured CA; a plain session shows the trap."""
+    from trainwatch.remediation.engine import control_api_session
+
+    address, ca = tls_server
+    other = Authority(tmp_path / "other", name="the environment's CA")
+    for variable in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+        monkeypatch.setenv(variable, str(other.ca_file))
+    plain = requests.Session()
+    plain.verify = str(ca.ca_file)
+    with pytest.raises(requests.exceptions.SSLError):  # the environment won
+        plain.get(f"https://{address}/", timeout=10)
+    session = control_api_session(ca.ca_file)
+    response = session.post(f"https://{address}/", data=b"cut", timeout=10)
+    assert response.status_code == 200 and response.content == b"ok:cut"
+    # without a CA configured the session is requests' own: the environment's bundle decides
+    with pytest.raises(requests.exceptions.SSLError):
+        control_api_session(None).get(f"https://{address}/", timeout=10)
+
+
 def test_a_silent_tls_client_holds_no_handler_thread(tls_server: tuple[str, Authority]) -> None:
     """With one handler thread, clients that connect and never finish the handshake (or send
     half a request over TLS) must not stop a verified client from being served."""
