@@ -4,9 +4,9 @@ A rank process that ends says so in its last datagram: `finished` on a clean end
 when it ends on an error (an exception, often a collective that raised because a peer died,
 or the SIGTERM of the scheduler stopping it: exporters/rank/departure.py). A rank killed by
 SIGKILL or the OOM killer says nothing; the rule TrainingJobVanished names it minutes later
-(its heartbeat stopped first). This watch sees the process itself end (peers.py: the kernel's
-pid and start time of each rank's sender), so the exporter can post the same alert at once
-(the server wires it to fast_alerts.FastAlerts).
+(its heartbeat stopped first). This watch sees the process itself end (senders.py: the
+kernel's credentials of each rank's datagrams; peers.py: the pid with its start time), so
+the exporter can post the same alert at once (the server wires it to fast_alerts.FastAlerts).
 
 Only the first killed rank of a launch (job name and incarnation) on this node is reported:
 the scheduler kills the others right after, and they are consequences. A rank whose process
@@ -77,6 +77,10 @@ class RankWatch:
         known = self._watched.get(key)
         if known is not None and known.process == process \
                 and known.incarnation == report.incarnation:
+            return
+        # A new rank or launch: the sender lookup is cached for seconds, so make sure this is
+        # the process running now (not one whose pid was reused meanwhile) before watching it.
+        if not peers.alive(process, self._proc):
             return
         if known is None and len(self._watched) >= MAX_WATCHED:
             return
