@@ -20,6 +20,9 @@ ratio; below 1 is faster for times):
   webhook: remediation-server's 2xx latency at 200 req/s and its closed-loop alerts/s
       (benchmarks/webhook.py, SQLite store), and the CPU time its intake spends per alert
       (benchmarks/intake_cpu.py: what a shared machine barely moves);
+  sync: the same run's sync step (no new commands) at 2 and 4 gloo ranks, median per call;
+  datagrams: the training exporter's CPU per datagram, both trees' exporters fed in turn
+      (benchmarks/datagram_pair.py);
   scrape: gpu-exporter's scrape latency with 8 simulated GPUs and the CPU it spends per scrape,
       each the median over several exporter processes (benchmarks/scrape_processes.py: the
       working tree's probe, run on both trees, each starting its own tree's gpu-exporter;
@@ -54,10 +57,13 @@ GOAL_PCT = 5.0
 # is better, judged))
 BENCHMARKS: dict[str, tuple[str, list[str], dict[str, tuple[str, bool, bool]]]] = {
     "report": ("benchmarks/training_client.py",
-               ["--calls", "20000", "--loop-rounds", "4", "--sync-iters", "20",
-                "--sync-rounds", "2", "--runs", ""],
+               ["--calls", "20000", "--loop-rounds", "4", "--sync-iters", "100",
+                "--sync-rounds", "5", "--runs", ""],
                {"report_median_us": ("report.median_us", False, True),
-                "report_p99_us": ("report.p99_us", False, False)}),
+                "report_p99_us": ("report.p99_us", False, False),
+                # the in-band agreement's common path at 2 and 4 gloo ranks (issue 39)
+                "sync_2_ranks_us": ("sync.world_2.sync_step", False, True),
+                "sync_4_ranks_us": ("sync.world_4.sync_step", False, True)}),
     "webhook": ("benchmarks/webhook.py", ["--seconds", "5", "--slow", "0"],
                 {"webhook_p50_ms": ("p50_ms", False, True),
                  "webhook_p99_ms": ("p99_ms", False, False),
@@ -76,7 +82,13 @@ PAIRED: dict[str, tuple[str, list[str], dict[str, tuple[str, bool, bool]]]] = {
     "scrape": ("benchmarks/scrape_pair.py", ["--pairs", "2", "--scrapes", "1000"],
                {"scrape_p50_ms": ("p50_ms", False, True),
                 "scrape_cpu_ms_per_scrape": ("cpu_ms_per_scrape", False, True)}),
+    # the training exporter's CPU per datagram, both trees' exporters fed in turn (issue 39:
+    # the sender's kernel identity checked on every datagram; benchmarks/datagram_pair.py)
+    "datagrams": ("benchmarks/datagram_pair.py", ["--pairs", "2", "--datagrams", "10000"],
+                  {"exporter_cpu_us_per_datagram": ("cpu_us_per_datagram", False, True)}),
 }
+# The console script each PAIRED probe starts from each tree.
+PAIRED_BINARY = {"scrape": "gpu-exporter", "datagrams": "training-exporter"}
 CHOICES = {**BENCHMARKS, **PAIRED}
 
 
@@ -161,7 +173,7 @@ def run_paired(bench: str, trees: dict[str, tuple[Path, Path]],
     scripts (the shims beside each tree's python) and folders, with both running at once."""
     script, argv, wanted = PAIRED[bench]
     log(f"round {round_no + 1}/{rounds}: {bench} on both trees at once")
-    exporters = [f"--exporter={side}={python.parent / 'gpu-exporter'}:{tree}"
+    exporters = [f"--exporter={side}={python.parent / PAIRED_BINARY[bench]}:{tree}"
                  for side, (tree, python) in trees.items()]
     data = run_json(Path(sys.executable), REPO, [str(REPO / script), *argv, *exporters])
     for side in trees:
