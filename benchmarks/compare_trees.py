@@ -27,7 +27,8 @@ ratio; below 1 is faster for times):
       each the median over several exporter processes (benchmarks/scrape_processes.py: the
       working tree's probe, run on both trees, each starting its own tree's gpu-exporter;
       one process's p50 moves +-20 % between starts on a 2-core VM).
-Goal (issue 27): every median-based figure within 5 %; p99 figures are printed, not judged (on
+Goal (issue 27): every median-based figure within 5 % (issue 39: the exporter CPU per datagram
+within 10 %, GOAL_PCT_OF); p99 figures are printed, not judged (on
 a 2-core machine one preempted request moves them more than that). Last line: JSON.
 """
 
@@ -52,6 +53,9 @@ import tomllib
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(sys.prefix)
 GOAL_PCT = 5.0
+# Figures judged against another goal than GOAL_PCT (issue 39: the exporter's CPU per datagram
+# within 10 %).
+GOAL_PCT_OF = {"exporter_cpu_us_per_datagram": 10.0}
 
 # benchmark -> (script, arguments both trees' scripts accept, figures: name -> (path, higher
 # is better, judged))
@@ -109,6 +113,29 @@ def export(ref: str, into: Path) -> Path:
     return into
 
 
+def namespace_for(tree: Path, home: Path) -> Path | None:
+    """For a tree of the one namespace (`trainwatch.*`), a folder whose `trainwatch` links to
+    the tree's exporters/ and remediation/, to go first on the path: the virtualenv's editable
+    install would otherwise give `trainwatch.*` from the checkout it was installed from (a
+    git worktree is another tree). None for a tree from before the namespace."""
+    if "trainwatch.exporters" not in (tree / "pyproject.toml").read_text():
+        return None
+    package = home / "namespace" / "trainwatch"
+    package.mkdir(parents=True)
+    for folder in ("exporters", "remediation"):
+        (package / folder).symlink_to(tree / folder, target_is_directory=True)
+    return package.parent
+
+
+def tree_path(tree: Path) -> str:
+    """PYTHONPATH for a tree's own code (its namespace folder first, when it has one)."""
+    found = [str(n) for n in NAMESPACES.get(tree, ())]
+    return os.pathsep.join([*found, str(tree)])
+
+
+NAMESPACES: dict[Path, tuple[Path, ...]] = {}
+
+
 def interpreter_for(tree: Path, home: Path) -> Path:
     """A `bin/` beside a python that uses this virtualenv's packages, with the tree's console
     scripts as shims (the benchmarks start them from the interpreter's folder)."""
@@ -117,18 +144,21 @@ def interpreter_for(tree: Path, home: Path) -> Path:
     (home / "lib").symlink_to(VENV / "lib")
     python = home / "bin" / "python"
     python.symlink_to(Path(sys.executable))
+    namespace = namespace_for(tree, home)
+    NAMESPACES[tree] = (namespace,) if namespace is not None else ()
+    first = f"sys.path[:0] = [{str(namespace)!r}]\n" if namespace is not None else ""
     scripts = tomllib.loads((tree / "pyproject.toml").read_text())["project"]["scripts"]
     for name, target in scripts.items():
         module, _, func = target.partition(":")
         shim = home / "bin" / name
-        shim.write_text(f"#!{python}\nimport sys\nfrom {module} import {func}\n"
+        shim.write_text(f"#!{python}\nimport sys\n{first}from {module} import {func}\n"
                         f"sys.exit({func}())\n")
         shim.chmod(0o755)
     return python
 
 
 def run_json(python: Path, tree: Path, argv: list[str]) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env = {**os.environ, "PYTHONPATH": tree_path(tree)}
     env.pop("VIRTUAL_ENV", None)
     done = subprocess.run([str(python), *argv], cwd=tree, env=env, capture_output=True,
                           text=True, timeout=1800, check=False)
@@ -158,7 +188,7 @@ def check_isolation(trees: dict[str, tuple[Path, Path]]) -> None:
             else ("exporters", "remediation")
         probe = (f"import json, {names[0]} as e, {names[1]} as r\n"
                  "print(json.dumps([e.__file__, r.__file__]))")
-        env = {**os.environ, "PYTHONPATH": str(tree)}
+        env = {**os.environ, "PYTHONPATH": tree_path(tree)}
         paths = json.loads(subprocess.run([str(python), "-c", probe], cwd=tree, env=env,
                                           capture_output=True, text=True,
                                           check=True).stdout)
@@ -228,14 +258,16 @@ def main() -> int:
                             "worse_pct": round(worse_pct, 2), "judged": judged,
                             "base_by_round": [round(x, 4) for x in figures["base"][name]],
                             "new_by_round": [round(x, 4) for x in figures["new"][name]]}
-            mark = ("ok" if worse_pct <= GOAL_PCT else "OVER") if judged else "-"
+            goal_pct = GOAL_PCT_OF.get(name, GOAL_PCT)
+            result[name]["goal_pct"] = goal_pct
+            mark = ("ok" if worse_pct <= goal_pct else "OVER") if judged else "-"
             print(f"{name:22s} base {base:10.4g}  new {new:10.4g}  new/base {ratio:6.3f}  "
                   f"{'worse' if worse_pct > 0 else 'better'} {abs(worse_pct):5.1f} %  {mark}")
-    goal = all(v["worse_pct"] <= GOAL_PCT for v in result.values() if v["judged"])
+    goal = all(v["worse_pct"] <= v["goal_pct"] for v in result.values() if v["judged"])
     print(json.dumps({"benchmark": "compare_trees", "base": args.base, "rounds": args.rounds,
                       "machine": f"{platform.processor() or platform.machine()} "
                                  f"{os.cpu_count()} cpu, Python {platform.python_version()}",
-                      "figures": result, f"judged_within_{GOAL_PCT:g}_pct": goal}))
+                      "figures": result, "judged_within_goals": goal}))
     return 0
 
 
