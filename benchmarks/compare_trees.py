@@ -20,11 +20,15 @@ ratio; below 1 is faster for times):
   webhook: remediation-server's 2xx latency at 200 req/s and its closed-loop alerts/s
       (benchmarks/webhook.py, SQLite store), and the CPU time its intake spends per alert
       (benchmarks/intake_cpu.py: what a shared machine barely moves);
+  sync: the same run's sync step (no new commands) at 2 and 4 gloo ranks, median per call;
+  datagrams: the training exporter's CPU per datagram, both trees' exporters fed in turn
+      (benchmarks/datagram_pair.py);
   scrape: gpu-exporter's scrape latency with 8 simulated GPUs and the CPU it spends per scrape,
       each the median over several exporter processes (benchmarks/scrape_processes.py: the
       working tree's probe, run on both trees, each starting its own tree's gpu-exporter;
       one process's p50 moves +-20 % between starts on a 2-core VM).
-Goal (issue 27): every median-based figure within 5 %; p99 figures are printed, not judged (on
+Goal (issue 27): every median-based figure within 5 % (issue 39: the exporter CPU per datagram
+within 10 %, GOAL_PCT_OF); p99 figures are printed, not judged (on
 a 2-core machine one preempted request moves them more than that). Last line: JSON.
 """
 
@@ -49,15 +53,21 @@ import tomllib
 REPO = Path(__file__).resolve().parents[1]
 VENV = Path(sys.prefix)
 GOAL_PCT = 5.0
+# Figures judged against another goal than GOAL_PCT (issue 39: the exporter's CPU per datagram
+# within 10 %).
+GOAL_PCT_OF = {"exporter_cpu_us_per_datagram": 10.0}
 
 # benchmark -> (script, arguments both trees' scripts accept, figures: name -> (path, higher
 # is better, judged))
 BENCHMARKS: dict[str, tuple[str, list[str], dict[str, tuple[str, bool, bool]]]] = {
     "report": ("benchmarks/training_client.py",
-               ["--calls", "20000", "--loop-rounds", "4", "--sync-iters", "20",
-                "--sync-rounds", "2", "--runs", ""],
+               ["--calls", "20000", "--loop-rounds", "4", "--sync-iters", "100",
+                "--sync-rounds", "5", "--runs", ""],
                {"report_median_us": ("report.median_us", False, True),
-                "report_p99_us": ("report.p99_us", False, False)}),
+                "report_p99_us": ("report.p99_us", False, False),
+                # the in-band agreement's common path at 2 and 4 gloo ranks (issue 39)
+                "sync_2_ranks_us": ("sync.world_2.sync_step", False, True),
+                "sync_4_ranks_us": ("sync.world_4.sync_step", False, True)}),
     "webhook": ("benchmarks/webhook.py", ["--seconds", "5", "--slow", "0"],
                 {"webhook_p50_ms": ("p50_ms", False, True),
                  "webhook_p99_ms": ("p99_ms", False, False),
@@ -76,7 +86,13 @@ PAIRED: dict[str, tuple[str, list[str], dict[str, tuple[str, bool, bool]]]] = {
     "scrape": ("benchmarks/scrape_pair.py", ["--pairs", "2", "--scrapes", "1000"],
                {"scrape_p50_ms": ("p50_ms", False, True),
                 "scrape_cpu_ms_per_scrape": ("cpu_ms_per_scrape", False, True)}),
+    # the training exporter's CPU per datagram, both trees' exporters fed in turn (issue 39:
+    # the sender's kernel identity checked on every datagram; benchmarks/datagram_pair.py)
+    "datagrams": ("benchmarks/datagram_pair.py", ["--pairs", "2", "--datagrams", "10000"],
+                  {"exporter_cpu_us_per_datagram": ("cpu_us_per_datagram", False, True)}),
 }
+# The console script each PAIRED probe starts from each tree.
+PAIRED_BINARY = {"scrape": "gpu-exporter", "datagrams": "training-exporter"}
 CHOICES = {**BENCHMARKS, **PAIRED}
 
 
@@ -97,6 +113,29 @@ def export(ref: str, into: Path) -> Path:
     return into
 
 
+def namespace_for(tree: Path, home: Path) -> Path | None:
+    """For a tree of the one namespace (`trainwatch.*`), a folder whose `trainwatch` links to
+    the tree's exporters/ and remediation/, to go first on the path: the virtualenv's editable
+    install would otherwise give `trainwatch.*` from the checkout it was installed from (a
+    git worktree is another tree). None for a tree from before the namespace."""
+    if "trainwatch.exporters" not in (tree / "pyproject.toml").read_text():
+        return None
+    package = home / "namespace" / "trainwatch"
+    package.mkdir(parents=True)
+    for folder in ("exporters", "remediation"):
+        (package / folder).symlink_to(tree / folder, target_is_directory=True)
+    return package.parent
+
+
+def tree_path(tree: Path) -> str:
+    """PYTHONPATH for a tree's own code (its namespace folder first, when it has one)."""
+    found = [str(n) for n in NAMESPACES.get(tree, ())]
+    return os.pathsep.join([*found, str(tree)])
+
+
+NAMESPACES: dict[Path, tuple[Path, ...]] = {}
+
+
 def interpreter_for(tree: Path, home: Path) -> Path:
     """A `bin/` beside a python that uses this virtualenv's packages, with the tree's console
     scripts as shims (the benchmarks start them from the interpreter's folder)."""
@@ -105,18 +144,21 @@ def interpreter_for(tree: Path, home: Path) -> Path:
     (home / "lib").symlink_to(VENV / "lib")
     python = home / "bin" / "python"
     python.symlink_to(Path(sys.executable))
+    namespace = namespace_for(tree, home)
+    NAMESPACES[tree] = (namespace,) if namespace is not None else ()
+    first = f"sys.path[:0] = [{str(namespace)!r}]\n" if namespace is not None else ""
     scripts = tomllib.loads((tree / "pyproject.toml").read_text())["project"]["scripts"]
     for name, target in scripts.items():
         module, _, func = target.partition(":")
         shim = home / "bin" / name
-        shim.write_text(f"#!{python}\nimport sys\nfrom {module} import {func}\n"
+        shim.write_text(f"#!{python}\nimport sys\n{first}from {module} import {func}\n"
                         f"sys.exit({func}())\n")
         shim.chmod(0o755)
     return python
 
 
 def run_json(python: Path, tree: Path, argv: list[str]) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env = {**os.environ, "PYTHONPATH": tree_path(tree)}
     env.pop("VIRTUAL_ENV", None)
     done = subprocess.run([str(python), *argv], cwd=tree, env=env, capture_output=True,
                           text=True, timeout=1800, check=False)
@@ -146,7 +188,7 @@ def check_isolation(trees: dict[str, tuple[Path, Path]]) -> None:
             else ("exporters", "remediation")
         probe = (f"import json, {names[0]} as e, {names[1]} as r\n"
                  "print(json.dumps([e.__file__, r.__file__]))")
-        env = {**os.environ, "PYTHONPATH": str(tree)}
+        env = {**os.environ, "PYTHONPATH": tree_path(tree)}
         paths = json.loads(subprocess.run([str(python), "-c", probe], cwd=tree, env=env,
                                           capture_output=True, text=True,
                                           check=True).stdout)
@@ -161,7 +203,7 @@ def run_paired(bench: str, trees: dict[str, tuple[Path, Path]],
     scripts (the shims beside each tree's python) and folders, with both running at once."""
     script, argv, wanted = PAIRED[bench]
     log(f"round {round_no + 1}/{rounds}: {bench} on both trees at once")
-    exporters = [f"--exporter={side}={python.parent / 'gpu-exporter'}:{tree}"
+    exporters = [f"--exporter={side}={python.parent / PAIRED_BINARY[bench]}:{tree}"
                  for side, (tree, python) in trees.items()]
     data = run_json(Path(sys.executable), REPO, [str(REPO / script), *argv, *exporters])
     for side in trees:
@@ -216,14 +258,16 @@ def main() -> int:
                             "worse_pct": round(worse_pct, 2), "judged": judged,
                             "base_by_round": [round(x, 4) for x in figures["base"][name]],
                             "new_by_round": [round(x, 4) for x in figures["new"][name]]}
-            mark = ("ok" if worse_pct <= GOAL_PCT else "OVER") if judged else "-"
+            goal_pct = GOAL_PCT_OF.get(name, GOAL_PCT)
+            result[name]["goal_pct"] = goal_pct
+            mark = ("ok" if worse_pct <= goal_pct else "OVER") if judged else "-"
             print(f"{name:22s} base {base:10.4g}  new {new:10.4g}  new/base {ratio:6.3f}  "
                   f"{'worse' if worse_pct > 0 else 'better'} {abs(worse_pct):5.1f} %  {mark}")
-    goal = all(v["worse_pct"] <= GOAL_PCT for v in result.values() if v["judged"])
+    goal = all(v["worse_pct"] <= v["goal_pct"] for v in result.values() if v["judged"])
     print(json.dumps({"benchmark": "compare_trees", "base": args.base, "rounds": args.rounds,
                       "machine": f"{platform.processor() or platform.machine()} "
                                  f"{os.cpu_count()} cpu, Python {platform.python_version()}",
-                      "figures": result, f"judged_within_{GOAL_PCT:g}_pct": goal}))
+                      "figures": result, "judged_within_goals": goal}))
     return 0
 
 

@@ -144,6 +144,17 @@ class Config:
     postgresql: PgSettings | None = None
     # None: no scheduler actions (a quarantine step is refused)
     scheduler: SchedulerSettings | None = None
+    # TLS (docs/deploy.md "TLS"): with a certificate and key the service speaks only HTTPS;
+    # with a CA file it calls the training exporters' control APIs over HTTPS, verified
+    # against that CA (and nothing else: plain HTTP to them is not tried).
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None
+
+    @property
+    def control_api_scheme(self) -> str:
+        """How the training exporters' control APIs are reached."""
+        return "https" if self.tls_ca_file is not None else "http"
 
     @property
     def store_location(self) -> str:
@@ -222,9 +233,14 @@ def config_from_dict(raw: object, source: Path) -> Config:
         if key in raw:
             optional[key] = float(raw[key])
     for key in ("playbooks_dir", "ansible_playbooks_dir", "ansible_inventory", "approvers_file",
-                "store_marker_path"):
+                "store_marker_path", "tls_cert_file", "tls_key_file", "tls_ca_file"):
         if key in raw:
             optional[key] = _resolve(base, raw[key])
+    if ("tls_cert_file" in optional) != ("tls_key_file" in optional):
+        raise ConfigError(f"{source}: tls_cert_file and tls_key_file go together")
+    for key in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
+        if key in optional and not Path(str(optional[key])).is_file():
+            raise ConfigError(f"{source}: {key}: {optional[key]} is not a file")
     for key in ("playbooks_dir", "ansible_playbooks_dir"):
         if key in optional and not Path(str(optional[key])).is_dir():
             raise ConfigError(f"{source}: {key}: {optional[key]} is not a directory")

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -55,6 +56,30 @@ DEFAULT_ACTION = Action()
 STUCK_GRACE_SECONDS = 60.0
 
 
+class PinnedCaSession(requests.Session):
+    """A session whose own `verify` (a CA file) holds against the environment.
+
+    requests lets REQUESTS_CA_BUNDLE and CURL_CA_BUNDLE replace a session's `verify` (only a
+    `verify=` given to each call beats them), so a service started with either set (common
+    where a proxy or a distribution sets its bundle) would check the training exporters'
+    certificates against that bundle and fail every control API call: a command never sent."""
+
+    def merge_environment_settings(self, url: Any, proxies: Any, stream: Any, verify: Any,
+                                   cert: Any) -> dict[str, Any]:
+        if verify is None and isinstance(self.verify, str):
+            verify = self.verify
+        return super().merge_environment_settings(url, proxies, stream, verify, cert)
+
+
+def control_api_session(ca_file: Path | None) -> requests.Session:
+    """The session actions reach the training exporters' control APIs with: verified against
+    `ca_file` when TLS is configured (config tls_ca_file), whatever the environment says."""
+    session = PinnedCaSession()
+    if ca_file is not None:
+        session.verify = str(ca_file)
+    return session
+
+
 class Engine:
     def __init__(self, config: Config, store: Store, books: Mapping[str, Playbook],
                  owner: str, pager: Pager | None = None) -> None:
@@ -62,7 +87,7 @@ class Engine:
         self.store = store
         self.books = {**books, ESCALATION_PLAYBOOK: escalation_playbook()}
         self.owner = owner
-        self.session = requests.Session()
+        self.session = control_api_session(config.tls_ca_file)
         self.pager = pager or Pager(config.pager_url, config.request_timeout_seconds)
         # what self-healing saved (remediation/recovery.py); the server wires it in
         self.recovery: RecoveryTimes | None = None

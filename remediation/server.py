@@ -29,8 +29,12 @@ log = logging.getLogger("trainwatch.remediation.server")
 
 
 def make_server(app: Any, config: Config) -> serving.Server:
-    """The app's server, bound to the config's address, accepting once run() is called."""
+    """The app's server, bound to the config's address, accepting once run() is called; HTTPS
+    only when the config names a certificate and key."""
+    tls = (serving.Tls(str(config.tls_cert_file), str(config.tls_key_file))
+           if config.tls_cert_file is not None else None)
     return serving.make_server(app, config.bind, config.port, ident="trainwatch-remediation",
+                               tls=tls,
                                limits=serving.Limits(
                                    threads=config.http_threads,
                                    max_connections=config.max_connections,

@@ -274,8 +274,6 @@ def main(argv: list[str] | None = None) -> int:
         job_env={
             "TRAINWATCH_JOB": args.job,
             "TRAINWATCH_EXPORTER_SOCKET": str(args.prefix / "run" / "training.sock"),
-            "TRAINWATCH_EXPORTER_URL": args.training_exporter,
-            "TRAINWATCH_CONTROL_TOKEN_FILE": str(control_token),
         })
     print(f"Running job {args.job}: 2 ranks (torchrun, gloo), loss spike at step "
           f"{args.spike_at_step} of {args.steps}")

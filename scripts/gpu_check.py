@@ -226,8 +226,6 @@ def main(argv: list[str] | None = None) -> int:
         job = f"gpu-check-{int(time.time())}"
         nproc = max(1, min(args.gpus, results["driver_gpus"]))
         env = {"TRAINWATCH_JOB": job, "TRAINWATCH_EXPORTER_SOCKET": str(sock),
-               "TRAINWATCH_EXPORTER_URL": f"http://127.0.0.1:{train_port}",
-               "TRAINWATCH_CONTROL_TOKEN_FILE": str(token),
                "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         ddp = procs.start("ddp-job", [
             python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),

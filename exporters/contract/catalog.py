@@ -47,15 +47,24 @@ GPU_LABELS = (LABEL_GPU, LABEL_UUID, LABEL_GPU_NAME)
 # --- environment variables read by the training client ---------------------------------------
 ENV_JOB = "TRAINWATCH_JOB"
 ENV_EXPORTER_SOCKET = "TRAINWATCH_EXPORTER_SOCKET"
-ENV_EXPORTER_URL = "TRAINWATCH_EXPORTER_URL"
-ENV_CONTROL_TOKEN = "TRAINWATCH_CONTROL_TOKEN"  # noqa: S105 - a variable name, not a secret
-ENV_CONTROL_TOKEN_FILE = "TRAINWATCH_CONTROL_TOKEN_FILE"  # noqa: S105
 ENV_SYNC_EVERY = "TRAINWATCH_SYNC_EVERY"
 # Where a stalled rank dumps PyTorch's flight recorder for the diagnostics (docs/training.md).
 ENV_DIAGNOSTICS_DIR = "TRAINWATCH_DIAGNOSTICS_DIR"
 # Where a rank sends when TRAINWATCH_EXPORTER_SOCKET is unset, and where the training_exporter
 # role makes the exporter listen unless an inventory says otherwise: one value for both.
 DEFAULT_EXPORTER_SOCKET: str = _CONTRACT["exporter_socket"]
+
+
+def command_socket(report_socket: str) -> str:
+    """The Unix stream socket a rank polls its commands on, beside the datagram socket it
+    reports to (`training.sock` -> `training-commands.sock`): the exporter serves both, and
+    a rank that knows one knows the other."""
+    head, _, name = report_socket.rpartition("/")
+    stem, dot, suffix = name.rpartition(".")
+    name = f"{stem}-commands.{suffix}" if dot and stem else f"{name}-commands"
+    return f"{head}/{name}" if head or report_socket.startswith("/") else name
+
+
 # A rank whose datagrams (one at least every second, exporters/rank/shipper.py
 # HEARTBEAT_SECONDS, even while it is blocked in a collective) stopped this long ago has left
 # the job: killed, its node gone, or the job scaled down without it. The training exporter no
@@ -323,6 +332,12 @@ TRAINING_EXPORTER_FAST_ALERTS = _define(
 # TRAINING_EXPORTER_FAST_ALERTS's outcome label values (one place: "dropped" is also a
 # per-rank wire name, which only the catalog and the counters spell)
 FAST_ALERT_SENT, FAST_ALERT_DROPPED = "sent", "dropped"
+TRAINING_EXPORTER_REFUSED = _define(
+    "training", TRAINING_EXPORTER_PREFIX + "refused_total", COUNTER,
+    "Calls refused because the caller spoke for a job that is not its own: datagrams "
+    "(channel=report) and command polls (channel=commands) from a process of another "
+    "identity than the job's, control API calls without the remediation credential "
+    "(channel=control_api).", ("channel",))
 # The per-rank values the datagram carries as plain numbers, one field per row (`wire`): the
 # datagram's decoder, the store's rank state and the collector's mapping all iterate these.
 RANK_WIRE: tuple[Metric, ...] = tuple(row for row in metrics_of("training") if row.wire)

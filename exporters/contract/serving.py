@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -61,9 +62,81 @@ class _DeadlineChannel(HTTPChannel):  # type: ignore[misc]
         return bool(super().received(data))
 
 
+@dataclass(frozen=True)
+class Tls:
+    """The certificate (chain) and key a service presents; with them it speaks only TLS."""
+
+    cert_file: str
+    key_file: str
+
+    def context(self) -> ssl.SSLContext:
+        """A server context: TLS 1.2 or newer, the files loaded (ssl.SSLError, OSError when
+        they cannot be)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
+class _TlsChannel(_DeadlineChannel):
+    """A channel on a non-blocking TLS socket: the handshake and every record happen in the
+    I/O loop, a step at a time, so a slow or silent client costs a socket, never a thread
+    (the same promise as plain HTTP). Anything that is not TLS (plain HTTP on this port, a
+    client that refuses the certificate) ends the handshake and the connection."""
+
+    _handshaken = False
+
+    def handle_read(self) -> None:
+        sock = self.socket
+        try:
+            if not self._handshaken:
+                sock.do_handshake()
+                self._handshaken = True
+            data = sock.recv(self.adj.recv_bytes)
+            while data and sock.pending():  # decrypted bytes poll() cannot see
+                data += sock.recv(sock.pending())
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return
+        except OSError as exc:  # ssl.SSLError included: not TLS, or not our TLS
+            log.debug("TLS connection from %s closed: %s", self.addr, exc)
+            self.handle_close()
+            return
+        if not data:
+            self.handle_close()
+            return
+        self.last_activity = time.time()
+        self.received(data)
+
+    def send(self, data: bytes, do_close: bool = True) -> int:
+        try:
+            return int(self.socket.send(data))
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return 0
+        except OSError:
+            if do_close:
+                self.handle_close()
+            return 0
+
+
 class Server(TcpWSGIServer):  # type: ignore[misc]
     channel_class = _DeadlineChannel
     request_timeout = 10.0
+    tls_context: ssl.SSLContext | None = None
+
+    def handle_accept(self) -> None:
+        if self.tls_context is None:
+            super().handle_accept()
+            return
+        try:
+            accepted = self.accept()
+            if accepted is None:
+                return
+            conn, addr = accepted
+            conn = self.tls_context.wrap_socket(conn, server_side=True,
+                                                do_handshake_on_connect=False)
+        except OSError:
+            return  # the client left before we got to it
+        _TlsChannel(self, conn, self.fix_addr(addr), self.adj, map=self._map)
 
     def maintenance(self, now: float) -> None:
         """waitress closes idle channels; also close those whose request has been arriving for
@@ -83,9 +156,11 @@ class Server(TcpWSGIServer):  # type: ignore[misc]
 
 
 def make_server(app: Any, bind: str, port: int, *, limits: Limits = Limits(),
-                ident: str = "trainwatch") -> Server:
-    """A server bound to bind:port (IPv6 when bind has a ':'), accepting once run() is called.
-    Raises OSError when the address cannot be bound."""
+                ident: str = "trainwatch", tls: Tls | None = None) -> Server:
+    """A server bound to bind:port (IPv6 when bind has a ':'), accepting once run() is called;
+    with `tls`, HTTPS only. Raises OSError when the address cannot be bound or the TLS files
+    cannot be loaded (ssl.SSLError is one)."""
+    context = tls.context() if tls is not None else None
     adj = Adjustments(
         host=bind, port=port, threads=limits.threads, connection_limit=limits.max_connections,
         channel_timeout=max(int(limits.idle_timeout_seconds), 1), cleanup_interval=1,
@@ -95,6 +170,7 @@ def make_server(app: Any, bind: str, port: int, *, limits: Limits = Limits(),
     dispatcher.set_thread_count(adj.threads)
     server = Server(app, map={}, dispatcher=dispatcher, adj=adj, sockinfo=adj.listen[0])
     server.request_timeout = limits.request_timeout_seconds
+    server.tls_context = context
     return server
 
 

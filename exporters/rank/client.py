@@ -159,12 +159,9 @@ class TrainingMonitor:
         self._closed = False
 
         poller = None
-        if config.control and config.token:
-            poller = ControlPoller(config.exporter_url or "", config.token, self.info.job,
+        if config.control and config.socket_path:
+            poller = ControlPoller(catalog.command_socket(config.socket_path), self.info.job,
                                    self.info.rank)
-        elif config.control:
-            log.info("no control token (%s): commands are not polled",
-                     catalog.ENV_CONTROL_TOKEN_FILE)
         all_forwarders: list[Forwarder] = list(forwarders or [])
         if config.tensorboard_dir:
             all_forwarders.append(TensorBoardForwarder(config.tensorboard_dir))

@@ -14,14 +14,11 @@ import dataclasses
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 from trainwatch.exporters.contract import catalog
-from trainwatch.exporters.contract.tokens import SecretFileError, read_secret_file
 
 log = logging.getLogger(__name__)
-DEFAULT_EXPORTER_URL = f"http://127.0.0.1:{catalog.PORTS['training_exporter']}"
 DEFAULT_SYNC_EVERY = 10
 
 
@@ -29,11 +26,10 @@ DEFAULT_SYNC_EVERY = 10
 class MonitorConfig:
     """How a rank reports and how often ranks agree on commands (docs/training.md)."""
 
-    # Where step reports go and commands come from; None: TRAINWATCH_EXPORTER_SOCKET,
-    # TRAINWATCH_EXPORTER_URL, TRAINWATCH_CONTROL_TOKEN(_FILE), else the defaults.
+    # Where step reports go; None: TRAINWATCH_EXPORTER_SOCKET, else the default. Commands
+    # come from the command socket beside it (catalog.command_socket), which answers a rank
+    # by its kernel identity: a rank needs no token.
     socket_path: str | None = None
-    exporter_url: str | None = None
-    token: str | None = field(default=None, repr=False)  # a secret: never in a repr or log
     # Ranks exchange commands every this many steps; None: TRAINWATCH_SYNC_EVERY, else 10.
     sync_every: int | None = None
     flush_interval: float = 0.2  # seconds between datagrams while steps are reported
@@ -57,8 +53,7 @@ class MonitorConfig:
 
     def resolved(self, env: Mapping[str, str] | None = None) -> MonitorConfig:
         """This config with every setting left None taken from the environment; a malformed
-        TRAINWATCH_SYNC_EVERY is refused (ValueError), an unreadable token file turns
-        commands off (logged: training goes on)."""
+        TRAINWATCH_SYNC_EVERY is refused (ValueError)."""
         env = os.environ if env is None else env
         sync_every = self.sync_every
         if sync_every is None:
@@ -69,18 +64,5 @@ class MonitorConfig:
         return dataclasses.replace(
             self, sync_every=sync_every,
             socket_path=self.socket_path or env.get(catalog.ENV_EXPORTER_SOCKET,
-                                                    catalog.DEFAULT_EXPORTER_SOCKET),
-            exporter_url=self.exporter_url or env.get(catalog.ENV_EXPORTER_URL,
-                                                      DEFAULT_EXPORTER_URL),
-            token=self.token or _read_token(env))
+                                                    catalog.DEFAULT_EXPORTER_SOCKET))
 
-
-def _read_token(env: Mapping[str, str]) -> str | None:
-    path = env.get(catalog.ENV_CONTROL_TOKEN_FILE)
-    if path:
-        try:
-            return read_secret_file(Path(path))
-        except SecretFileError as exc:  # commands stay off; training goes on
-            log.warning("%s: %s", catalog.ENV_CONTROL_TOKEN_FILE, exc)
-            return None
-    return env.get(catalog.ENV_CONTROL_TOKEN) or None

@@ -1,4 +1,4 @@
-"""Background thread of a rank: ship step reports as datagrams, poll the control API.
+"""Background thread of a rank: ship step reports as datagrams, poll the command socket.
 
 Everything slow or failure-prone happens here: number conversion, JSON encoding, socket
 sends, HTTP. Sends are non-blocking; a datagram that cannot be sent (exporter down, socket
@@ -8,7 +8,6 @@ that gets through.
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import math
@@ -17,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote, urlsplit
 
 from trainwatch.exporters.contract import commands as cmd
 from trainwatch.exporters.contract.catalog import ENV_EXPORTER_SOCKET
@@ -32,6 +30,7 @@ APPLIED_RESEND_SECONDS = 10.0  # applied reports ride along this long (datagrams
 # goodput ledger knows an incarnation's end (a rank killed while it waited) to within it, and
 # a blocked rank's four datagrams a second cost its node's exporter well under 1 % of a core.
 HEARTBEAT_SECONDS = 0.25
+MAX_ANSWER_BYTES = 1 << 20
 
 
 def _float(value: Any) -> float | None:
@@ -45,33 +44,35 @@ def _float(value: Any) -> float | None:
 
 
 class ControlPoller:
-    """GETs the commands this rank has not applied yet from its node exporter."""
+    """Asks the node exporter's command socket for the commands this rank has not applied.
 
-    def __init__(self, url: str, token: str, job: str, rank: int, timeout: float = 2.0) -> None:
-        parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"exporter URL {url!r} must be http://host:port (loopback)")
-        self._host, self._port = parts.hostname, parts.port or 80
-        self._path = f"/v1/jobs/{quote(job, safe='')}/commands?pending_for_rank={rank}"
-        self._headers = {"Authorization": f"Bearer {token}"}
+    The exporter answers only a process of the job (it checks the connection's kernel
+    credentials against the job's reports): the rank holds no token."""
+
+    def __init__(self, path: str, job: str, rank: int, timeout: float = 2.0) -> None:
+        self._path = path
+        self._request = json.dumps({"job": job, "rank": rank}).encode() + b"\n"
         self._timeout = timeout
 
     def fetch(self) -> list[dict[str, Any]]:
-        conn = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
-        try:
-            conn.request("GET", self._path, headers=self._headers)
-            response = conn.getresponse()
-            body = response.read(1 << 20)
-        finally:
-            conn.close()
-        if response.status == 404:  # our first datagram has not arrived yet
-            return []
-        if response.status != 200:
-            raise OSError(f"control API answered {response.status}")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(self._timeout)
+            conn.connect(self._path)
+            conn.sendall(self._request)
+            body = b""
+            while len(body) <= MAX_ANSWER_BYTES:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                body += chunk
         # NaN/Infinity literals parse here on purpose: cmd.validate refuses that one entry
         # (non-finite argument) and the commands beside it still arrive.
         document = json.loads(body)
-        commands = document.get("commands", []) if isinstance(document, dict) else []
+        if not isinstance(document, dict):
+            raise ValueError("command socket answered no JSON object")
+        if "error" in document:
+            raise OSError(f"command socket refused: {document['error']}")
+        commands = document.get("commands", [])
         return commands if isinstance(commands, list) else []
 
 
@@ -237,7 +238,7 @@ class Shipper(threading.Thread):
         self._last_poll = now
         try:
             fetched = self._poller.fetch()  # type: ignore[union-attr]
-        except (OSError, ValueError, http.client.HTTPException) as exc:
+        except (OSError, ValueError) as exc:
             self.poll_errors += 1
             log.debug("control poll failed: %s", exc)
             return

@@ -57,7 +57,8 @@ def run(step: dict[str, Any], ctx: ActionContext) -> dict[str, Any]:
     timeout = 10.0
     sent: dict[str, Any] = {}
     for instance in instances:
-        url = f"http://{instance}/v1/jobs/{quote(job, safe='')}/commands"
+        scheme = ctx.config.control_api_scheme
+        url = f"{scheme}://{instance}/v1/jobs/{quote(job, safe='')}/commands"
         try:
             resp = ctx.session.post(url, json=command, headers=headers, timeout=timeout)
         except requests.RequestException as exc:
@@ -80,7 +81,8 @@ def wait_applied(ctx: ActionContext, job: str, command_id: str, instances: list[
     departed: set[str] = set()
     while True:
         for instance in sorted(pending):
-            url = (f"http://{instance}/v1/jobs/{quote(job, safe='')}/commands/"
+            scheme = ctx.config.control_api_scheme
+            url = (f"{scheme}://{instance}/v1/jobs/{quote(job, safe='')}/commands/"
                    f"{quote(command_id, safe='')}")
             try:
                 resp = ctx.session.get(url, headers=headers,

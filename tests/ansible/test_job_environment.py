@@ -42,17 +42,15 @@ def test_client_role_and_docs_agree_on_the_job_environment(tmp_path: Path) -> No
     client = MonitorConfig().resolved({})
     role = json.loads((prefix / "role-defaults.json").read_text())
     assert role["socket"] == client.socket_path == catalog.DEFAULT_EXPORTER_SOCKET
-    assert client.exporter_url == f"http://127.0.0.1:{role['port']}"
 
     # The TaskProlog, run as slurmstepd runs it: each printed export sets the task's env.
     prolog = prefix / "etc" / "slurm-task-prolog.sh"
     printed = subprocess.run([str(prolog)], capture_output=True, text=True, check=True,
                              env={"PATH": "/usr/bin:/bin"}, timeout=30).stdout
     exported = dict(line.removeprefix("export ").split("=", 1) for line in printed.splitlines())
-    assert exported == {
-        catalog.ENV_EXPORTER_SOCKET: client.socket_path,
-        catalog.ENV_EXPORTER_URL: client.exporter_url,
-        catalog.ENV_CONTROL_TOKEN_FILE: str(prefix / catalog.TOKEN_FILES["control"])}
+    # the socket is all a job needs: its ranks poll commands on the command socket beside it,
+    # which knows them by their kernel identity (no URL, no token in a job's environment)
+    assert exported == {catalog.ENV_EXPORTER_SOCKET: client.socket_path}
     # a job that chose its own socket keeps it
     own = subprocess.run([str(prolog)], capture_output=True, text=True, check=True,
                          env={"PATH": "/usr/bin:/bin", catalog.ENV_EXPORTER_SOCKET: "/x"},
@@ -63,4 +61,7 @@ def test_client_role_and_docs_agree_on_the_job_environment(tmp_path: Path) -> No
     for doc in ("deploy.md", "contracts.md", "training.md"):
         text = (REPO / "docs" / doc).read_text()
         named = set(re.findall(r"(?:^|[\s`=])(/run/\S+?\.sock)\b", text, re.MULTILINE))
-        assert named == {catalog.DEFAULT_EXPORTER_SOCKET}, (doc, named)
+        # (and the command socket beside it, derived from it)
+        assert named <= {catalog.DEFAULT_EXPORTER_SOCKET,
+                         catalog.command_socket(catalog.DEFAULT_EXPORTER_SOCKET)}, (doc, named)
+        assert catalog.DEFAULT_EXPORTER_SOCKET in named, (doc, named)

@@ -29,6 +29,9 @@ PORT_VARS = ("prometheus_port", "alertmanager_port", "alertmanager_cluster_port"
              "node_exporter_port", "gpu_exporter_port", "training_exporter_port",
              "log_scanner_port", "remediation_port", "postgresql_port")
 
+# The services the inventory runs with TLS (trainwatch_tls): they carry a token or an action.
+TLS_PORT_VARS = ("training_exporter_port", "remediation_port")
+
 
 @dataclass(frozen=True)
 class Host:
@@ -70,7 +73,13 @@ class Cluster:
         return [h for h in self.hosts.values() if name in h.groups]
 
     def url(self, host: Host, port_var: str) -> str:
-        return f"http://{host.address}:{self.ports[port_var]}"
+        scheme = "https" if port_var in TLS_PORT_VARS else "http"
+        return f"{scheme}://{host.address}:{self.ports[port_var]}"
+
+    @property
+    def ca_file(self) -> str:
+        """The CA the deploy created on the controller (trainwatch_tls_ca_dir)."""
+        return str(self.root / "controller" / "tls" / "ca.pem")
 
     def secret(self, name: str) -> str:
         """A shared secret the inventory generated on the controller (webhook.token, ...)."""

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 import requests
+import yaml
 
 from tests.cluster.cluster import Cluster, Host, bearer, get_json, new_cluster
 from tests.support.net import free_port, wait_until
@@ -126,10 +127,42 @@ def test_the_remediation_replicas_share_the_postgresql_store(cluster: Cluster) -
     db = cluster.group("postgresql")[0]
     for replica in cluster.group("remediation"):
         base = cluster.url(replica, "remediation_port")
-        assert requests.get(f"{base}/readyz", timeout=5).ok
+        assert requests.get(f"{base}/readyz", timeout=5, verify=cluster.ca_file).ok
         config = (replica.prefix / "etc" / "remediation.yml").read_text()
         assert f"host: {db.address}" in config and "backend: postgresql" in config
-        assert requests.get(f"{base}/v1/actions", headers=bearer(token), timeout=5).ok
+        assert requests.get(f"{base}/v1/actions", headers=bearer(token), timeout=5,
+                            verify=cluster.ca_file).ok
+
+
+def test_the_services_with_a_credential_speak_only_verified_tls(cluster: Cluster) -> None:
+    """The remediation webhook and API and every control API serve TLS with the deploy's CA;
+    plain HTTP gets no answer, and a client that does not trust that CA refuses them. Their
+    clients verify: Alertmanager's webhook and Prometheus's scrapes name the CA (the end-to-end
+    run below goes through both), and the remediation service calls control APIs with it."""
+    token = cluster.secret("webhook.token")
+    services = [(h, "remediation_port", "/v1/actions") for h in cluster.group("remediation")]
+    services += [(h, "training_exporter_port", "/v1/jobs") for h in cluster.group("gpu_nodes")]
+    for host, port_var, path in services:
+        url = cluster.url(host, port_var) + path
+        assert url.startswith("https://")
+        headers = bearer(token if port_var == "remediation_port"
+                         else cluster.secret("control-api.token"))
+        assert requests.get(url, headers=headers, timeout=5, verify=cluster.ca_file).ok, url
+        with pytest.raises(requests.ConnectionError):
+            requests.get(url.replace("https://", "http://"), headers=headers, timeout=5)
+        with pytest.raises(requests.exceptions.SSLError):
+            requests.get(url, headers=headers, timeout=5)  # the system's CAs: not ours
+    for mon in cluster.group("monitoring"):
+        am = yaml.safe_load((mon.prefix / "etc" / "alertmanager" / "alertmanager.yml").read_text())
+        hooks = [w for r in am["receivers"] if r["name"] == "remediation"
+                 for w in r["webhook_configs"]]
+        assert hooks and all(w["url"].startswith("https://")
+                             and w["http_config"]["tls_config"]["ca_file"].endswith("ca.pem")
+                             and not w["http_config"]["tls_config"].get("insecure_skip_verify")
+                             for w in hooks), hooks
+    for replica in cluster.group("remediation"):
+        config = yaml.safe_load((replica.prefix / "etc" / "remediation.yml").read_text())
+        assert config["tls_ca_file"].endswith("ca.pem") and config["tls_cert_file"]
 
 
 # --- end to end ------------------------------------------------------------------------------
@@ -145,8 +178,6 @@ def node_env(cluster: Cluster, host: Host) -> dict[str, str]:
     """What a training job on this GPU node gets (the training_exporter role's contract)."""
     return {**JOB_BASE_ENV, "TRAINWATCH_JOB": JOB,
             "TRAINWATCH_EXPORTER_SOCKET": str(host.prefix / "run" / "training.sock"),
-            "TRAINWATCH_EXPORTER_URL": cluster.url(host, "training_exporter_port"),
-            "TRAINWATCH_CONTROL_TOKEN_FILE": str(host.prefix / "etc" / "control.token"),
             "TRAINWATCH_LOG_DIR": str(host.prefix / "log" / "jobs")}
 
 
@@ -209,7 +240,8 @@ def test_the_loss_spike_is_cut_once_at_the_same_step_on_both_nodes(
     # holds whatever either replica accepted.
     survivor = cluster.hosts["mon-02"]
     body = get_json(f"{cluster.url(survivor, 'remediation_port')}/v1/actions",
-                    params={"limit": 1000}, headers=bearer(cluster.secret("webhook.token")))
+                    params={"limit": 1000}, headers=bearer(cluster.secret("webhook.token")),
+                    verify=cluster.ca_file)
     intents = [i for i in body["actions"]  # type: ignore[index]
                if i["alertname"] == "TrainingLossSpike" and i["labels"].get("training_job") == JOB
                and i["phase"] == "fire"]
@@ -245,7 +277,8 @@ def test_a_disk_alert_for_one_node_cleans_that_node_only(cluster: Cluster,
 
     def decided() -> list[dict] | None:
         body = get_json(f"{cluster.url(survivor, 'remediation_port')}/v1/actions",
-                        params={"limit": 1000}, headers=bearer(cluster.secret("webhook.token")))
+                        params={"limit": 1000}, headers=bearer(cluster.secret("webhook.token")),
+                        verify=cluster.ca_file)
         rows = [i for i in body["actions"]  # type: ignore[index]
                 if i["alertname"] == "NodeDiskFilling" and i["phase"] == "fire"
                 and i["state"] in ("done", "failed", "refused")]

@@ -113,8 +113,6 @@ def env(tmp_path_factory: pytest.TempPathFactory, real_binaries: dict) -> Iterat
              str(control_token), "--node", NODE],
             workdir / "training-exporter.log", ready_url=f"http://{exporter_hostport}/metrics"))
         job_env = {"TRAINWATCH_EXPORTER_SOCKET": str(socket_path),
-                   "TRAINWATCH_EXPORTER_URL": f"http://{exporter_hostport}",
-                   "TRAINWATCH_CONTROL_TOKEN_FILE": str(control_token),
                    "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         job = stack.enter_context(running(
             torchrun_argv(REPO / "examples" / "train_ddp.py", "--job", JOB, "--steps", "100000",

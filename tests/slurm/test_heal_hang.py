@@ -161,8 +161,8 @@ def submit_job(cluster: SlurmCluster, stack: Stack, tmp_path: Path, job: str,
     (Slurm job id, its output file, its checkpoint dir)."""
     out, ckpt = tmp_path / "job.out", tmp_path / "ckpt"
     cases = "\n".join(
-        f"  {node}) export TRAINWATCH_EXPORTER_SOCKET={exp.socket} "
-        f"TRAINWATCH_EXPORTER_URL={exp.url} ;;" for node, exp in stack.exporters.items())
+        f"  {node}) export TRAINWATCH_EXPORTER_SOCKET={exp.socket} ;;"
+        for node, exp in stack.exporters.items())
     launcher = tmp_path / "launch.sh"
     launcher.write_text("\n".join([
         "#!/bin/bash",
@@ -181,7 +181,7 @@ def submit_job(cluster: SlurmCluster, stack: Stack, tmp_path: Path, job: str,
         "#SBATCH --nodes=2 --requeue --open-mode=append",
         f"#SBATCH --output={out}",
         "export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 TORCH_FR_BUFFER_SIZE=200",
-        f"export TRAINWATCH_JOB={job} TRAINWATCH_CONTROL_TOKEN_FILE={stack.token_file}",
+        f"export TRAINWATCH_JOB={job}",
         f"export {catalog.ENV_DIAGNOSTICS_DIR}={tmp_path / 'diagnostics'}",
         "echo '{\"event\": \"incarnation\", \"restart_count\": '${SLURM_RESTART_COUNT:-0}', "
         "\"time\": '$(date +%s.%N)', \"nodes\": \"'$SLURM_JOB_NODELIST'\"}'",

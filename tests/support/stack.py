@@ -56,8 +56,6 @@ class Stack:
         return {
             "TRAINWATCH_JOB": job,
             "TRAINWATCH_EXPORTER_SOCKET": str(self.exporter_socket),
-            "TRAINWATCH_EXPORTER_URL": self.training_exporter,
-            "TRAINWATCH_CONTROL_TOKEN_FILE": str(self.control_token_file),
             "TRAINWATCH_LOG_DIR": str(self.log_dir),
         }
 

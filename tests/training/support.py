@@ -64,9 +64,7 @@ class Exporter:
         return {dict(k)["rank"]: v for k, v in self.samples(name, job).items()}
 
     def job_env(self, job: str) -> dict[str, str]:
-        return {"TRAINWATCH_JOB": job, "TRAINWATCH_EXPORTER_SOCKET": str(self.socket),
-                "TRAINWATCH_EXPORTER_URL": self.url,
-                "TRAINWATCH_CONTROL_TOKEN_FILE": str(self.token_file)}
+        return {"TRAINWATCH_JOB": job, "TRAINWATCH_EXPORTER_SOCKET": str(self.socket)}
 
 
 def write_token(directory: Path, name: str = "control.token") -> tuple[str, Path]:

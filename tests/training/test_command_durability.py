@@ -34,8 +34,7 @@ def rank(exp, ckpt: Path, *, control: bool = True) -> tuple[TrainingMonitor, tor
     manager = CheckpointManager(ckpt, model, optimizer, asynchronous=False)
     manager.resume()
     monitor = TrainingMonitor(rank_info=INFO, optimizer=optimizer, checkpoints=manager,
-                              socket_path=str(exp.socket), exporter_url=exp.url,
-                              token=exp.token, control=control, sync_every=1,
+                              socket_path=str(exp.socket), control=control, sync_every=1,
                               flush_interval=0.05, poll_interval=0.05)
     return monitor, optimizer
 

@@ -53,8 +53,7 @@ def test_builtin_and_registered_commands_apply_and_report_status(tmp_path: Path)
     with exporter(tmp_path) as exp:
         monitor = TrainingMonitor(rank_info=RankInfo(JOB, 0, 0, 1, 0), optimizer=optimizer,
                                   scheduler=scheduler, checkpoints=checkpoints,
-                                  socket_path=str(exp.socket), exporter_url=exp.url,
-                                  token=exp.token, sync_every=2, flush_interval=0.05,
+                                  socket_path=str(exp.socket), sync_every=2, flush_interval=0.05,
                                   poll_interval=0.05)
         seen: list[tuple[dict, int]] = []
         monitor.register_command("set_batch_size",

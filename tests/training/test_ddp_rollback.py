@@ -30,8 +30,7 @@ def test_nan_then_rollback_restores_healthy_checkpoint_and_outage_only_drops(
     token = write_token(tmp_path)
     checkpoints = tmp_path / "ckpt"
     env = {**JOB_BASE_ENV, catalog.ENV_JOB: JOB, catalog.ENV_EXPORTER_SOCKET: str(sock),
-           catalog.ENV_EXPORTER_URL: f"http://127.0.0.1:{port}",
-           catalog.ENV_CONTROL_TOKEN_FILE: str(token[1]), catalog.ENV_SYNC_EVERY: "5"}
+           catalog.ENV_SYNC_EVERY: "5"}
     args = ["--steps", str(STEPS), "--step-time", "0.03", "--nan-at-step", str(NAN_AT),
             "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "10",
             "--keep-checkpoints", "100", "--print-every", "5"]

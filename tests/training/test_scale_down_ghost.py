@@ -70,8 +70,7 @@ def test_remediation_skips_the_departed_node_and_does_not_wait_on_it(tmp_path: P
         optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=1.0)
         survivor = RankInfo(JOB, rank=0, local_rank=0, world_size=1, restarts=1)
         monitor = TrainingMonitor(optimizer=optimizer, rank_info=survivor,
-                                  socket_path=str(live.socket), exporter_url=live.url,
-                                  token=live.token, sync_every=1, flush_interval=0.05,
+                                  socket_path=str(live.socket), sync_every=1, flush_interval=0.05,
                                   poll_interval=0.05)
 
         def train() -> None:

@@ -243,3 +243,7 @@ class TrainingCollector(Collector):
             for outcome, count in self._fast_alerts.outcomes():
                 fast.add_metric([outcome], float(count))
             yield fast
+        refused = _family(c.TRAINING_EXPORTER_REFUSED)
+        for channel, count in self._store.refused.items():
+            refused.add_metric([channel], float(count))
+        yield refused

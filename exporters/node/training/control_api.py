@@ -58,6 +58,7 @@ class ControlApp:
             if self._token is None:
                 return _json(503, {"error": "control API disabled: no token configured"})
             if not self._authorized(request):
+                self._store.count_refused("control_api")
                 response = _json(401, {"error": "missing or invalid bearer token"})
                 response.headers["WWW-Authenticate"] = "Bearer"
                 return response

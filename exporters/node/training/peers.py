@@ -1,43 +1,23 @@
-"""Which process sent a datagram, from the kernel, and whether that process still runs.
+"""Whether a process that sent a datagram still runs: the same process, not its pid reused.
 
 The node exporter watches its ranks' processes (rank_watch.py) so that a rank killed without
 a word (SIGKILL, the OOM killer) is noticed within a second instead of after the rules'
 minutes. The process id cannot come from the datagram: any local user in the socket's group
-could name someone else's process. With SO_PASSCRED on the receiving socket the kernel
-attaches the sender's credentials to every datagram (SCM_CREDENTIALS), the pid translated into
-the exporter's pid namespace (0 when the sender is not visible there: such a rank is not
-watched). A pid is reused after its process is gone, so a process is known by its pid
-together with its start time (/proc/<pid>/stat field 22, clock ticks since boot), read when
-the exporter first hears from it.
+could name someone else's process. The kernel's credentials of each datagram (senders.py, the
+one reader of them) give the pid, translated into the exporter's pid namespace (0 when the
+sender is not visible there: such a rank is not watched). A pid is reused after its process
+is gone, so a process is known by its pid together with its start time (/proc/<pid>/stat
+field 22, clock ticks since boot), read when the exporter first hears from it.
 """
 
 from __future__ import annotations
 
-import socket
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-_UCRED = struct.Struct("iII")  # struct ucred: pid_t pid, uid_t uid, gid_t gid
-ANCILLARY_BYTES = socket.CMSG_SPACE(_UCRED.size)
 # /proc/<pid>/stat states of a process that has ended: zombie (not yet reaped by its parent,
 # torchrun or a test) and dead
 _ENDED_STATES = frozenset("ZXx")
-
-
-def pass_credentials(sock: socket.socket) -> None:
-    """Ask the kernel to attach each sender's credentials to what this socket receives."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-
-
-def sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int:
-    """The sending process's pid from recvmsg's ancillary data; 0 when absent or invisible."""
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS \
-                and len(data) >= _UCRED.size:
-            pid, _uid, _gid = _UCRED.unpack_from(data)
-            return max(pid, 0)
-    return 0
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ A rank process that ends says so in its last datagram: `finished` on a clean end
 when it ends on an error (an exception, often a collective that raised because a peer died,
 or the SIGTERM of the scheduler stopping it: exporters/rank/departure.py). A rank killed by
 SIGKILL or the OOM killer says nothing; the rule TrainingJobVanished names it minutes later
-(its heartbeat stopped first). This watch sees the process itself end (peers.py: the kernel's
-pid and start time of each rank's sender), so the exporter can post the same alert at once
-(the server wires it to fast_alerts.FastAlerts).
+(its heartbeat stopped first). This watch sees the process itself end (senders.py: the
+kernel's credentials of each rank's datagrams; peers.py: the pid with its start time), so
+the exporter can post the same alert at once (the server wires it to fast_alerts.FastAlerts).
 
 Only the first killed rank of a launch (job name and incarnation) on this node is reported:
 the scheduler kills the others right after, and they are consequences. A rank whose process
@@ -68,15 +68,19 @@ class RankWatch:
         self._reported: set[tuple[str, str]] = set()
         self.killed = 0  # killed ranks seen, reported or not (consequences)
 
-    def saw(self, report: RankReport, pid: int) -> None:
-        """A datagram of `report.rank` came from process `pid` (the kernel's word)."""
+    def saw(self, report: RankReport, process: peers.Process | None) -> None:
+        """A datagram of `report.rank` came from `process` (the kernel's word, senders.py);
+        None: not visible from here, or gone already (the rules' case)."""
+        if process is None:
+            return
         key = (report.job, report.rank)
         known = self._watched.get(key)
-        if known is not None and known.process.pid == pid \
+        if known is not None and known.process == process \
                 and known.incarnation == report.incarnation:
             return
-        process = peers.identify(pid, self._proc)
-        if process is None:  # not visible from here, or gone already: the rules' case
+        # A new rank or launch: the sender lookup is cached for seconds, so make sure this is
+        # the process running now (not one whose pid was reused meanwhile) before watching it.
+        if not peers.alive(process, self._proc):
             return
         if known is None and len(self._watched) >= MAX_WATCHED:
             return

@@ -1,8 +1,14 @@
 """Datagram receiver: one thread reading every rank's reports from the node's Unix socket.
 
-Each datagram comes with its sender's pid from the kernel (peers.py); with a RankWatch the
-receiver tells it which process each rank is, and between datagrams (at most every half
-second) has it look for ranks whose process is gone.
+Every datagram arrives with its sender's kernel credentials (SO_PASSCRED), read in one place
+(senders.py), and serves two checks:
+
+- the store accepts it only from the identity its job name is bound to (Store.ingest): a
+  process of another user cannot report for, or replay a captured datagram of, someone else's
+  job. A refusal is counted on every datagram and logged once per sender and job;
+- with a RankWatch, the receiver tells it which process each rank is (an accepted datagram
+  only), and between datagrams (at most every half second) has it look for ranks whose
+  process is gone.
 """
 
 from __future__ import annotations
@@ -15,9 +21,14 @@ import threading
 from pathlib import Path
 
 from trainwatch.exporters.contract.wire import MAX_DATAGRAM_BYTES, WireError, decode
-from trainwatch.exporters.node.training import peers
 from trainwatch.exporters.node.training.rank_watch import RankWatch
-from trainwatch.exporters.node.training.store import Store
+from trainwatch.exporters.node.training.senders import (
+    ANCILLARY_BYTES,
+    Resolver,
+    Sender,
+    pass_credentials,
+)
+from trainwatch.exporters.node.training.store import NotOwner, Store
 
 log = logging.getLogger(__name__)
 RECEIVE_TIMEOUT_SECONDS = 0.5  # the idle tick: expiry, and the rank watch's check
@@ -31,7 +42,7 @@ def bind_socket(path: Path) -> socket.socket:
             raise SystemExit(f"--socket {path} exists and is not a socket; refusing to replace it")
         path.unlink()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    peers.pass_credentials(sock)  # before bind: no datagram arrives without the sender's pid
+    pass_credentials(sock)  # before bind: no datagram arrives without its sender's credentials
     sock.bind(str(path))
     # Ranks may run as another user than the exporter: they reach the socket through the
     # shared group (the deploy puts the training users in it); nobody else may send.
@@ -43,13 +54,15 @@ def bind_socket(path: Path) -> socket.socket:
 class Receiver(threading.Thread):
     """Decodes datagrams into the store until stopped; malformed ones are counted, not fatal."""
 
-    def __init__(self, sock: socket.socket, store: Store, watch: RankWatch | None = None
-                 ) -> None:
+    def __init__(self, sock: socket.socket, store: Store, watch: RankWatch | None = None,
+                 resolver: Resolver | None = None) -> None:
         super().__init__(name="trainwatch-receiver", daemon=True)
         self._sock = sock
         self._store = store
         self._watch = watch
+        self._resolver = resolver or Resolver()
         self._stopping = threading.Event()
+        self._logged: set[tuple[int, int, str]] = set()  # (pid, uid, job) refusals logged
 
     def stop(self) -> None:
         self._stopping.set()
@@ -58,7 +71,7 @@ class Receiver(threading.Thread):
         expire_every = 50
         while not self._stopping.is_set():
             try:
-                data, ancillary, _, _ = self._sock.recvmsg(BUFFER_BYTES, peers.ANCILLARY_BYTES)
+                data, ancillary, _, _ = self._sock.recvmsg(BUFFER_BYTES, ANCILLARY_BYTES)
             except TimeoutError:
                 self._store.expire()
                 self._check_ranks()
@@ -74,9 +87,16 @@ class Receiver(threading.Thread):
             self._check_ranks()
 
     def _ingest(self, data: bytes, ancillary: list[tuple[int, int, bytes]]) -> None:
+        sender = self._resolver.of_datagram(ancillary)
+        if sender is None:  # the kernel attaches them with SO_PASSCRED: fail closed
+            self._store.malformed += 1
+            return
         try:
             report = decode(data)
-            self._store.ingest(report)
+            self._store.ingest(report, sender.identity)
+        except NotOwner as exc:
+            self._log_refusal(sender, exc)
+            return
         except WireError as exc:
             self._store.malformed += 1
             log.debug("malformed datagram: %s", exc)
@@ -86,7 +106,7 @@ class Receiver(threading.Thread):
             log.exception("datagram could not be ingested")
             return
         if self._watch is not None:
-            self._watch.saw(report, peers.sender_pid(ancillary))
+            self._watch.saw(report, sender.process)
 
     def _check_ranks(self) -> None:
         """Judge the ranks whose process is gone, once every datagram they sent is read: a
@@ -101,8 +121,7 @@ class Receiver(threading.Thread):
         try:
             while True:
                 try:
-                    data, ancillary, _, _ = self._sock.recvmsg(BUFFER_BYTES,
-                                                               peers.ANCILLARY_BYTES)
+                    data, ancillary, _, _ = self._sock.recvmsg(BUFFER_BYTES, ANCILLARY_BYTES)
                 except BlockingIOError:
                     break
                 except OSError as exc:
@@ -112,3 +131,13 @@ class Receiver(threading.Thread):
         finally:
             self._sock.settimeout(RECEIVE_TIMEOUT_SECONDS)
         self._watch.judge(ended)
+
+    def _log_refusal(self, sender: Sender, exc: NotOwner) -> None:
+        key = (sender.pid, sender.uid, exc.job)
+        if key in self._logged:
+            return
+        if len(self._logged) >= 4096:
+            self._logged.clear()
+        self._logged.add(key)
+        log.warning("refused datagrams of pid %d (uid %d) for job %r: it belongs to %s",
+                    key[0], key[1], exc.job, exc.owner)

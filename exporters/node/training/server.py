@@ -12,6 +12,7 @@ import argparse
 import ipaddress
 import logging
 import sqlite3
+import ssl
 import sys
 from pathlib import Path
 
@@ -19,16 +20,18 @@ from prometheus_client import CollectorRegistry
 
 from trainwatch.exporters import add_version_argument
 from trainwatch.exporters.contract import catalog, serving
-from trainwatch.exporters.contract.catalog import DEFAULT_EXPORTER_SOCKET, PORTS
+from trainwatch.exporters.contract.catalog import DEFAULT_EXPORTER_SOCKET, PORTS, command_socket
 from trainwatch.exporters.contract.launcher import node_name
 from trainwatch.exporters.contract.tokens import SecretFileError, read_token_file
 from trainwatch.exporters.node import fast_alerts
 from trainwatch.exporters.node.training.collector import TrainingCollector
 from trainwatch.exporters.node.training.command_log import CommandLog
+from trainwatch.exporters.node.training.command_socket import CommandSocket
 from trainwatch.exporters.node.training.control_api import MAX_BODY_BYTES, ControlApp
 from trainwatch.exporters.node.training.ledger import ZERO_HOLD_SECONDS, Ledger, LedgerFile
 from trainwatch.exporters.node.training.rank_watch import KilledRank, RankWatch
 from trainwatch.exporters.node.training.receiver import Receiver, bind_socket
+from trainwatch.exporters.node.training.senders import Resolver
 from trainwatch.exporters.node.training.store import DEPARTED_AFTER_SECONDS, Store
 
 log = logging.getLogger("trainwatch.training_exporter")
@@ -54,6 +57,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="Unix datagram socket the ranks send to")
     parser.add_argument("--token-file", type=Path, default=None,
                         help="file holding the control API bearer token (API off without it)")
+    parser.add_argument("--tls-cert", type=Path, default=None,
+                        help="certificate (chain) to serve HTTPS with; with --tls-key, the "
+                        "port speaks only TLS (the control API carries a token)")
+    parser.add_argument("--tls-key", type=Path, default=None, help="the certificate's key")
     parser.add_argument("--node", default=node_name(), help="value of the node label (also "
                         "the fast alerts': the inventory host name)")
     fast_alerts.add_arguments(parser, what="a killed rank (TrainingJobVanished)", node=False)
@@ -94,6 +101,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--goodput-state directory {args.goodput_state.parent} does not exist")
     if not 0 <= args.goodput_zero_seconds <= 3600:
         parser.error("--goodput-zero-seconds must be between 0 and 3600")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    for tls_file in (args.tls_cert, args.tls_key):
+        if tls_file is not None and not tls_file.is_file():
+            parser.error(f"{tls_file} is not a file")
     if not 1 <= args.threads <= 64:
         parser.error("--threads must be between 1 and 64")
     try:
@@ -144,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server = serving.make_server(
             ControlApp(store, registry, token), args.bind, args.port, ident="training-exporter",
-            limits=serving.Limits(threads=args.threads, max_body_bytes=MAX_BODY_BYTES))
+            limits=serving.Limits(threads=args.threads, max_body_bytes=MAX_BODY_BYTES),
+            tls=serving.Tls(str(args.tls_cert), str(args.tls_key)) if args.tls_cert else None)
+    except ssl.SSLError as exc:
+        raise SystemExit(f"training-exporter: --tls-cert/--tls-key: {exc}") from None
     except OSError as exc:
         raise SystemExit(f"training-exporter: cannot listen on {args.bind}:{args.port}: "
                          f"{exc.strerror or exc}") from None
@@ -152,12 +167,17 @@ def main(argv: list[str] | None = None) -> int:
         store.attach_log(CommandLog(args.command_log))
     sock = bind_socket(args.socket)
     inode = args.socket.stat().st_ino
+    resolver = Resolver()  # the kernel's credentials: the report and the command socket's
     receiver = Receiver(sock, store,
-                        watch_ranks(store, alerts, args.node) if alerts is not None else None)
+                        watch_ranks(store, alerts, args.node) if alerts is not None else None,
+                        resolver)
     receiver.start()
+    commands = CommandSocket(Path(command_socket(str(args.socket))), store, resolver)
+    commands.start()
 
     def on_stop() -> None:
         receiver.stop()
+        commands.close()
         if alerts is not None:
             alerts.close()
         ledger.close()  # the counters as last served stay on disk
@@ -170,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         except FileNotFoundError:
             pass
 
-    log.info("receiving on %s, serving on %s:%d", args.socket, args.bind, args.port)
+    log.info("receiving on %s, commands on %s, serving on %s:%d", args.socket, commands.path,
+             args.bind, args.port)
     serving.serve_until_signal(server, on_stop=on_stop)
     return 0
 

@@ -24,6 +24,7 @@ from trainwatch.exporters.contract import commands as cmd
 from trainwatch.exporters.contract.wire import RankReport
 from trainwatch.exporters.node.training.command_log import CommandLog
 from trainwatch.exporters.node.training.ledger import Ledger
+from trainwatch.exporters.node.training.senders import Identity
 
 STEP_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                          60.0, 120.0)
@@ -152,6 +153,23 @@ class JobState:
     # ignored (a restart's or a smaller world's ranks must not be joined by departed ones).
     incarnation: str = ""
     retired: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_RETIRED))
+    # Who may report for, and read the commands of, this job name: the kernel identity of its
+    # first sender (senders.py), held until the job expires. None: nobody reported yet (a
+    # job read back from the command log).
+    owner: Identity | None = None
+
+
+# The channels a refused caller used, the values of the refusal counter's `channel` label.
+REFUSAL_CHANNELS = ("report", "commands", "control_api")
+
+
+class NotOwner(Exception):
+    """A sender spoke for a job name bound to another identity; nothing was changed."""
+
+    def __init__(self, job: str, owner: Identity) -> None:
+        super().__init__(f"job {job!r} belongs to {owner}")
+        self.job = job
+        self.owner = owner
 
 
 class ApiError(Exception):
@@ -194,12 +212,15 @@ class Store:
         self._clock = clock
         self.datagrams = 0
         self.malformed = 0
+        self.refused = dict.fromkeys(REFUSAL_CHANNELS, 0)
         # Goodput counters per job (exporters/node/training/ledger.py): the server passes one
         # kept in a LedgerFile (--goodput-state); memory only without it.
         self.goodput = goodput if goodput is not None else Ledger(wall=wall)
 
     # --- ingest (receiver thread) ---------------------------------------------------------
-    def ingest(self, report: RankReport) -> None:
+    def ingest(self, report: RankReport, sender: Identity | None = None) -> None:
+        """Take one rank's report. With the sender's kernel identity, a report for a job name
+        bound to another identity changes nothing: it is counted and NotOwner raised."""
         now = self._clock()
         with self._lock:
             self.datagrams += 1
@@ -208,6 +229,9 @@ class Store:
                 if len(self._jobs) >= MAX_JOBS:
                     return
                 job = self._jobs[report.job] = JobState()
+            if sender is not None and not self._admit(job, report, sender):
+                self.refused["report"] += 1
+                raise NotOwner(report.job, job.owner)  # type: ignore[arg-type]  # bound
             if not self._member(job, report):
                 return
             job.last_seen = now
@@ -278,6 +302,33 @@ class Store:
         samples.append((now, report.compute_seconds, report.compute_steps))
         while len(samples) > 2 and samples[1][0] <= now - COMPUTE_WINDOW_SECONDS:
             samples.popleft()
+
+    @staticmethod
+    def _admit(job: JobState, report: RankReport, sender: Identity) -> bool:
+        """Whether this sender may report for the job: its first sender binds the name; the
+        same user may move it to another job of theirs (a resubmission under a new Slurm job
+        id, a new torchrun run id) only with a launch the job has not seen yet. Another user
+        never: the name stays theirs until the job expires."""
+        if job.owner is None or job.owner == sender:
+            job.owner = sender
+            return True
+        if (job.owner.uid == sender.uid and report.incarnation
+                and report.incarnation != job.incarnation
+                and report.incarnation not in job.retired):
+            job.owner = sender
+            return True
+        return False
+
+    def count_refused(self, channel: str) -> None:
+        """Count a refused call on one of REFUSAL_CHANNELS (served by the collector)."""
+        with self._lock:
+            self.refused[channel] += 1
+
+    def owner(self, job_name: str) -> Identity | None:
+        """The identity the job name is bound to (None: unknown or not bound yet)."""
+        with self._lock:
+            job = self._jobs.get(job_name)
+            return job.owner if job is not None else None
 
     @staticmethod
     def _member(job: JobState, report: RankReport) -> bool:
@@ -437,6 +488,20 @@ class Store:
             return [self._describe(job, r) for r in job.commands.values()
                     if pending_for_rank is None
                     or (pending_for_rank not in r.ranks and r.closed is None)]
+
+    def pending_for(self, job_name: str, rank: int, sender: Identity) -> list[dict[str, Any]]:
+        """The commands a rank of the job has not applied, for a process of that job only
+        (the command socket's one question). Nothing yet before the job's first report binds
+        it; another identity's question is counted and NotOwner raised."""
+        with self._lock:
+            job = self._jobs.get(job_name)
+            if job is None or job.owner is None or job.last_seen < self._clock() - self._expiry:
+                return []
+            if job.owner != sender:
+                self.refused["commands"] += 1
+                raise NotOwner(job_name, job.owner)
+            return [self._describe(job, r) for r in job.commands.values()
+                    if rank not in r.ranks and r.closed is None]
 
     def list_jobs(self) -> list[dict[str, Any]]:
         cutoff = self._clock() - self._expiry
