@@ -33,6 +33,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.gpu_exporter import cpu_seconds, free_port
+from benchmarks.scrape_pair import parse_exporter
 
 RANKS = 8
 STEPS_PER_DATAGRAM = 20
@@ -130,14 +131,6 @@ def one_pair(exporters: dict[str, tuple[Path, Path]], count: int) -> dict[str, f
             for proc, _, _ in running.values():
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait(10)
-
-
-def parse_exporter(text: str) -> tuple[str, tuple[Path, Path]]:
-    name, _, rest = text.partition("=")
-    binary, _, tree = rest.partition(":")
-    if not name or not binary or not tree:
-        raise argparse.ArgumentTypeError(f"{text!r}: NAME=BIN:TREE")
-    return name, (Path(binary), Path(tree))
 
 
 def main() -> int:

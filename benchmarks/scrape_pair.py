@@ -31,6 +31,16 @@ from pathlib import Path
 
 from benchmarks.gpu_exporter import cpu_seconds, free_port, scrape_ms, wait_ready
 
+
+def parse_exporter(text: str) -> tuple[str, tuple[Path, Path]]:
+    """--exporter NAME=BIN:TREE: one exporter binary and the tree it runs (also the datagram
+    pair's)."""
+    name, _, rest = text.partition("=")
+    binary, _, tree = rest.partition(":")
+    if not name or not binary or not tree:
+        raise argparse.ArgumentTypeError(f"{text!r}: NAME=BIN:TREE")
+    return name, (Path(binary), Path(tree))
+
 WARM_UP_S = 2.0  # a couple of collection cycles before measuring
 
 
@@ -71,14 +81,6 @@ def one_pair(exporters: dict[str, tuple[Path, Path]], scrapes: int
         for proc, _ in running.values():
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(10)
-
-
-def parse_exporter(text: str) -> tuple[str, tuple[Path, Path]]:
-    name, _, rest = text.partition("=")
-    binary, _, tree = rest.partition(":")
-    if not name or not binary or not tree:
-        raise argparse.ArgumentTypeError(f"{text!r}: NAME=BIN:TREE")
-    return name, (Path(binary), Path(tree))
 
 
 def main() -> int:
