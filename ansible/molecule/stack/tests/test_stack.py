@@ -71,12 +71,20 @@ def test_the_gpu_exporter_says_its_gpus_are_simulated(host) -> None:
     assert "trainwatch_gpu_exporter_simulated 1" in get(host, url("gpu_exporter_port", "/metrics"))
 
 
-@pytest.mark.parametrize("path", ["control.token", "remediation-webhook.token",
-                                  "alertmanager/alertmanager.yml", "remediation.yml"])
-def test_secrets_are_readable_by_the_service_group_only(host, path: str) -> None:
+@pytest.mark.parametrize("path", ["alertmanager/alertmanager.yml", "remediation.yml"])
+def test_configs_with_secrets_are_readable_by_the_service_group_only(host, path: str) -> None:
     secret = host.file(str(PREFIX / "etc" / path))
     assert secret.is_file
     assert secret.mode == 0o640
+
+
+@pytest.mark.parametrize("path", ["control.token", "remediation-webhook.token"])
+def test_tokens_are_readable_by_the_services_user_only(host, path: str) -> None:
+    """The group is the training users' way to the exporter's sockets; a rank needs no token
+    (the exporter knows it by its kernel identity), so no token is the group's to read."""
+    secret = host.file(str(PREFIX / "etc" / path))
+    assert secret.is_file
+    assert secret.mode == 0o600
 
 
 def test_the_configs_pass_their_own_validators(host) -> None:
