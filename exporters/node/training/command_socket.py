@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from trainwatch.exporters.node.training.senders import Resolver
+from trainwatch.exporters.node.training.senders import RefusalLog, Resolver
 from trainwatch.exporters.node.training.store import NotOwner, Store
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class CommandSocket(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         self.store = store
         self.resolver = resolver or Resolver()
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._logged: set[tuple[int, int, str]] = set()
+        self.refusals = RefusalLog("command polls")
         super().__init__(str(path), _Handler)
         # Same audience as the report socket: the training users' shared group.
         os.chmod(path, 0o660)
@@ -97,16 +97,6 @@ class CommandSocket(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
-
-    def log_refusal(self, pid: int, uid: int, exc: NotOwner) -> None:
-        key = (pid, uid, exc.job)
-        if key in self._logged:
-            return
-        if len(self._logged) >= 4096:
-            self._logged.clear()
-        self._logged.add(key)
-        log.warning("refused command polls of pid %d (uid %d) for job %r: it belongs to %s",
-                    pid, uid, exc.job, exc.owner)
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.5},
@@ -141,7 +131,7 @@ class _Handler(socketserver.BaseRequestHandler):
         try:
             commands = server.store.pending_for(job, rank, sender.identity)
         except NotOwner as exc:
-            server.log_refusal(sender.pid, sender.uid, exc)
+            server.refusals.once(sender, exc.job, exc.owner)
             _answer(conn, {"error": f"job {job!r} is not this process's job", "status": 403})
             return
         _answer(conn, {"commands": commands})

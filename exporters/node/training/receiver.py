@@ -24,8 +24,8 @@ from trainwatch.exporters.contract.wire import MAX_DATAGRAM_BYTES, WireError, de
 from trainwatch.exporters.node.training.rank_watch import RankWatch
 from trainwatch.exporters.node.training.senders import (
     ANCILLARY_BYTES,
+    RefusalLog,
     Resolver,
-    Sender,
     pass_credentials,
 )
 from trainwatch.exporters.node.training.store import NotOwner, Store
@@ -62,7 +62,7 @@ class Receiver(threading.Thread):
         self._watch = watch
         self._resolver = resolver or Resolver()
         self._stopping = threading.Event()
-        self._logged: set[tuple[int, int, str]] = set()  # (pid, uid, job) refusals logged
+        self._refusals = RefusalLog("datagrams")
 
     def stop(self) -> None:
         self._stopping.set()
@@ -95,7 +95,7 @@ class Receiver(threading.Thread):
             report = decode(data)
             self._store.ingest(report, sender.identity)
         except NotOwner as exc:
-            self._log_refusal(sender, exc)
+            self._refusals.once(sender, exc.job, exc.owner)
             return
         except WireError as exc:
             self._store.malformed += 1
@@ -132,12 +132,3 @@ class Receiver(threading.Thread):
             self._sock.settimeout(RECEIVE_TIMEOUT_SECONDS)
         self._watch.judge(ended)
 
-    def _log_refusal(self, sender: Sender, exc: NotOwner) -> None:
-        key = (sender.pid, sender.uid, exc.job)
-        if key in self._logged:
-            return
-        if len(self._logged) >= 4096:
-            self._logged.clear()
-        self._logged.add(key)
-        log.warning("refused datagrams of pid %d (uid %d) for job %r: it belongs to %s",
-                    key[0], key[1], exc.job, exc.owner)

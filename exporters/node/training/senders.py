@@ -26,9 +26,11 @@ process (pid and start time, peers.py) the rank watch follows to see a killed ra
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,3 +155,28 @@ def credentials(ancillary: list[tuple[int, int, bytes]]) -> tuple[int, int, int]
             pid, uid, gid = UCRED.unpack_from(data)
             return max(pid, 0), uid, gid
     return None
+
+
+class RefusalLog:
+    """Says once per (sender, job) that a channel refused a process's claim to a job: every
+    refusal is counted by the caller, but a process that keeps trying must not flood the log.
+    Thread-safe (the command socket serves connections on threads); bounded."""
+
+    LIMIT = 4096
+
+    def __init__(self, channel: str) -> None:
+        self._channel = channel
+        self._seen: set[tuple[int, int, str]] = set()
+        self._lock = threading.Lock()
+
+    def once(self, sender: Sender, job: str, owner: object) -> None:
+        key = (sender.pid, sender.uid, job)
+        with self._lock:
+            if key in self._seen:
+                return
+            if len(self._seen) >= self.LIMIT:
+                self._seen.clear()
+            self._seen.add(key)
+        logging.getLogger(__name__).warning(
+            "refused %s of pid %d (uid %d) for job %r: it belongs to %s", self._channel,
+            sender.pid, sender.uid, job, owner)
