@@ -112,6 +112,19 @@ class Engine:
         return plans
 
     # --- decision -------------------------------------------------------------------------
+    def _acted_within_cooldown(self, intent: Intent, book: Playbook) -> bool:
+        """Whether the target has a grant inside the playbook's cooldown: only then can the
+        job's progress decide anything, so only then is Prometheus asked (a first alert is
+        never held up by its query's timeout while Prometheus is away)."""
+        if book.cooldown_seconds <= 0:
+            return False
+        with self.store.transaction() as tx:
+            grants = tx.grant_counts(book.name, intent.target_key or "",
+                                     cooldown_since=tx.now - book.cooldown_seconds,
+                                     rate_since=None, breaker_since=None,
+                                     min_priority=PRIORITIES[book.priority])
+        return grants.last is not None
+
     def _decide(self, intent: Intent, book: Playbook, labels_ok: bool, reason: str,
                 plans: Mapping[str, Plan], progress: Progress | None = None) -> str:
         """Returns 'act', 'resolve_act', 'deferred', or a terminal decision already written to
@@ -260,7 +273,7 @@ class Engine:
                     return
         else:
             progress = (read_progress(self.session, self.config.prometheus_url, book, labels)
-                        if labels_ok else None)
+                        if labels_ok and self._acted_within_cooldown(intent, book) else None)
             decision = self._decide(intent, book, labels_ok, reason, plans, progress)
         if decision not in RUNS_STEPS:
             return
