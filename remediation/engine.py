@@ -45,7 +45,7 @@ from trainwatch.remediation.labels import LabelError, safe_labels
 from trainwatch.remediation.lifecycle import Grant, LostLease, cancel_if_resolved, hold
 from trainwatch.remediation.pager import Page, Pager
 from trainwatch.remediation.playbooks import Playbook
-from trainwatch.remediation.progress import Progress, read_progress, same_event
+from trainwatch.remediation.progress import Progress, read_progress, same_event, wants_progress
 from trainwatch.remediation.recovery import RecoveryTimes
 from trainwatch.remediation.store import PRIORITIES, Intent, Store, Transaction
 
@@ -112,10 +112,18 @@ class Engine:
         return plans
 
     # --- decision -------------------------------------------------------------------------
+    def _progress(self, intent: Intent, book: Playbook,
+                  labels: Mapping[str, str]) -> Progress | None:
+        """The job's progress, read only where it can decide something: a playbook whose
+        cooldown ends on it, on a target acted on inside that cooldown. A first alert is
+        never held up by the query's timeout while the metrics store is away, and other
+        playbooks pay no extra store read."""
+        if not wants_progress(book, labels) or not self._acted_within_cooldown(intent, book):
+            return None
+        return read_progress(self.session, self.config.prometheus_url, book, labels)
+
     def _acted_within_cooldown(self, intent: Intent, book: Playbook) -> bool:
-        """Whether the target has a grant inside the playbook's cooldown: only then can the
-        job's progress decide anything, so only then is Prometheus asked (a first alert is
-        never held up by its query's timeout while Prometheus is away)."""
+        """Whether the target has a grant inside the playbook's cooldown."""
         if book.cooldown_seconds <= 0:
             return False
         with self.store.transaction() as tx:
@@ -272,8 +280,7 @@ class Engine:
                 if cancel_if_resolved(tx, hold(tx, intent, self.owner), intent.next_step):
                     return
         else:
-            progress = (read_progress(self.session, self.config.prometheus_url, book, labels)
-                        if labels_ok and self._acted_within_cooldown(intent, book) else None)
+            progress = self._progress(intent, book, labels) if labels_ok else None
             decision = self._decide(intent, book, labels_ok, reason, plans, progress)
         if decision not in RUNS_STEPS:
             return

@@ -52,11 +52,18 @@ def same_event(book: Playbook, starts_at: str, last_action: float,
     return None
 
 
+def wants_progress(book: Playbook, labels: Mapping[str, str]) -> bool:
+    """Whether the job's progress can matter to this playbook's decision at all: its
+    cooldown ends on it and the alert names the job. Checked before the store is asked
+    whether the target was acted on inside the cooldown, so other playbooks pay nothing."""
+    return book.cooldown_ends_on == COOLDOWN_ENDS_ON_PROGRESS and LABEL_JOB in labels
+
+
 def read_progress(session: Any, prometheus_url: str, book: Playbook,
                   labels: Mapping[str, str]) -> Progress | None:
     """The job's progress, for a playbook whose cooldown ends on it (else None). `labels` are
     the engine's allowlisted ones (safe_labels): the job's name goes into the query."""
-    if book.cooldown_ends_on != COOLDOWN_ENDS_ON_PROGRESS or LABEL_JOB not in labels:
+    if not wants_progress(book, labels):
         return None
     try:
         return Progress(job_last_step(session, prometheus_url, labels[LABEL_JOB]))
