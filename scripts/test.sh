@@ -7,8 +7,10 @@
 # scheduling pass, an alert's `for:`, a job's steps): on a 2-core machine two workers took
 # 47 minutes, four took 41 with the cores 96 % busy. `--dist loadfile` keeps each file on one
 # worker, so a module's shared fixture (the loopback cluster, the molecule scenario) is built
-# once. The temporary root is short because UNIX socket paths (108 bytes) and podman's runroot
-# (50) must fit under it. Extra arguments go to pytest (`-n 0` runs in this process).
+# once. Files are handed out longest first (tests/support/order.py; xdist's own reorder, most
+# tests first, is switched off), so the long ones do not start last. The temporary root is
+# short because UNIX socket paths (108 bytes) and podman's runroot (50) must fit under it.
+# Extra arguments go to pytest (`-n 0` runs in this process).
 #
 # pytest's exit code 5 ("no tests collected") is treated as a failure: a suite that ran
 # nothing has not passed.
@@ -19,7 +21,8 @@ workers=$(( $(nproc 2>/dev/null || echo 1) * 2 ))
 [ "$workers" -gt 4 ] && workers=4
 [ "$workers" -lt 2 ] && workers=2
 tmp_root=$(mktemp -d /tmp/twXXXX)
-.venv/bin/python -m pytest -n "$workers" --dist loadfile --basetemp "$tmp_root" \
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder \
+  --basetemp "$tmp_root" \
   --durations 25 "$@"
 rc=$?
 if [ "$rc" -eq 0 ]; then

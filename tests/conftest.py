@@ -21,6 +21,13 @@ with contextlib.suppress(ImportError):
 REQUIRED_BINARIES = ("prometheus", "promtool", "prometheus-alertmanager", "amtool")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest files first, so the workers finish together (tests/support/order.py)."""
+    from tests.support.order import longest_first
+
+    longest_first(items)
+
+
 @pytest.fixture(scope="session")
 def real_binaries() -> dict[str, str]:
     """Paths of the Debian-packaged Prometheus tools; fail loudly (not skip) when missing,
