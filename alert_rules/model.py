@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainwatch.exporters.contract import catalog
+
 SEVERITIES = ("critical", "warning", "info")
 COMPONENTS = ("gpu", "training", "node", "stack")
 # The metric part of every recording rule starts with one of Trainwatch's metric prefixes
@@ -42,7 +44,8 @@ class Alert:
             rule["for"] = self.for_
         if self.keep_firing_for:
             rule["keep_firing_for"] = self.keep_firing_for
-        rule["labels"] = {"severity": self.severity, "component": self.component, **self.labels}
+        rule["labels"] = {"severity": self.severity, "component": self.component,
+                          **catalog.ALERT_LABEL, **self.labels}
         rule["annotations"] = {
             "summary": self.summary,
             "description": self.description,

@@ -23,6 +23,10 @@ TOKEN_FILES: dict[str, str] = dict(_CONTRACT["token_files"])
 # What a job name must look like: it becomes a label value, a path component (log files) and
 # part of control-API paths (trainwatch.exporters.contract.identity validates it).
 JOB_NAME_PATTERN: str = _CONTRACT["job_name_pattern"]
+# The label every Trainwatch alerting rule carries (alert_rules/model.py): how an Alertmanager
+# that also routes a site's own alerts tells Trainwatch's apart (the alertmanager role's
+# existing mode routes on it), whatever their names.
+ALERT_LABEL: dict[str, str] = dict(_CONTRACT["alert_label"])
 
 # --- label names ----------------------------------------------------------------------------
 LABEL_JOB = "training_job"
