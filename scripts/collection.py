@@ -8,9 +8,17 @@
 The roles never read the repository: what the repository generates travels inside the
 collection, copied in here at build time from its one source (GENERATED below), so an
 installed collection is the deployment of the commit it was built from. The copies exist only
-in the staged tree and the archive, never in ansible/. The version is
-trainwatch.exporters.__version__;
-ansible/galaxy.yml must carry the same one, and the build refuses to pack a different one.
+in the staged tree and the archive, never in ansible/. What is packed besides ansible/ (without
+NOT_SHIPPED):
+
+* GENERATED below: the contract, the Alertmanager template, the dashboards, the remediation
+  playbooks, and every rule profile of alert_rules/generated/ (roles/prometheus/files/rules/);
+* the project's own wheel (scripts/project_wheel.py, about 2 s), in WHEELS: the _common role
+  installs the hosts' virtualenv from it by default (trainwatch_project_source: wheel), so an
+  installed collection deploys with no checkout on the controller.
+
+The version is trainwatch.exporters.__version__; ansible/galaxy.yml must carry the same one,
+and the build refuses to pack a different one.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from scripts import project_wheel
 from trainwatch.exporters import __version__
 
 OUTPUT_TAIL = 4000  # characters of a failed command's output shown in the error
@@ -44,6 +53,9 @@ GENERATED: tuple[tuple[Path, str, str], ...] = (
     (REPO / "dashboards" / "generated", "*.json", "roles/grafana/files/dashboards"),
     (SOURCE / "playbooks" / "remediation", "*.yml", "roles/remediation/files/playbooks"),
 )
+# Where the project's wheel goes in the collection: the _common role finds it there
+# (fileglob wheels/*.whl in its files/, tasks/preflight.yml).
+WHEELS = "roles/_common/files/wheels"
 
 
 class BuildError(RuntimeError):
@@ -80,7 +92,7 @@ def check_version() -> str:
 
 def stage(dest: Path) -> Path:
     """Write the tree the build packs into `dest` (which must not exist): ansible/ without the
-    repository's inventories and scenarios, plus the generated files."""
+    repository's inventories and scenarios, plus the generated files and the project's wheel."""
     check_version()
     shutil.copytree(SOURCE, dest, ignore=shutil.ignore_patterns(*NOT_SHIPPED))
     for folder, pattern, target in GENERATED:
@@ -101,6 +113,12 @@ def stage(dest: Path) -> Path:
         target.mkdir(parents=True)
         for path in sorted(profile.glob("*.yml")):
             shutil.copy2(path, target / path.name)
+    try:
+        wheel = project_wheel.build(dest / WHEELS)
+    except project_wheel.WheelError as exc:
+        raise BuildError(f"the project's wheel: {exc}") from exc
+    if f"-{__version__}-" not in wheel.name:
+        raise BuildError(f"{wheel.name} is not version {__version__}")
     return dest
 
 
