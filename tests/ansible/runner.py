@@ -67,15 +67,29 @@ def parse_recap(output: str) -> dict[str, dict[str, int]]:
 
 
 @functools.cache
-def installed_collection() -> Path:
-    """Build the collection and install it into a temporary collections path (removed when
-    the process exits); that path, for ANSIBLE_COLLECTIONS_PATH."""
+def _scratch() -> Path:
     root = Path(tempfile.mkdtemp(prefix="trainwatch-collection-"))
     atexit.register(shutil.rmtree, root, ignore_errors=True)
-    return collection.install(collection.build(root / "dist"), root / "collections")
+    return root
 
 
-def ansible_env() -> dict[str, str]:
+@functools.cache
+def built_collection() -> Path:
+    """The collection archive (trainwatch-stack-<version>.tar.gz), built once per test
+    process into a temporary folder removed when the process exits."""
+    return collection.build(_scratch() / "dist")
+
+
+@functools.cache
+def installed_collection() -> Path:
+    """The built collection installed into a temporary collections path; that path, for
+    ANSIBLE_COLLECTIONS_PATH."""
+    return collection.install(built_collection(), _scratch() / "collections")
+
+
+def ansible_env(collections_path: Path | None = None) -> dict[str, str]:
+    """The environment of an Ansible command: this virtualenv's tools first, no colours, and
+    the collection installed for the suite unless `collections_path` names another."""
     env = dict(os.environ)
     env.update({
         "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
@@ -84,18 +98,20 @@ def ansible_env() -> dict[str, str]:
         "ANSIBLE_RETRY_FILES_ENABLED": "0",
         "ANSIBLE_STDOUT_CALLBACK": "default",
         "ANSIBLE_LOCALHOST_WARNING": "0",
-        "ANSIBLE_COLLECTIONS_PATH": str(installed_collection()),
+        "ANSIBLE_COLLECTIONS_PATH": str(collections_path or installed_collection()),
     })
     return env
 
 
 def run_playbook(playbook: str | Path, extra_vars: dict, workdir: Path, *,
                  inventory: Path = LOCAL_INVENTORY, check: bool = False,
-                 limit: str | None = None, timeout: float = 600) -> PlaybookRun:
-    """ansible-playbook -i <inventory> <playbook> -e @<vars file> [--check].
+                 limit: str | None = None, timeout: float = 600,
+                 env: dict[str, str] | None = None, cwd: Path = REPO) -> PlaybookRun:
+    """ansible-playbook -i <inventory> <playbook> -e @<vars file> [--check], from `cwd`.
 
     `playbook` is a file (a test's own playbook) or a playbook of the collection by name
-    (SITE, STOP); the roles always come from the installed collection.
+    (SITE, STOP); the roles come from the collection installed for the suite, unless `env`
+    (an ansible_env() of another collections path) says otherwise.
     """
     path = Path(playbook)
     vars_file = workdir / f"extra-vars-{path.stem if path.suffix else path.name}.yml"
@@ -106,7 +122,7 @@ def run_playbook(playbook: str | Path, extra_vars: dict, workdir: Path, *,
         argv.append("--check")
     if limit:
         argv += ["--limit", limit]
-    proc = subprocess.run(argv, cwd=REPO, env=ansible_env(), capture_output=True, text=True,
+    proc = subprocess.run(argv, cwd=cwd, env=env or ansible_env(), capture_output=True, text=True,
                           timeout=timeout, check=False)
     output = proc.stdout + proc.stderr
     return PlaybookRun(rc=proc.returncode, recap=parse_recap(output), output=output)
