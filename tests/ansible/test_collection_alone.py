@@ -40,8 +40,6 @@ from tests.ansible.runner import (
 from tests.ansible.test_local_deploy import processes_under
 from tests.support.net import free_port, wait_until
 
-pytestmark = pytest.mark.slow
-
 SWITCHED_OFF = ("prometheus", "alertmanager", "grafana", "filebeat", "elasticsearch", "logstash",
                 "kibana", "node_exporter", "gpu_exporter", "log_scanner", "remediation")
 
@@ -83,6 +81,7 @@ def installed_record(venv: Path) -> dict:
     return json.loads(found[0].read_text())
 
 
+@pytest.mark.slow  # a virtualenv with the stack extra, and two converges
 def test_the_installed_collection_deploys_from_its_own_wheel(tmp_path: Path) -> None:
     # The archive as a user downloads it, far from the repository.
     download = tmp_path / "download"
@@ -145,3 +144,28 @@ def test_the_installed_collection_deploys_from_its_own_wheel(tmp_path: Path) -> 
         except TimeoutError:
             pytest.fail(f"stop.yml rc={stop.rc} left {processes_under(prefix)}")
     assert stop.rc == 0, stop.describe()
+
+
+@pytest.mark.parametrize(("settings", "named"), [
+    # a copied tree, not a checkout: before, `git archive` failed with "not a git repository"
+    ({"trainwatch_repo_root": "{copy}"}, ["trainwatch_repo_root", "{copy}",
+                                          "trainwatch_project_source: wheel"]),
+    ({"trainwatch_project_source": "path"}, ["trainwatch_project_src"]),
+], ids=["repo-root-not-a-checkout", "path-without-project-src"])
+def test_a_missing_project_source_stops_at_preflight_naming_what_to_set(
+        tmp_path: Path, settings: dict[str, str], named: list[str],
+        ansible_collection: Path) -> None:
+    copy = tmp_path / "trainwatch-copy"
+    copy.mkdir()
+    prefix = tmp_path / "prefix"
+    inventory = own_inventory(tmp_path / "inventory", prefix, free_port())
+    hosts = yaml.safe_load(inventory.read_text())
+    hosts["all"]["hosts"]["localhost"].update(
+        {k: v.format(copy=copy) for k, v in settings.items()})
+    inventory.write_text(yaml.safe_dump(hosts))
+    run = run_playbook(SITE, {}, tmp_path, inventory=inventory, cwd=tmp_path)
+    assert run.rc != 0 and run.total("failed") == 1, run.describe()
+    failure = run.output[run.output.index("FAILED!"):]
+    for name in named:
+        assert name.format(copy=copy) in failure, run.describe()
+    assert not (prefix / "venv").exists()

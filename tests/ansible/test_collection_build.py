@@ -7,13 +7,14 @@ inventories and scenario are not."""
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 import trainwatch.exporters
-from scripts import collection
+from scripts import collection, project_wheel
 from tests.ansible.runner import ANSIBLE, REPO
 
 
@@ -58,3 +59,27 @@ def test_generated_files_are_inside_it_from_their_one_source(ansible_collection:
     # and nothing generated is copied into the source tree
     assert not (ANSIBLE / "plugins/lookup/contract.json").exists()
     assert not (ANSIBLE / "roles/prometheus/files").exists()
+
+
+def test_it_carries_the_projects_wheel_built_from_the_tree(ansible_collection: Path) -> None:
+    """The wheel the _common role installs by default (trainwatch_project_source: wheel) is the
+    project of the tree the collection was built from, at the collection's version."""
+    wheels = sorted((installed(ansible_collection) / collection.WHEELS).glob("*.whl"))
+    assert [w.name for w in wheels] == [
+        f"trainwatch_gpu-{trainwatch.exporters.__version__}-py3-none-any.whl"]
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        for inside, source in (("trainwatch/exporters/__init__.py", "exporters/__init__.py"),
+                               ("trainwatch/exporters/contract/contract.json",
+                                "exporters/contract/contract.json"),
+                               ("trainwatch/remediation/server.py", "remediation/server.py")):
+            assert wheel.read(inside) == (REPO / source).read_bytes(), inside
+        assert not [n for n in wheel.namelist() if "__pycache__" in n or n.endswith(".pyc")]
+    # and, like every generated file, it is not copied into the source tree
+    assert not (ANSIBLE / "roles/_common/files").exists()
+
+
+def test_the_same_tree_gives_the_same_wheel(tmp_path: Path) -> None:
+    first = project_wheel.build(tmp_path / "a")
+    second = project_wheel.build(tmp_path / "b")
+    assert first.name == second.name
+    assert first.read_bytes() == second.read_bytes()
