@@ -106,6 +106,12 @@ def test_every_target_is_up_in_both_prometheus_servers(cluster: Cluster) -> None
         assert seen == expected, (mon.name, seen ^ expected)
         config = get_json(f"{cluster.url(mon, 'prometheus_port')}/api/v1/status/config")
         assert f"replica: {mon.name}" in config["data"]["yaml"]  # type: ignore[index]
+    # node_exporter_collectors_only: the collectors the rules read, not node_exporter's defaults
+    gpu = cluster.hosts["gpu-01"]
+    node_metrics = requests.get(f"{cluster.url(gpu, 'node_exporter_port')}/metrics",
+                                timeout=10).text
+    assert "node_filesystem_avail_bytes{" in node_metrics
+    assert "node_netstat_" not in node_metrics and "node_network_" not in node_metrics
 
 
 def test_both_alertmanagers_are_cluster_peers(cluster: Cluster) -> None:
