@@ -36,7 +36,7 @@ import yaml
 from scripts import project_wheel
 from trainwatch.exporters import __version__
 
-OUTPUT_TAIL = 4000  # characters of a failed command's output shown in the error
+OUTPUT_TAIL = project_wheel.OUTPUT_TAIL  # characters of a failed command's output shown
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = REPO / "ansible"

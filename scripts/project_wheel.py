@@ -29,7 +29,7 @@ SOURCES = ("pyproject.toml", "README.md", "exporters", "remediation")
 NOT_BUILT = ("__pycache__", "*.pyc", "build", "*.egg-info")
 # 1980-01-01T00:00:00Z, the earliest time a zip entry can carry.
 FIXED_EPOCH = "315532800"
-OUTPUT_TAIL = 4000  # characters of a failed build's output shown in the error
+OUTPUT_TAIL = 4000  # characters of a failed command's output shown in an error (the builds)
 
 
 class WheelError(RuntimeError):
