@@ -112,7 +112,13 @@ def alertmanager_merge(text: str, rendered: dict[str, Any], receiver: str, insta
         return {"text": str(text), "error": "The Alertmanager configuration has no root route"}
     rendered, receiver, install_name = _plain(rendered), str(receiver), str(install_name)
     after = json.loads(json.dumps(before, default=str))
-    [ours] = [dict(r, name=receiver) for r in rendered["receivers"] if r["name"] == install_name]
+    found = [dict(r, name=receiver) for r in rendered.get("receivers") or []
+             if isinstance(r, dict) and r.get("name") == install_name]
+    if len(found) != 1:
+        return {"text": str(text), "error": (
+            f"Trainwatch's own Alertmanager configuration has {len(found)} receivers named "
+            f"{install_name} instead of one: the collection is broken. Nothing was changed.")}
+    [ours] = found
     matchers = [f'{name}="{value}"' for name, value in sorted(_plain(label).items())]
     routes = []
     for route in rendered["route"].get("routes") or []:
