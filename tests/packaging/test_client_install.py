@@ -60,6 +60,9 @@ NODE_SIDE = ("trainwatch.exporters.node", "trainwatch.remediation")
 sys.stdout.write(f"CLIENT_FROM {trainwatch.exporters.__file__}\\n"
                  f"NODE_SIDE_LOADED {[m for m in sys.modules if m.startswith(NODE_SIDE)]}\\n")
 sys.stdout.flush()
+# Both ranks leave together, as examples/train_ddp.py does: a rank that tears gloo down while
+# its peer is still in it aborted once in CI ("terminate called without an active exception").
+dist.barrier()
 dist.destroy_process_group()
 """
 
