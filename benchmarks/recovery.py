@@ -329,10 +329,12 @@ def work_folder(prefix: str, keep: bool) -> Iterator[Path]:
 
 
 @contextmanager
-def bench_stack(root: Path, profile: str) -> Iterator[tuple[SlurmCluster, dict[str, Path],
-                                                             Stack]]:
+def bench_stack(root: Path, profile: str, replicas: int = 1
+                ) -> Iterator[tuple[SlurmCluster, dict[str, Path], Stack]]:
     """The Slurm test cluster under `root` with the whole path around it (module docstring;
-    `profile` one of PROFILES); yields (cluster, node -> fake NVML scenario file, stack)."""
+    `profile` one of PROFILES); yields (cluster, node -> fake NVML scenario file, stack).
+    `replicas`: remediation services on one shared PostgreSQL store, Alertmanager sending to
+    each (tests/slurm/test_heal_hang.py monitoring(); chaos.py's failover needs two)."""
     with ExitStack() as stack:
         cluster = start(root / "slurm")
         stack.callback(cluster.stop)
@@ -345,7 +347,7 @@ def bench_stack(root: Path, profile: str) -> Iterator[tuple[SlurmCluster, dict[s
                                                             extra_args=fast))
         mon = stack.enter_context(monitoring(root, cluster, BOOKS, gpus=urls,
                                              profile=profile, fast_alerts=production,
-                                             alertmanager_port=am_port,
+                                             alertmanager_port=am_port, replicas=replicas,
                                              quarantine_window="5s", max_quarantined=5,
                                              # every fault restarts the one job: the
                                              # default cap (3 per hour) would page at
