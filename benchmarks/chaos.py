@@ -10,9 +10,11 @@ healed and what it drained; for the run, its ETTR from a stopwatch and from Trai
 The stack is benchmarks/recovery.py's (`bench_stack`: the Slurm test cluster of tests/slurm
 with three nodes, one of them spare; a GPU exporter on fake NVML and a training exporter per
 node, Prometheus with the shipped rules of the profile, Alertmanager with the rendered config,
-the remediation service with the shipped playbooks), with the training exporters keeping their
-goodput counters on disk (`--goodput-state`, as the training_exporter role deploys them), and
-one 2-node job (sbatch, torchrun per node, a checkpoint every 5 steps) that runs the whole time.
+the remediation service with the shipped playbooks) with two remediation replicas on one
+PostgreSQL store, Alertmanager sending to both (the deployed HA pair), with the training
+exporters keeping their goodput counters on disk (`--goodput-state`, as the training_exporter
+role deploys them), and one 2-node job (sbatch, torchrun per node, a checkpoint every 5
+steps) that runs the whole time.
 
 The plan comes from `--seed` alone (with --minutes, --every and --kinds): rounds of the kinds in
 a seeded order, each fault an exponential pause (mean `--every` seconds) after the previous
@@ -30,6 +32,13 @@ benchmarks/recovery.py measures it (detection, decision, first kept step, work d
   gpu_lost           the node's GPU falls off the bus (fake NVML `lost`), no kill: the
                      quarantine's requeue ends the job
   ecc                an uncorrectable (volatile) ECC error on the node's GPU, no kill
+  replica            one of the two remediation replicas killed (-9), then the rank SIGKILLed:
+                     the survivor must heal it (job_restart) exactly once; the killed one is
+                     started again once the fault is measured (no node named; these two kinds:
+                     benchmarks/chaos_infra_faults.py)
+  socket_cut         the gloo TCP connections between the two ranks aborted on the second
+                     node's side (`ss -K`): both ranks' collectives fail, job_restart requeues
+                     (no node named)
 
 and, after each, the returned node: once the fault's rule alerts have had their time (the
 profile's worst case plus a margin), its simulated fault is cleared (a lost GPU back after the
@@ -46,16 +55,13 @@ Infrastructure faults that must not hurt the job (named node: none; any drain is
   gpu_exporter       the GPU exporter of one of the job's nodes killed (-9) and started again
   prometheus         Prometheus stopped (SIGTERM) and started again on its data directory
   slurmctld          slurmctld stopped and started again from its saved state (10 s away)
-  remediation        the remediation service killed (-9) and started again on its store: the
-                     stack runs one replica, so this is a restart, not a failover
+  remediation        the first remediation replica killed (-9) and started again at once on
+                     the shared store, as its supervisor does (the other serves meanwhile)
 
 healed: the component answers again and the job has stepped since, in the same incarnation;
 then the window of the profile's worst rule path plus a margin is watched for drains and acts.
 
-Kinds of the issue not made real here (see docs/performance.md): a remediation replica killed
-while a second one takes over (bench_stack runs one replica; `remediation` above restarts
-it), a peer's NCCL/gloo socket cut (not attempted: cutting one TCP connection of a running
-rank needs `ss -K`, the kernel's SOCK_DESTROY, or a debugger in the rank), a non-finite loss
+Kinds of the issue not made real here (see docs/performance.md): a non-finite loss
 and a loss spike (examples/train_ddp.py injects them only at a step fixed on its command line,
 `--nan-at-step`, `--spike-at-step`, which submit_job's script does not pass, and once per
 process), a full log disk (needs a small filesystem mounted for the job's logs, and mount is
@@ -72,7 +78,9 @@ first step after the restore; null: not healed), discarded (s of work since the 
 committed checkpoint), goodput_cost (healed + discarded, or the on-call's time), drained and
 wrong_drains (nodes drained in the fault's window, read from the service's scontrol calls, its
 audit and sinfo, that the fault did not name), returned (nodes trainwatch-resume-node put
-back), human_action (null, or what a person had to do). Last line, the run as JSON: faults
+back), human_action (null, or what a person had to do); `replica` adds which replica was
+killed, when it was back and the exactly-once counts (exactly_once), `socket_cut` the
+connections cut (chaos_infra_faults.settle). Last line, the run as JSON: faults
 healed / injected, wrong drains, human actions, the median and mean goodput cost of the
 job-stopping faults, ETTR from the stopwatch (the job's own step log: kept step time over the
 ranks' wall since the job's first incarnation) and ETTR from Trainwatch's own series in
@@ -98,7 +106,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -110,6 +118,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import chaos_infra_faults as infra_faults  # noqa: E402
 from benchmarks.recovery import (  # noqa: E402
     KINDS,
     PROFILES,
@@ -143,7 +152,8 @@ RANKS = 2  # the job's ranks: one per node on two nodes (submit_job, ranks_per_n
 JOB_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     **KINDS,
     "gpu_lost": (("node_quarantine",), "GpuLost"),
-    "ecc": (("node_quarantine",), "GpuEccUncorrectableErrors")}
+    "ecc": (("node_quarantine",), "GpuEccUncorrectableErrors"),
+    **infra_faults.KINDS}  # replica, socket_cut: job_restart, as `kill`
 INFRA_KINDS = ("training_exporter", "gpu_exporter", "prometheus", "slurmctld", "remediation")
 ALL_KINDS = (*JOB_KINDS, *INFRA_KINDS)
 # the job-stopping kinds whose fault is on the node they hit: draining that node is right
@@ -224,6 +234,7 @@ class Soak:
     rule_path: dict[str, float]  # kind -> how long its rule alerts may take (rule_paths)
     job: str = ""
     out: Path = Path()
+    infra: dict[str, Any] = field(default_factory=dict)  # chaos_infra_faults' state
 
     def settle_seconds(self, kind: str) -> float:
         return self.rule_path.get(kind, max(self.rule_path.values()))
@@ -379,6 +390,8 @@ def job_fault(kind: str, soak: Soak) -> dict[str, Any]:
     bad, procs = ready_to_fault(soak.cluster, soak.job, soak.out, name=JOB)
     if kind in KINDS:
         t_fault = inject(kind, bad, procs, soak.scenarios)
+    elif kind in infra_faults.KINDS:
+        t_fault = infra_faults.inject(kind, soak, bad, procs)
     else:
         t_fault = time.time()
         set_gpu(soak.scenarios[bad], kind, faulty=True)
@@ -399,6 +412,8 @@ def job_fault(kind: str, soak: Soak) -> dict[str, Any]:
                    decided=phases["detection"] + phases["decision"],
                    healed=phases["fault_to_first_step"], goodput_cost=phases["goodput_cost"])
     await_rule_alerts(soak.mon, kind, t_fault, soak.settle_seconds(kind))
+    if kind in infra_faults.KINDS:
+        row.update(infra_faults.settle(kind, soak, t_fault))
     if kind in ("gpu_lost", "ecc"):
         set_gpu(soak.scenarios[bad], kind, faulty=False)
     drained = drains_since(soak, t_fault, before)
@@ -534,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     aborted = None
     with work_folder("tw-chaos-", args.keep) as root, ExitStack() as stack:
-        cluster, scenarios, mon = stack.enter_context(bench_stack(root, args.profile))
+        cluster, scenarios, mon = stack.enter_context(
+            bench_stack(root, args.profile, replicas=infra_faults.REPLICAS))
         # the training exporters as deployed: their goodput counters survive a restart
         for node, exp in mon.exporters.items():
             exp.argv += ["--goodput-state", str(root / f"goodput-{node}.db")]

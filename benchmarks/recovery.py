@@ -182,8 +182,18 @@ def ready_to_fault(cluster: SlurmCluster, job: str, out: Path, name: str = JOB
     wait_until(lambda: any(e["time"] > resumed_at for e in of(events(out), "checkpoint_saved")),
                timeout=300, interval=0.2, what="a checkpoint of this incarnation")
     bad = nodes[1]
-    procs = wait_until(lambda: rank_processes(name, bad), timeout=60, what="the rank")
+    procs = wait_until(lambda: own_ranks(rank_processes(name, bad), out), timeout=60,
+                       what="the rank")
     return bad, procs
+
+
+def own_ranks(procs: list[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
+    """The rank processes of this run's job: those whose checkpoints go under its work
+    folder (submit_job's --checkpoint-dir). Another run of a benchmark on this machine has a
+    job of the same name on nodes of the same names, and its Slurm numbers jobs from 1 too:
+    neither the name, the node nor the job id tells its ranks from these (seen 2026-12-07:
+    two soaks at once, one found the other's rank)."""
+    return [p for p in procs if f" --checkpoint-dir {out.parent}/" in p["cmdline"]]
 
 
 def inject(kind: str, bad: str, procs: list[dict[str, Any]],
@@ -329,10 +339,12 @@ def work_folder(prefix: str, keep: bool) -> Iterator[Path]:
 
 
 @contextmanager
-def bench_stack(root: Path, profile: str) -> Iterator[tuple[SlurmCluster, dict[str, Path],
-                                                             Stack]]:
+def bench_stack(root: Path, profile: str, replicas: int = 1
+                ) -> Iterator[tuple[SlurmCluster, dict[str, Path], Stack]]:
     """The Slurm test cluster under `root` with the whole path around it (module docstring;
-    `profile` one of PROFILES); yields (cluster, node -> fake NVML scenario file, stack)."""
+    `profile` one of PROFILES); yields (cluster, node -> fake NVML scenario file, stack).
+    `replicas`: remediation services on one shared PostgreSQL store, Alertmanager sending to
+    each (tests/slurm/test_heal_hang.py monitoring(); chaos.py's failover needs two)."""
     with ExitStack() as stack:
         cluster = start(root / "slurm")
         stack.callback(cluster.stop)
@@ -345,7 +357,7 @@ def bench_stack(root: Path, profile: str) -> Iterator[tuple[SlurmCluster, dict[s
                                                             extra_args=fast))
         mon = stack.enter_context(monitoring(root, cluster, BOOKS, gpus=urls,
                                              profile=profile, fast_alerts=production,
-                                             alertmanager_port=am_port,
+                                             alertmanager_port=am_port, replicas=replicas,
                                              quarantine_window="5s", max_quarantined=5,
                                              # every fault restarts the one job: the
                                              # default cap (3 per hour) would page at

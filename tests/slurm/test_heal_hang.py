@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from tests.slurm.test_heal_e2e import events, newest_committed_before
 from tests.slurm.test_quarantine import NODE_HOST, deliver, running_on, services
 from tests.support.alertmanager_config import render_one
 from tests.support.net import free_port, wait_until
+from tests.support.postgres import PgCluster
 from tests.support.procs import alertmanager, prometheus
 from tests.training.support import Exporter, exporter, of, write_token
 from trainwatch.exporters.contract import catalog
@@ -76,7 +77,9 @@ PROFILES: dict[str, dict[str, Any]] = {
 @dataclass
 class Stack:
     """The monitoring and remediation side of one test: an exporter per node, Prometheus,
-    Alertmanager, the service, and the log of every Slurm command the service ran."""
+    Alertmanager, the service, and the log of every Slurm command the service ran.
+    `replicas`: every remediation replica, `service` first (one unless monitoring() was asked
+    for more: then they share one PostgreSQL store and Alertmanager sends to each)."""
 
     exporters: dict[str, Exporter]  # scheduler node -> its training exporter
     prom: str
@@ -84,6 +87,7 @@ class Stack:
     service: RunningService
     log: Path
     token_file: Path
+    replicas: list[RunningService] = field(default_factory=list)
 
 
 @contextmanager
@@ -91,7 +95,7 @@ def monitoring(tmp_path: Path, cluster: SlurmCluster, books: tuple[str, ...] = (
         "stalled_job_diagnostics", "stalled_job_quarantine"),
         gpus: dict[str, str] | None = None, *, profile: str = "demo",
         fast_alerts: bool = False, alertmanager_port: int | None = None,
-        **rails: Any) -> Iterator[Stack]:
+        replicas: int = 1, **rails: Any) -> Iterator[Stack]:
     """The stack around `cluster` with the shipped playbooks `books`; `gpus` (scheduler node
     -> GPU exporter URL) adds those exporters' scrape job and the GPU rules; `rails` are the
     scheduler settings over min_healthy_fraction 0.5.
@@ -101,9 +105,17 @@ def monitoring(tmp_path: Path, cluster: SlurmCluster, books: tuple[str, ...] = (
     the alertmanager role's grouping (group_wait, group_interval) instead of the demo's 1 s.
     `fast_alerts`: the training exporters post a killed rank to this Alertmanager
     (`--alertmanager-url`); `alertmanager_port` fixes its port, so that exporters started
-    before this stack (the GPU exporters) can be pointed at it too."""
+    before this stack (the GPU exporters) can be pointed at it too.
+
+    `replicas` above 1 (benchmarks/chaos.py's failover): that many remediation services, each
+    with its own config, folder, port and marker, sharing one PostgreSQL store (a throwaway
+    server, tests/support/postgres.py), with Alertmanager sending every alert to each: the
+    deployed HA setup (ansible/inventories/loopback-cluster: two replicas on PostgreSQL).
+    The first is in `tmp_path / "service"`, as the one replica is."""
     if profile not in PROFILES:
         raise ValueError(f"profile {profile!r}: one of {sorted(PROFILES)}")
+    if replicas < 1:
+        raise ValueError(f"replicas {replicas}: at least 1")
     with ExitStack() as stack:
         token = write_token(tmp_path, "control.token")
         early_am_port = alertmanager_port or (free_port() if fast_alerts else None)
@@ -121,15 +133,24 @@ def monitoring(tmp_path: Path, cluster: SlurmCluster, books: tuple[str, ...] = (
             host_vars["trainwatch_python"] = sys.executable  # stack_dump with py-spy beside it
         inventory.write_text(yaml.safe_dump(hosts))
         docs = [yaml.safe_load((PLAYBOOKS / f"{name}.yaml").read_text()) for name in books]
-        port, prom_port, am_port = free_port(), free_port(), early_am_port or free_port()
-        service = stack.enter_context(start_service(service_config(
-            tmp_path / "service", docs, port=port, **overrides,
-            prometheus_url=f"http://127.0.0.1:{prom_port}",
-            alertmanager_url=f"http://127.0.0.1:{am_port}"), port))
+        prom_port, am_port = free_port(), early_am_port or free_port()
+        if replicas > 1:  # the replicas' shared store, as deployed: PostgreSQL
+            pg = PgCluster()
+            stack.callback(pg.stop)
+            overrides["store"] = pg.database(tmp_path / "pg")
+        services = []
+        for index in range(replicas):
+            port = free_port()
+            folder = tmp_path / ("service" if index == 0 else f"service-{index + 1}")
+            services.append(stack.enter_context(start_service(service_config(
+                folder, docs, port=port, **overrides,
+                prometheus_url=f"http://127.0.0.1:{prom_port}",
+                alertmanager_url=f"http://127.0.0.1:{am_port}"), port)))
+        service = services[0]
         webhook_token = tmp_path / "webhook.token"
         webhook_token.write_text(TOKEN)
         am_config = render_one({
-            "alertmanager_remediation_urls": [f"{service.url}/v1/alerts"],
+            "alertmanager_remediation_urls": [f"{s.url}/v1/alerts" for s in services],
             "alertmanager_remediation_token_file": str(webhook_token),
             **PROFILES[profile]["alertmanager"]}, tmp_path / "am-render")
         am = stack.enter_context(alertmanager(tmp_path, am_config, port=am_port))
@@ -152,7 +173,7 @@ def monitoring(tmp_path: Path, cluster: SlurmCluster, books: tuple[str, ...] = (
                     for node, url in gpus.items()]}] if gpus else [])],
         }))
         prom = stack.enter_context(prometheus(tmp_path, prom_config, port=prom_port))
-        yield Stack(exporters, prom, am, service, log, token[1])
+        yield Stack(exporters, prom, am, service, log, token[1], services)
 
 
 def submit_job(cluster: SlurmCluster, stack: Stack, tmp_path: Path, job: str,
