@@ -52,14 +52,19 @@ Infrastructure faults that must not hurt the job (named node: none; any drain is
 healed: the component answers again and the job has stepped since, in the same incarnation;
 then the window of the profile's worst rule path plus a margin is watched for drains and acts.
 
+Faults in the job's data and disk (benchmarks/chaos_job_faults.py; named node: none, or the
+disk's node for log_disk; any drain is wrong; healed as that module's docstring defines):
+
+  nan                a non-finite loss at the injector's moment (the job's fault file,
+                     examples/train_ddp.py --fault-file): checkpoint_rollback
+  spike              the learning rate set to 20x the job's the same way: lr_reduction
+  log_disk           the node's log disk (a small loop-mounted ext4; the ranks' ECS logs)
+                     filled with rotated logs: NodeDiskFilling, disk_cleanup
+
 Kinds of the issue not made real here (see docs/performance.md): a remediation replica killed
 while a second one takes over (bench_stack runs one replica; `remediation` above restarts
 it), a peer's NCCL/gloo socket cut (not attempted: cutting one TCP connection of a running
-rank needs `ss -K`, the kernel's SOCK_DESTROY, or a debugger in the rank), a non-finite loss
-and a loss spike (examples/train_ddp.py injects them only at a step fixed on its command line,
-`--nan-at-step`, `--spike-at-step`, which submit_job's script does not pass, and once per
-process), a full log disk (needs a small filesystem mounted for the job's logs, and mount is
-not available to the benchmark).
+rank needs `ss -K`, the kernel's SOCK_DESTROY, or a debugger in the rank).
 
 A fault not healed (its playbook did not act within the rule path plus ACT_MARGIN_SECONDS,
 or the job did not step again) is recorded as a human action: the benchmark does what the
@@ -110,6 +115,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks import chaos_job_faults  # noqa: E402
 from benchmarks.recovery import (  # noqa: E402
     KINDS,
     PROFILES,
@@ -145,7 +151,7 @@ JOB_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     "gpu_lost": (("node_quarantine",), "GpuLost"),
     "ecc": (("node_quarantine",), "GpuEccUncorrectableErrors")}
 INFRA_KINDS = ("training_exporter", "gpu_exporter", "prometheus", "slurmctld", "remediation")
-ALL_KINDS = (*JOB_KINDS, *INFRA_KINDS)
+ALL_KINDS = (*JOB_KINDS, *INFRA_KINDS, *chaos_job_faults.KINDS)
 # the job-stopping kinds whose fault is on the node they hit: draining that node is right
 NAMES_NODE = frozenset({"xid", "hang", "gpu_lost", "ecc"})
 QUARANTINE_BOOKS = frozenset({"node_quarantine", "stalled_job_quarantine"})
@@ -548,6 +554,7 @@ def main(argv: list[str] | None = None) -> int:
                 trainwatch_expect_gpus=1)
         inventory.write_text(yaml.safe_dump(hosts))
         soak = Soak(cluster, mon, scenarios, root, stack, rule_paths(args.profile))
+        chaos_job_faults.prepare(soak, kinds)  # the job's fault file, the log disk
         soak.job, soak.out, _ = submit_job(cluster, mon, root, JOB, ranks_per_node=1)
         # before Slurm stops: the job's processes live under slurmstepd, which outlives slurmd
         stack.callback(end_job, soak)
@@ -555,7 +562,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for index, (at, kind) in enumerate(faults):
                 time.sleep(max(0.0, t_start + at - time.time()))
-                row = job_fault(kind, soak) if kind in JOB_KINDS else infra(kind, index, soak)
+                row = (job_fault(kind, soak) if kind in JOB_KINDS
+                       else chaos_job_faults.run(kind, soak) if kind in chaos_job_faults.KINDS
+                       else infra(kind, index, soak))
                 row["at"] = row.pop("t_fault") - t_start
                 rows.append(row)
                 print(json.dumps({k: round(v, 2) if isinstance(v, float) else v
