@@ -42,7 +42,8 @@ a cut of the learning rate), or removes the old logs (log_disk).
 
 goodput_cost: nan, healed + discarded (the NaN steps and the rolled-back work); spike, healed
 (its steps at the bad learning rate); log_disk, 0 unless the job restarted. Without a heal,
-the time to the on-call's action stands for healed.
+the time to the on-call's action stands for healed. job_hurt: nan and spike always (the
+training itself is hit), log_disk where the job restarted.
 
 The stack of benchmarks/recovery.py carries none of these playbooks, no node_exporter and
 no node rules, so `prepare` (before the job is submitted) adds what the selected kinds need:
@@ -486,7 +487,7 @@ def run(kind: str, soak: Soak) -> dict[str, Any]:
     cost = lost + row["discarded"] if kind in COMMAND or restarts else 0.0
     drained = drains_since(soak, t_fault, before)
     returned, by_hand = return_nodes(soak, drained | soak.drained())
-    return {**row, "goodput_cost": cost, "job_hurt": bool(restarts or human),
+    return {**row, "goodput_cost": cost, "job_hurt": kind in COMMAND or bool(restarts),
             "drained": sorted(drained), "wrong_drains": sorted(drained), "returned": returned,
             "human_action": "; ".join(human + by_hand) or None}
 
