@@ -563,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
             for index, (at, kind) in enumerate(faults):
                 time.sleep(max(0.0, t_start + at - time.time()))
                 row = (job_fault(kind, soak) if kind in JOB_KINDS
-                       else chaos_job_faults.run(kind, soak) if kind in chaos_job_faults.KINDS
+                       else chaos_job_faults.run(kind, soak, JOB, drains_since, return_nodes)
+                       if kind in chaos_job_faults.KINDS
                        else infra(kind, index, soak))
                 row["at"] = row.pop("t_fault") - t_start
                 rows.append(row)

@@ -69,12 +69,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import psutil
@@ -85,15 +85,34 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.recovery import _checkpoint_before, ready_to_fault  # noqa: E402
+from tests.slurm.cluster import SlurmCluster  # noqa: E402
 from tests.slurm.fixtures import HOSTS  # noqa: E402
 from tests.slurm.test_heal_e2e import events, of  # noqa: E402
 from tests.slurm.test_heal_hang import PROFILES as STACK_PROFILES  # noqa: E402
+from tests.slurm.test_heal_hang import Stack  # noqa: E402
 from tests.slurm.test_quarantine import NODE_HOST, running_on  # noqa: E402
 from tests.support.net import free_port, wait_until  # noqa: E402
 from tests.support.procs import ManagedProcess  # noqa: E402
 
-if TYPE_CHECKING:
-    from benchmarks.chaos import Soak
+
+class Soak(Protocol):
+    """What a fault here uses of chaos.py's Soak (a Protocol, not an import: chaos.py imports
+    this module, and the import graph has no cycles, tests/packaging/test_imports.py)."""
+
+    cluster: SlurmCluster
+    mon: Stack
+    root: Path
+    stack: ExitStack
+    job: str
+    out: Path
+
+    def drained(self) -> set[str]: ...
+
+    def first_step_after(self, t: float, what: str) -> float: ...
+
+
+Drains = Callable[[Any, float, set[str]], set[str]]  # chaos.drains_since
+Returns = Callable[[Any, set[str]], tuple[list[str], list[str]]]  # chaos.return_nodes
 
 # kind -> (the playbooks that heal it, its alert)
 KINDS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -409,14 +428,13 @@ def _disk_free(target: Path) -> float:
     return usage.free / usage.total
 
 
-def run(kind: str, soak: Soak) -> dict[str, Any]:
-    """One fault of `kind`, measured (module docstring), then the window of its rule path
-    watched for drains: the row chaos.py prints."""
-    # chaos.py imports this module: its helpers are taken when a fault runs (a cycle)
-    from benchmarks.chaos import JOB, drains_since, return_nodes
-
+def run(kind: str, soak: Soak, job: str, drains_since: Drains, return_nodes: Returns
+        ) -> dict[str, Any]:
+    """One fault of `kind` on the soak's job (training_job `job`), measured (module
+    docstring), then the window of its rule path watched for drains (`drains_since`) and any
+    drained node given back (`return_nodes`): the row chaos.py prints."""
     before = soak.drained()
-    ready_to_fault(soak.cluster, soak.job, soak.out, name=JOB)
+    ready_to_fault(soak.cluster, soak.job, soak.out, name=job)
     disk = _DISKS.get(soak.root)
     incarnations = len(of(events(soak.out), "incarnation"))
     books, _ = KINDS[kind]
@@ -470,7 +488,7 @@ def run(kind: str, soak: Soak) -> dict[str, Any]:
             row["healed"] = first - t_fault
     except TimeoutError as exc:
         if kind in COMMAND:
-            action = _by_hand(soak, JOB, kind, str(exc))
+            action = _by_hand(soak, job, kind, str(exc))
         else:
             assert disk is not None
             for path in (disk.target / "rotated").iterdir():
