@@ -456,7 +456,8 @@ def stopwatch_ettr(evs: list[dict[str, Any]], start: float, end: float) -> dict[
     """ETTR from the job's own event log: the time of every kept step (from the rank's
     previous step, or from its checkpoint save when it saved one after it: saves and
     restores are not steps) over RANKS x the wall from `start` to `end`. A step is kept
-    unless a later incarnation resumed from a step at or before it."""
+    unless a later incarnation resumed from a step at or before it, or a later rollback
+    restored a checkpoint before it."""
     cuts = sorted(e["time"] for e in of(evs, "incarnation"))
 
     def incarnation(t: float) -> int:
@@ -467,6 +468,10 @@ def stopwatch_ettr(evs: list[dict[str, Any]], start: float, end: float) -> dict[
         resumed.setdefault(incarnation(e["time"]), e["step"])
     limit = {k: min((s for j, s in resumed.items() if j > k), default=float("inf"))
              for k in range(len(cuts))}
+    # an applied rollback (nan) discards every earlier step past the checkpoint it restored
+    rollbacks = [(e["time"], e["result"]["restored_step"] + 1)
+                 for e in of(evs, "command_applied") if e.get("type") == "rollback"
+                 and e.get("status") == "applied" and e.get("rank") == 0]
     previous: dict[tuple[int, int], float] = {}
     kept = done = 0.0
     for e in sorted((e for e in evs if e.get("event") in ("step", "checkpoint_saved")),
@@ -475,7 +480,8 @@ def stopwatch_ettr(evs: list[dict[str, Any]], start: float, end: float) -> dict[
         if e["event"] == "step" and key in previous and start <= previous[key] \
                 and e["time"] <= end:
             done += e["time"] - previous[key]
-            if e["step"] < limit.get(key[0], float("inf")):
+            if e["step"] < limit.get(key[0], float("inf")) and not any(
+                    t > e["time"] and e["step"] >= first for t, first in rollbacks):
                 kept += e["time"] - previous[key]
         previous[key] = e["time"]
     wall = RANKS * (end - start)
