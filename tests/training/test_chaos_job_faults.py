@@ -105,3 +105,21 @@ def test_healed_needs_a_run_of_steps(tmp_path: Path) -> None:
     assert faults._back_under(soak, 0.0, 1.0) is None  # one step short of the run
     soak = _soak(tmp_path, [3.0, 0.4, 3.0] + [0.7] * run)
     assert faults._back_under(soak, 0.0, 1.0) == 103.0
+
+
+def test_the_stopwatch_drops_the_steps_a_rollback_discarded() -> None:
+    from benchmarks.chaos import stopwatch_ettr
+
+    evs: list[dict[str, Any]] = [{"event": "incarnation", "time": 0.0}]
+    for rank in (0, 1):  # steps 0..9 at 1 s each, a rollback to checkpoint 4 at 9.5 s,
+        evs += [{"event": "step", "rank": rank, "step": s, "time": float(s)}
+                for s in range(10)]  # then steps 5..9 again
+        evs += [{"event": "step", "rank": rank, "step": s, "time": 5.0 + s}
+                for s in range(5, 10)]
+        evs.append({"event": "command_applied", "rank": rank, "type": "rollback",
+                    "status": "applied", "result": {"restored_step": 4}, "time": 9.5})
+    watch = stopwatch_ettr(evs, 0.0, 14.0)
+    # before the rollback 9 s stepped (steps 1..9), steps 5..9 discarded: 4 s kept; after it
+    # steps 5..9 again (5 s, the first timed from step 9's): 9 s kept of 14
+    assert watch["productive_seconds"] == pytest.approx(14.0)
+    assert watch["kept_seconds"] == pytest.approx(9.0)
