@@ -359,10 +359,23 @@ def _finite_after(soak: Soak, since: float) -> float | None:
     return None
 
 
-def _by_hand(soak: Soak, job: str, kind: str, why: str) -> str:
+def _rolled_back(soak: Soak, change: dict[str, Any], t_fault: float) -> dict[str, Any]:
+    """restored_step and discarded (the restored checkpoint's save to the fault) of an
+    applied rollback."""
+    restored = (change.get("result") or {}).get("restored_step")
+    saved = [e["time"] for e in of(events(soak.out), "checkpoint_saved")
+             if e["step"] == restored and e["time"] <= t_fault]
+    return {"restored_step": restored,
+            "discarded": t_fault - (max(saved) if saved
+                                    else _checkpoint_before(soak.out, t_fault))}
+
+
+def _by_hand(soak: Soak, job: str, kind: str, why: str
+             ) -> tuple[str, dict[str, Any] | None]:
     """What the on-call does when the playbook did not heal nan or spike (its cooldown, a
     failure): the playbook's command through every job node's control API by hand (a
-    rollback, or a cut of the learning rate), waited for until applied; what they did."""
+    rollback, or a cut of the learning rate), waited for until applied: what they did, and
+    the job's command_applied event (None: it was not applied)."""
     command: dict[str, Any] = (
         {"type": "rollback", "args": {"skip_batches": 200}} if kind == "nan"
         else {"type": "scale_lr", "args": {"factor": 0.5, "floor": 1.0e-6}})
@@ -374,13 +387,15 @@ def _by_hand(soak: Soak, job: str, kind: str, why: str) -> str:
         resp = requests.post(f"{exporter.url}/v1/jobs/{job}/commands", json=command,
                              headers={"Authorization": f"Bearer {token}"}, timeout=10)
         if resp.status_code not in (200, 202):
-            return f"could not send {command['type']} by hand ({resp.status_code}; {why})"
+            return (f"could not send {command['type']} by hand ({resp.status_code}; {why})",
+                    None)
     try:
-        wait_until(lambda: _applied(soak, command["type"], t), timeout=STEP_TIMEOUT_SECONDS,
-                   interval=0.5, what=f"{command['type']} by hand applied")
+        change = wait_until(lambda: _applied(soak, command["type"], t),
+                            timeout=STEP_TIMEOUT_SECONDS, interval=0.5,
+                            what=f"{command['type']} by hand applied")
     except TimeoutError as exc:
-        return f"sent {command['type']} by hand, not applied: {exc} ({why})"
-    return f"sent {command['type']} by hand through the control API ({why})"
+        return f"sent {command['type']} by hand, not applied: {exc} ({why})", None
+    return f"sent {command['type']} by hand through the control API ({why})", change
 
 
 def _finite(value: Any) -> bool:
@@ -443,6 +458,7 @@ def run(kind: str, soak: Soak, job: str, drains_since: Drains, return_nodes: Ret
                            "decided": None, "healed": None, "discarded": 0.0}
     human: list[str] = []
     deadline = SETTLE_SECONDS + ACT_MARGIN_SECONDS
+    t_human = 0.0  # when the on-call's action took effect, where one was needed
     if kind in ("nan", "spike"):
         baseline = [e["loss"] for e in of(events(soak.out), "step")
                     if t_fault - BASELINE_SECONDS <= e["time"] <= t_fault and _finite(e["loss"])]
@@ -473,12 +489,7 @@ def run(kind: str, soak: Soak, job: str, drains_since: Drains, return_nodes: Ret
                 first = wait_until(lambda: _finite_after(soak, change["time"]),
                                    timeout=STEP_TIMEOUT_SECONDS, interval=0.5,
                                    what="finite steps after the rollback")
-                restored = (change.get("result") or {}).get("restored_step")
-                saved = [e["time"] for e in of(events(soak.out), "checkpoint_saved")
-                         if e["step"] == restored and e["time"] <= t_fault]
-                row["discarded"] = t_fault - (max(saved) if saved
-                                              else _checkpoint_before(soak.out, t_fault))
-                row["restored_step"] = restored
+                row.update(_rolled_back(soak, change, t_fault))
             else:
                 limit = SPIKE_RATIO * statistics.median(baseline) if baseline else float("inf")
                 first = wait_until(lambda: _back_under(soak, change["time"], limit),
@@ -487,8 +498,12 @@ def run(kind: str, soak: Soak, job: str, drains_since: Drains, return_nodes: Ret
                 row["loss_limit"] = limit
             row["healed"] = first - t_fault
     except TimeoutError as exc:
+        t_human = time.time()
         if kind in COMMAND:
-            action = _by_hand(soak, job, kind, str(exc))
+            action, change = _by_hand(soak, job, kind, str(exc))
+            t_human = change["time"] if change else time.time()
+            if change and kind == "nan":
+                row.update(_rolled_back(soak, change, t_fault))
         else:
             assert disk is not None
             for path in (disk.target / "rotated").iterdir():
@@ -501,7 +516,7 @@ def run(kind: str, soak: Soak, job: str, drains_since: Drains, return_nodes: Ret
         row["discarded"] = t_fault - _checkpoint_before(soak.out, t_fault)
     # what the job lost: nan, the NaN steps and the rolled-back work; spike, its steps at the
     # bad learning rate; log_disk, nothing unless the job restarted (its logs were dropped)
-    lost = row["healed"] if row["healed"] is not None else time.time() - t_fault
+    lost = row["healed"] if row["healed"] is not None else t_human - t_fault
     cost = lost + row["discarded"] if kind in COMMAND or restarts else 0.0
     drained = drains_since(soak, t_fault, before)
     returned, by_hand = return_nodes(soak, drained | soak.drained())
