@@ -48,7 +48,7 @@ training itself is hit), log_disk where the job restarted.
 The stack of benchmarks/recovery.py carries none of these playbooks, no node_exporter and
 no node rules, so `prepare` (before the job is submitted) adds what the selected kinds need:
 the playbooks (the service restarted on its store with them, with the training exporters'
-control token, and with HOSTS_SHIM as its HTTP proxy for the inventory host names, which
+control token, and with hosts_shim() as its HTTP proxy for the inventory host names, which
 resolve nowhere on this one machine: a training command goes to `node-b:<port>`, the
 Prometheus instance of that node's exporter, as on a real cluster through DNS), and for
 log_disk the mount, a node_exporter labelled as the disk's node, its scrape job and the
@@ -191,7 +191,7 @@ class _Shim(BaseHTTPRequestHandler):
 
 @contextmanager
 def hosts_shim() -> Iterator[str]:
-    """HOSTS_SHIM: the proxy's URL while it runs."""
+    """A forward proxy (_Shim) on the loopback: its URL while it runs."""
     server = ThreadingHTTPServer(("127.0.0.1", free_port()), _Shim)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, name="hosts-shim", daemon=True)
