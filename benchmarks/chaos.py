@@ -61,11 +61,14 @@ Infrastructure faults that must not hurt the job (named node: none; any drain is
 healed: the component answers again and the job has stepped since, in the same incarnation;
 then the window of the profile's worst rule path plus a margin is watched for drains and acts.
 
-Kinds of the issue not made real here (see docs/performance.md): a non-finite loss
-and a loss spike (examples/train_ddp.py injects them only at a step fixed on its command line,
-`--nan-at-step`, `--spike-at-step`, which submit_job's script does not pass, and once per
-process), a full log disk (needs a small filesystem mounted for the job's logs, and mount is
-not available to the benchmark).
+Faults in the job's data and disk (benchmarks/chaos_job_faults.py; named node: none, or the
+disk's node for log_disk; any drain is wrong; healed as that module's docstring defines):
+
+  nan                a non-finite loss at the injector's moment (the job's fault file,
+                     examples/train_ddp.py --fault-file): checkpoint_rollback
+  spike              the learning rate set to 20x the job's the same way: lr_reduction
+  log_disk           the node's log disk (a small loop-mounted ext4; the ranks' ECS logs)
+                     filled with rotated logs: NodeDiskFilling, disk_cleanup
 
 A fault not healed (its playbook did not act within the rule path plus ACT_MARGIN_SECONDS,
 or the job did not step again) is recorded as a human action: the benchmark does what the
@@ -119,6 +122,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks import chaos_infra_faults as infra_faults  # noqa: E402
+from benchmarks import chaos_job_faults  # noqa: E402
 from benchmarks.recovery import (  # noqa: E402
     KINDS,
     PROFILES,
@@ -155,7 +159,7 @@ JOB_KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     "ecc": (("node_quarantine",), "GpuEccUncorrectableErrors"),
     **infra_faults.KINDS}  # replica, socket_cut: job_restart, as `kill`
 INFRA_KINDS = ("training_exporter", "gpu_exporter", "prometheus", "slurmctld", "remediation")
-ALL_KINDS = (*JOB_KINDS, *INFRA_KINDS)
+ALL_KINDS = (*JOB_KINDS, *INFRA_KINDS, *chaos_job_faults.KINDS)
 # the job-stopping kinds whose fault is on the node they hit: draining that node is right
 NAMES_NODE = frozenset({"xid", "hang", "gpu_lost", "ecc"})
 QUARANTINE_BOOKS = frozenset({"node_quarantine", "stalled_job_quarantine"})
@@ -465,7 +469,8 @@ def stopwatch_ettr(evs: list[dict[str, Any]], start: float, end: float) -> dict[
     """ETTR from the job's own event log: the time of every kept step (from the rank's
     previous step, or from its checkpoint save when it saved one after it: saves and
     restores are not steps) over RANKS x the wall from `start` to `end`. A step is kept
-    unless a later incarnation resumed from a step at or before it."""
+    unless a later incarnation resumed from a step at or before it, or a later rollback
+    restored a checkpoint before it."""
     cuts = sorted(e["time"] for e in of(evs, "incarnation"))
 
     def incarnation(t: float) -> int:
@@ -476,6 +481,10 @@ def stopwatch_ettr(evs: list[dict[str, Any]], start: float, end: float) -> dict[
         resumed.setdefault(incarnation(e["time"]), e["step"])
     limit = {k: min((s for j, s in resumed.items() if j > k), default=float("inf"))
              for k in range(len(cuts))}
+    # an applied rollback (nan) discards every earlier step past the checkpoint it restored
+    rollbacks = [(e["time"], e["result"]["restored_step"] + 1)
+                 for e in of(evs, "command_applied") if e.get("type") == "rollback"
+                 and e.get("status") == "applied" and e.get("rank") == 0]
     previous: dict[tuple[int, int], float] = {}
     kept = done = 0.0
     for e in sorted((e for e in evs if e.get("event") in ("step", "checkpoint_saved")),
@@ -484,7 +493,8 @@ def stopwatch_ettr(evs: list[dict[str, Any]], start: float, end: float) -> dict[
         if e["event"] == "step" and key in previous and start <= previous[key] \
                 and e["time"] <= end:
             done += e["time"] - previous[key]
-            if e["step"] < limit.get(key[0], float("inf")):
+            if e["step"] < limit.get(key[0], float("inf")) and not any(
+                    t > e["time"] and e["step"] >= first for t, first in rollbacks):
                 kept += e["time"] - previous[key]
         previous[key] = e["time"]
     wall = RANKS * (end - start)
@@ -564,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
                 trainwatch_expect_gpus=1)
         inventory.write_text(yaml.safe_dump(hosts))
         soak = Soak(cluster, mon, scenarios, root, stack, rule_paths(args.profile))
+        chaos_job_faults.prepare(soak, kinds)  # the job's fault file, the log disk
         soak.job, soak.out, _ = submit_job(cluster, mon, root, JOB, ranks_per_node=1)
         # before Slurm stops: the job's processes live under slurmstepd, which outlives slurmd
         stack.callback(end_job, soak)
@@ -571,7 +582,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for index, (at, kind) in enumerate(faults):
                 time.sleep(max(0.0, t_start + at - time.time()))
-                row = job_fault(kind, soak) if kind in JOB_KINDS else infra(kind, index, soak)
+                row = (job_fault(kind, soak) if kind in JOB_KINDS
+                       else chaos_job_faults.run(kind, soak, JOB, drains_since, return_nodes)
+                       if kind in chaos_job_faults.KINDS
+                       else infra(kind, index, soak))
                 row["at"] = row.pop("t_fault") - t_start
                 rows.append(row)
                 print(json.dumps({k: round(v, 2) if isinstance(v, float) else v

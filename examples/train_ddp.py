@@ -14,8 +14,19 @@ what the Trainwatch stack does with a `scale_lr` command: the shipped playbook's
 `--nan-at-step N` makes the loss at step N NaN once, which poisons the weights (every later
 loss is NaN) until a `rollback` command restores the newest healthy checkpoint.
 
+`--fault-file PATH` (or $TRAIN_DDP_FAULT_FILE) lets an injector (benchmarks/chaos.py) pick the
+moment instead of the command line: the file holds one JSON object, {"id": ..., "kind": "nan"
+or "spike"}. Rank 0 stats it every step (a changed mtime or size is read; nothing else is) and
+every rank injects a new id's fault at the same step (a broadcast from rank 0, so a spike's
+learning rate stays the same on every replica): `nan` as --nan-at-step, `spike` sets the
+learning rate to --lr x --spike-factor (not a multiple of the current one, so that repeated
+spikes and cuts stay where this docstring says). An id is applied once, also across restarts:
+rank 0 appends it to PATH.applied before injecting. Content that is not such an object is
+ignored with one log line (stderr) per change of the file.
+
 Every rank prints JSON lines on stdout for demo timelines and tests: start, step (every
---print-every steps), spike_injected, nan_injected, checkpoint_saved, command_applied
+--print-every steps), spike_injected, nan_injected (with the fault file's `id` when it came
+from there), checkpoint_saved, command_applied
 (with the new lr or the restored step and a digest of the restored weights), summary.
 """
 
@@ -45,6 +56,8 @@ from trainwatch.exporters.rank import (
 )
 
 FEATURES = 16
+FAULT_FILE_ENV = "TRAIN_DDP_FAULT_FILE"
+FAULT_KINDS = ("nan", "spike")  # index + 1: the code rank 0 broadcasts (0: no fault)
 
 
 log = logging.getLogger("train_ddp")
@@ -68,6 +81,55 @@ def structured_logging(directory: str | None) -> None:
     log.propagate = False
 
 
+class FaultTrigger:
+    """Rank 0's reader of --fault-file: `poll()` once a step returns a new fault's (id, kind)
+    once, else None. Cheap when nothing changed (one stat), because it runs every step; the
+    ids already applied are kept in PATH.applied so that a restarted job (requeue, torchrun)
+    does not inject the same fault again."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.applied_path = path + ".applied"
+        self.seen: tuple[int, int] | None = None  # (mtime_ns, size) last read
+        try:
+            with open(self.applied_path, encoding="utf-8") as f:
+                self.applied = {line.strip() for line in f if line.strip()}
+        except FileNotFoundError:
+            self.applied = set()
+
+    def poll(self) -> tuple[str, str] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        if (st.st_mtime_ns, st.st_size) == self.seen:
+            return None
+        self.seen = (st.st_mtime_ns, st.st_size)
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
+            return self._ignore(f"unreadable ({type(exc).__name__}: {exc})")
+        if not isinstance(doc, dict):
+            return self._ignore("not a JSON object")
+        fault_id, kind = doc.get("id"), doc.get("kind")
+        if not isinstance(fault_id, str) or not fault_id.strip() or "\n" in fault_id:
+            return self._ignore(f"id {fault_id!r} is not a one-line string")
+        if kind not in FAULT_KINDS:
+            return self._ignore(f"kind {kind!r} is not one of {list(FAULT_KINDS)}")
+        if fault_id in self.applied:
+            return None
+        self.applied.add(fault_id)
+        with open(self.applied_path, "a", encoding="utf-8") as f:  # before the injection:
+            f.write(fault_id + "\n")  # a crash in between loses the fault, never repeats it
+        return fault_id, kind
+
+    def _ignore(self, why: str) -> None:
+        """One clear line per change of the file (poll reads a file once per change)."""
+        print(f"train_ddp: fault file {self.path} ignored: {why}", file=sys.stderr, flush=True)
+        return None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", default=None, help="training_job label (default: from env)")
@@ -80,6 +142,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--spike-at-step", type=int, default=None)
     parser.add_argument("--spike-factor", type=float, default=20.0)
     parser.add_argument("--nan-at-step", type=int, default=None)
+    parser.add_argument("--fault-file", default=os.environ.get(FAULT_FILE_ENV),
+                        help="inject nan/spike when this JSON file names a new fault id "
+                             f"(default: ${FAULT_FILE_ENV}; module docstring)")
     parser.add_argument("--checkpoint-dir", default=None)
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--keep-checkpoints", type=int, default=3)
@@ -197,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     emit("start", rank=rank, world_size=world, job=monitor.info.job, step=step,
          restarts=monitor.info.restarts)
     spiked = nan_done = False
+    trigger = FaultTrigger(args.fault_file) if args.fault_file and rank == 0 else None
+    fault_code = torch.zeros(1, dtype=torch.int64, device=device)
+    fault_id = ""
     loss_value = float("nan")
     steps_run = 0
     while step < args.steps:
@@ -205,6 +273,23 @@ def main(argv: list[str] | None = None) -> int:
         x, y = data.batch(batch)  # generated on the CPU: the same on any device
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         data_wait = time.perf_counter() - started
+        triggered = ""  # the fault file's kind this step, on every rank
+        if args.fault_file:
+            found = trigger.poll() if trigger is not None else None
+            fault_code.fill_(FAULT_KINDS.index(found[1]) + 1 if found else 0)
+            if found:
+                fault_id = found[0]
+            if distributed:  # every rank injects at this same step
+                dist.broadcast(fault_code, src=0)
+            code = int(fault_code.item())
+            triggered = FAULT_KINDS[code - 1] if code else ""
+        if triggered == "spike":
+            for group in optimizer.param_groups:
+                group["lr"] = args.lr * args.spike_factor
+            emit("spike_injected", rank=rank, step=step, lr=optimizer.param_groups[0]["lr"],
+                 id=fault_id or None)
+            log.warning("learning rate set to %s at step %d (injected spike)",
+                        optimizer.param_groups[0]["lr"], step)
         if step == args.spike_at_step and not spiked:
             spiked = True
             for group in optimizer.param_groups:
@@ -217,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
             nan_done = True
             loss = loss * float("nan")
             emit("nan_injected", rank=rank, step=step)
+        if triggered == "nan":
+            loss = loss * float("nan")
+            emit("nan_injected", rank=rank, step=step, id=fault_id or None)
         if batch in poison:
             loss = loss * float("nan")
             emit("poison_read", rank=rank, step=step, batch=batch)
