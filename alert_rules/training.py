@@ -27,7 +27,10 @@ def _baseline(p: Profile, metric: str, cfg: dict[str, Any]) -> tuple[str, str, s
     """(series, its mean over a window that ended `baseline_offset` ago, enough samples).
 
     The offset keeps the spike out of its own baseline. A series without enough baseline
-    samples (job start, restart) yields nothing, so a fresh job cannot fire.
+    samples (job start, restart) yields nothing, so a fresh job cannot fire. The exporter
+    serves the loss and gradient norm only while finite (catalog `finite`): one NaN sample
+    would make this mean NaN, and every comparison with it false, for the whole window; a
+    gap leaves the mean of the finite samples (and one sample fewer to count).
     """
     series = sel(metric, p.selector("training"))
     past = f"[{cfg['baseline_window']}] offset {cfg['baseline_offset']}"
@@ -112,19 +115,14 @@ def _grad_norm(p: Profile) -> Alert:
 
 def _nonfinite(p: Profile) -> Alert:
     cfg = p.alert("TrainingNonFiniteLoss")
-    training = p.selector("training")
-    loss = sel(catalog.TRAINING_LOSS, training)
-    counter = sel(catalog.TRAINING_NONFINITE_LOSS, training)
-    # NaN x 0 and Inf x 0 are NaN, which is != 0; a finite loss x 0 is 0 (one read of the
-    # loss instead of three for `loss != loss or abs(loss) == Inf`). Aggregated, the counter
-    # alone: the exporter counts every non-finite loss it receives, whatever the client
-    # counted, and serves the counter only from the first, so the read costs nothing until
-    # then, where the loss is every rank's series every round.
-    expr = new_events(counter, cfg["window"])
-    if not p.aggregate:
-        expr = f"{expr}\nor\n({loss} * 0 != 0)"
+    counter = sel(catalog.TRAINING_NONFINITE_LOSS, p.selector("training"))
+    # The counter alone, with and without the aggregation: the exporter counts every
+    # non-finite loss it receives, whatever the client counted, and serves the counter from
+    # the first (new_events catches a counter born at 1), so the read costs nothing until
+    # then. The loss gauge never holds NaN or Inf (catalog `finite`: it would blind the spike
+    # baselines), so there is nothing to read there.
     return Alert(
-        "TrainingNonFiniteLoss", expr, "critical", "training",
+        "TrainingNonFiniteLoss", new_events(counter, cfg["window"]), "critical", "training",
         f"Non-finite (NaN/Inf) loss in {JOB_RANK}",
         f"Rank {{{{ $labels.rank }}}} of job {{{{ $labels.training_job }}}} reported a NaN or "
         f"infinite loss within the last {cfg['window']}. The next "

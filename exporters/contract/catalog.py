@@ -118,6 +118,12 @@ class Metric(NamedTuple):
     # (exporters/rank/counters.py RankCounters) that counts it.
     wire: str = ""
     wire_type: type = float  # int: a count the datagram carries as a JSON integer
+    # Served only while finite: a NaN or infinite value leaves the series absent until a
+    # finite one comes. The spike alerts average these over their baseline window, and one
+    # NaN sample makes `avg_over_time` NaN, so every comparison with the baseline false, for
+    # as long as it stays in the window (30 minutes in production); a gap leaves the mean
+    # over the finite samples. The event itself is a counter's (TRAINING_NONFINITE_LOSS).
+    finite: bool = False
 
 
 METRICS: dict[str, Metric] = {}
@@ -152,11 +158,13 @@ def _training(name: str, kind: str, help_text: str, extra: tuple[str, ...] = (),
 
 TRAINING_STEP = _training("training_step", GAUGE, "Last step the rank reported.")
 TRAINING_LOSS = _training("training_loss", GAUGE,
-                          "Loss at the last reported step (NaN/Inf exported as is).")
+                          "Loss at the last reported step; absent while it is NaN or infinite "
+                          "(training_nonfinite_loss_total counts those).", finite=True)
 TRAINING_LEARNING_RATE = _training("training_learning_rate", GAUGE,
                                    "Learning rate at the last reported step.")
 TRAINING_GRAD_NORM = _training("training_grad_norm", GAUGE,
-                               "Gradient norm at the last reported step.")
+                               "Gradient norm at the last reported step; absent while it is "
+                               "NaN or infinite.", finite=True)
 TRAINING_LAST_STEP_TIMESTAMP = _training("training_last_step_timestamp_seconds", GAUGE,
                                          "Unix time of the last reported step.", unit="seconds")
 TRAINING_WORLD_SIZE = _training("training_world_size", GAUGE,

@@ -179,6 +179,11 @@ def test_aggregated_alerts_read_per_job_and_per_node_series() -> None:
                           ("TrainingGradNormExplosion", "training_grad_norm")):
         assert f"avg_over_time({metric}{{" in flat[alert]
         assert f"_over_time({metric}{{" not in aggregated[alert]
+    # a non-finite loss is the counter's alone: the exporter serves no NaN in the loss gauge
+    # (catalog `finite`), so either way there is nothing to read there
+    for rules in (aggregated, flat):
+        assert "training_loss{" not in rules["TrainingNonFiniteLoss"]
+        assert "training_nonfinite_loss_total{" in rules["TrainingNonFiniteLoss"]
     # the default, what the committed files hold
     assert load_raw(CONFIG_PATH)["defaults"]["aggregate_per_job_and_node"] is True
 

@@ -216,3 +216,25 @@ def test_the_exporter_counts_nonfinite_losses_a_client_did_not() -> None:
     # a client that counts (tensors resolved late, reports it could not ship) is not undercut
     store.ingest(_report(0, 3, 1001.0, nonfinite=5))
     assert list(_scrape(store)[catalog.TRAINING_NONFINITE_LOSS].values()) == [5.0]
+
+
+def test_a_nonfinite_loss_or_grad_norm_leaves_its_gauge_absent_until_a_finite_one() -> None:
+    """The chaos soak's blind spike: a NaN loss served as the gauge's value made the spike
+    alert's baseline (`avg_over_time` over the window before) NaN, and a spike 16.5 s after
+    the NaN, once healed by a rollback, was never alerted. The gauges the baselines average
+    are absent while the newest value is NaN or Inf; the counter carries the event."""
+    store = _store(Wall(1000.0))
+    store.ingest(_report(0, 1, 1000.0))
+    bad = _report(0, 2, 1000.5)
+    bad.steps = [(2, 1000.5, 0.5, float("nan"), 0.1, float("inf"), 0.0)]
+    store.ingest(bad)
+    scrape = _scrape(store)
+    for gauge in (catalog.TRAINING_LOSS, catalog.TRAINING_GRAD_NORM):
+        assert not scrape.get(gauge), gauge
+    assert list(scrape[catalog.TRAINING_NONFINITE_LOSS].values()) == [1.0]
+    assert list(scrape[catalog.TRAINING_STEP].values()) == [2.0]  # the step is still served
+    store.ingest(_report(0, 3, 1001.0, nonfinite=1))  # finite again (after a rollback)
+    scrape = _scrape(store)
+    assert list(scrape[catalog.TRAINING_LOSS].values()) == [1.0]
+    assert list(scrape[catalog.TRAINING_GRAD_NORM].values()) == [1.0]
+    assert list(scrape[catalog.TRAINING_NONFINITE_LOSS].values()) == [1.0]

@@ -7,11 +7,14 @@ per-rank evidence that locates a hang only while the job's ranks here have stopp
 (see stall_evidence_after), labelled with the launch (incarnation) its ranks belong to: after a
 job moved nodes, the old node serves the earlier launch until the job expires here, and the
 rules leave it out by that label. The non-finite loss counter appears with the first one (counted
-here too, so every non-finite loss gauge comes with it and the alert reads only the counter).
+here too, so every non-finite loss comes with it and the alert reads only the counter); the loss
+and gradient-norm gauges are absent while the newest value is NaN or infinite (catalog
+`finite`: a NaN sample would blind the spike alerts' baselines for their whole window).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -50,6 +53,7 @@ _FAMILIES = {c.GAUGE: GaugeMetricFamily, c.COUNTER: CounterMetricFamily,
 _PER_RANK = [row for row in c.metrics_of("training") if row.labels == c.TRAINING_LABELS]
 GAUGES = tuple(row.name for row in _PER_RANK if row.type == c.GAUGE)
 COUNTERS = tuple(row.name for row in _PER_RANK if row.type == c.COUNTER)
+FINITE_ONLY = frozenset(row.name for row in _PER_RANK if row.finite)
 
 
 # Stall evidence appears once every rank of a job on this node has gone this long without a
@@ -194,7 +198,9 @@ class TrainingCollector(Collector):
                     c.TRAINING_COMPUTE: compute.get(rank),
                 }
                 for name, value in gauges.items():
-                    if value is not None:  # never reported -> absent, not 0
+                    # never reported -> absent, not 0; a NaN/Inf loss or gradient norm ->
+                    # absent too
+                    if value is not None and (name not in FINITE_ONLY or math.isfinite(value)):
                         g[name].add_metric(values, float(value))
                 if idle:
                     for signal, value in zip(c.STALL_EVIDENCE_SIGNALS,
