@@ -146,7 +146,7 @@ from tests.slurm.test_heal_hang import PROFILES as STACK_PROFILES  # noqa: E402
 from tests.slurm.test_heal_hang import Stack, submit_job  # noqa: E402
 from tests.slurm.test_quarantine import NODE_HOST, running_on  # noqa: E402
 from tests.support.net import wait_until  # noqa: E402
-from tests.support.procs import ManagedProcess  # noqa: E402
+from tests.support.procs import ManagedProcess, answers  # noqa: E402
 from trainwatch.exporters.contract import catalog  # noqa: E402
 
 JOB = "bench-chaos"
@@ -218,13 +218,6 @@ def respawn(proc: psutil.Process, sig: int, log: Path) -> ManagedProcess:
     return ManagedProcess(argv, log, env=env, cwd=cwd)
 
 
-def _answers(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
-
-
 @dataclass
 class Soak:
     """What the faults act on: the cluster, the stack around it and the one job (its Slurm id
@@ -276,12 +269,12 @@ def infra_fault(kind: str, node: str, soak: Soak) -> tuple[float, float]:
         log = soak.root / f"gpu-exporter-{node}.log"
         soak.stack.callback(respawn(proc, signal.SIGKILL, log).stop)
         url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}/metrics"
-        wait_until(lambda: _answers(url), timeout=60, what="the GPU exporter back")
+        wait_until(lambda: answers(url), timeout=60, what="the GPU exporter back")
     elif kind == "prometheus":
         proc = _child(lambda p: p.name() == "prometheus")
         log = soak.root / "prometheus-restarted.log"
         soak.stack.callback(respawn(proc, signal.SIGTERM, log).stop)
-        wait_until(lambda: _answers(f"{soak.mon.prom}/-/ready"), timeout=120,
+        wait_until(lambda: answers(f"{soak.mon.prom}/-/ready"), timeout=120,
                    what="Prometheus back")
     elif kind == "remediation":
         service = soak.mon.service
@@ -289,7 +282,7 @@ def infra_fault(kind: str, node: str, soak: Soak) -> tuple[float, float]:
         proc = _child(lambda p: config in p.cmdline())
         log = soak.root / "service" / "remediation-restarted.log"
         soak.stack.callback(respawn(proc, signal.SIGKILL, log).stop)
-        wait_until(lambda: _answers(f"{service.url}/readyz"), timeout=60,
+        wait_until(lambda: answers(f"{service.url}/readyz"), timeout=60,
                    what="the remediation service back")
     elif kind == "slurmctld":
         soak.cluster.stop_controller()

@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
-import requests
 
 from benchmarks.recovery import SETTLE_MARGIN_SECONDS, _acts, _requeued, own_ranks
 from benchmarks.recovery import inject as rank_inject
@@ -56,7 +55,7 @@ from tests.slurm.test_heal_e2e import events, of
 from tests.slurm.test_heal_hang import Stack
 from tests.slurm.test_quarantine import running_on
 from tests.support.net import wait_until
-from tests.support.procs import ManagedProcess
+from tests.support.procs import ManagedProcess, answers
 from trainwatch.exporters.node.tools.stack_dump import rank_processes
 
 # kind -> (the playbooks that may heal it, its alert), as chaos.JOB_KINDS: both end the job
@@ -177,16 +176,9 @@ def _restart_replica(soak: Soak, state: dict[str, Any]) -> float:
     log = victim.config_path.parent / "remediation-restarted.log"
     soak.stack.callback(ManagedProcess(state["argv"], log, env=state["env"],
                                        cwd=state["cwd"]).stop)
-    wait_until(lambda: _ready(victim.url), timeout=60, interval=0.2,
+    wait_until(lambda: answers(f"{victim.url}/readyz"), timeout=60, interval=0.2,
                what=f"replica {victim.url} back")
     return time.time()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return requests.get(f"{url}/readyz", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def _port(value: Any) -> int:

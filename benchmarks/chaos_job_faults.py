@@ -92,7 +92,7 @@ from tests.slurm.test_heal_hang import PROFILES as STACK_PROFILES  # noqa: E402
 from tests.slurm.test_heal_hang import Stack  # noqa: E402
 from tests.slurm.test_quarantine import NODE_HOST, running_on  # noqa: E402
 from tests.support.net import free_port, wait_until  # noqa: E402
-from tests.support.procs import ManagedProcess  # noqa: E402
+from tests.support.procs import ManagedProcess, answers  # noqa: E402
 
 
 class Soak(Protocol):
@@ -230,13 +230,8 @@ def _restart_replica(soak: Soak, service: Any, index: int, books: list[str],
                timeout=30, interval=0.1, what="the remediation service stopped")
     log = soak.root / "service" / f"remediation-chaos-job-{index}.log"
     soak.stack.callback(ManagedProcess(argv, log, env=env, cwd=cwd).stop)
-
-    def ready() -> bool:
-        try:
-            return requests.get(f"{service.url}/readyz", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-    wait_until(ready, timeout=60, what="the remediation service back with the job books")
+    wait_until(lambda: answers(f"{service.url}/readyz"), timeout=60,
+               what="the remediation service back with the job books")
 
 
 def _unmount(target: Path) -> None:
@@ -277,7 +272,7 @@ def _log_disk_stack(soak: Soak, target: Path, node: str) -> None:
          "--collector.disable-defaults", "--collector.filesystem"],
         soak.root / "node-exporter.log")
     soak.stack.callback(exporter.stop)
-    wait_until(lambda: _answers(f"http://127.0.0.1:{port}/metrics"), timeout=30,
+    wait_until(lambda: answers(f"http://127.0.0.1:{port}/metrics"), timeout=30,
                what="node_exporter up")
     prom_config = soak.root / "prometheus.yml"
     config = json.loads(prom_config.read_text())
@@ -299,13 +294,6 @@ def _log_disk_stack(soak: Soak, target: Path, node: str) -> None:
         trainwatch_cleanup_allowed_roots=[str(target)],
         trainwatch_cleanup_log_dirs=[str(target / "rotated"), str(target / "job")])
     inventory.write_text(yaml.safe_dump(hosts))
-
-
-def _answers(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def _query(soak: Soak, expr: str) -> list[dict[str, Any]]:

@@ -65,8 +65,13 @@ class ManagedProcess:
         self.proc.wait(10)
 
 
-def _ready(url: str) -> bool:
-    return requests.get(url, timeout=1).status_code == 200
+def answers(url: str, timeout: float = 2.0) -> bool:
+    """Whether `url` answers 200 now (False while it refuses or times out): what a readiness
+    poll under wait_until asks."""
+    try:
+        return requests.get(url, timeout=timeout).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 @contextmanager
@@ -80,7 +85,7 @@ def running(argv: Sequence[str], log_path: Path, ready_url: str | None = None,
             def check() -> bool:
                 if not proc.alive():
                     raise Abort(f"{argv[0]} exited early:\n{proc.log_text()[-3000:]}")
-                return _ready(ready_url)
+                return answers(ready_url, timeout=1.0)
 
             try:
                 wait_until(check, timeout=timeout, what=f"{argv[0]} at {ready_url}")
