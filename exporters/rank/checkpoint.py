@@ -303,6 +303,9 @@ class CheckpointManager:
         self.asynchronous = asynchronous
         self.state = ts.TrainState()
         self.health: Callable[[], bool] | None = None  # set by TrainingMonitor
+        # Called when a timed save or restore ends (goodput.blocking), so the monitor ships
+        # the new checkpoint mark at once, not a step later (set by TrainingMonitor).
+        self.goodput_wake: Callable[[], None] | None = None
         # Failed saves are counted here; a TrainingMonitor given this manager reports these
         # counters (it adopts them as its own), so its datagrams carry them.
         self.counters = RankCounters()

@@ -177,6 +177,7 @@ class TrainingMonitor:
         self._shipper.start()
         if checkpoints is not None:
             checkpoints.health = self._healthy_since_last_save
+            checkpoints.goodput_wake = self._shipper.wake.set
         # Ending without a clean finish is said in a last datagram: at interpreter exit (an
         # exception, often a collective that raised because a peer died) and on SIGTERM (how
         # torchrun stops the others when one rank dies): exporters/rank/departure.py.

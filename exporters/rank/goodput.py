@@ -84,6 +84,9 @@ def blocking(kind: str, when: Callable[[Any], bool] | None = None) -> Callable[[
                 seq = local.get("_goodput_seq", 0) + 1
                 local["_goodput_seq"] = seq
                 events.append((seq, kind, start, end, step))
+                wake = local.get("goodput_wake")
+                if wake is not None:
+                    wake()
         return timed  # type: ignore[return-value]
     return wrap
 
@@ -143,6 +146,7 @@ class RankAccount:
             start_wall = time.time() - (time.perf_counter() - start_perf)
             self.previous = _valid_handoff(self._predecessor.handoff(start_wall))
         self._event_seq = 0  # newest checkpoint event consumed
+        self._marked_seq = 0  # newest save whose mark was taken before it was consumed
         self.seconds = dict.fromkeys(RANK_KINDS, 0.0)
         self.discarded = 0.0  # by rollbacks, within this process
         self.goodput = 0.0  # productive - discarded: this process's kept progress
@@ -166,13 +170,40 @@ class RankAccount:
             seconds = max(0.0, min(end, until) - max(start, self._closed))
             if kind == SAVE:
                 save += seconds
-                if step is not None:
+                if step is not None and seq > self._marked_seq:
                     self.marks.append((step, self.goodput))
             else:
                 restore += seconds
                 if step is not None:  # None: the restore failed and changed nothing
                     self._restored(step)
         return save, restore
+
+    def mark_saves(self, drained: Callable[[], bool]) -> bool:
+        """Take the checkpoint marks of saves that ended after the last step report, before
+        the next report consumes them; True when one was added (ship it now).
+
+        Why: a mark otherwise waits for the next step's report, and a rank killed in between
+        (a fatal XID, a SIGKILL right after a save) leaves the exporter without the mark its
+        restart resumes from, so the work up to the checkpoint is booked as discarded.
+        `drained()` must say the step reports queued before the save are all counted (the
+        queue is empty after the events were read): only then is `goodput` the value at the
+        save. A restore stops the scan; the next step report applies it in order."""
+        events = getattr(self._checkpoints, "goodput_events", None)
+        done = max(self._event_seq, self._marked_seq)
+        if not events or events[-1][0] <= done:
+            return False
+        pending = [e for e in list(events) if e[0] > done]
+        if not drained():
+            return False
+        added = False
+        for seq, kind, _start, _end, step in pending:
+            if kind != SAVE:
+                break
+            self._marked_seq = seq
+            if step is not None:
+                self.marks.append((step, self.goodput))
+                added = True
+        return added
 
     def _restored(self, step: int) -> None:
         if self._first and self.goodput == 0.0:

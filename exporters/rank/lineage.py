@@ -194,7 +194,7 @@ class RecordWriter:
                         "local_world": max(local_world, local_rank + 1)}
         self._interval = interval
         self._last = -math.inf
-        self._marks = 0
+        self._newest_mark: tuple[int, float] | None = None  # the last record's newest mark
         self._warned = False
         self._made_directory = False
         self._cond = threading.Condition()
@@ -208,10 +208,12 @@ class RecordWriter:
         interval, at once for a new checkpoint mark, and `force` (the last one) waited for
         up to FINAL_WRITE_SECONDS."""
         now = time.monotonic()
-        new_mark = len(marks) != self._marks
+        # the newest mark, not the count: the list is capped, so its length stops moving
+        newest = tuple(marks[-1]) if marks else None
+        new_mark = newest != self._newest_mark
         if not incarnation or (not force and not new_mark and now - self._last < self._interval):
             return
-        self._last, self._marks = now, len(marks)
+        self._last, self._newest_mark = now, newest
         doc = {**self._static, "incarnation": incarnation, "end": time.time(),
                "goodput": goodput, "marks": [list(m) for m in marks]}
         with self._cond:

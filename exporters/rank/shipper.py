@@ -186,13 +186,16 @@ class Shipper(threading.Thread):
 
     def _flush(self, force: bool = False) -> None:
         rows = self._drain()
-        self._shared.collectives.compute.measure()
+        shared = self._shared
+        # a save that ended since the last report: its mark goes out now, not a step later
+        marked = shared.goodput.mark_saves(lambda: not shared.buffer)
+        shared.collectives.compute.measure()
         if force and self._shared.finished:  # the monitor closed: a clean end of this process
             self._shared.goodput.finish(time.perf_counter())
         if rows and self._forwarders is not None:
             self._forwarders.submit(rows)
         now = time.monotonic()
-        if not rows and not force and now - self._last_send < HEARTBEAT_SECONDS:
+        if not rows and not force and not marked and now - self._last_send < HEARTBEAT_SECONDS:
             return
         self._last_send = now
         if self._path is None:

@@ -25,8 +25,11 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.fixtures import drains, job_nodes, requeues
@@ -43,6 +46,7 @@ from tests.training.goodput_support import (
     settled_ettr,
 )
 from tests.training.support import of
+from trainwatch.exporters.contract import catalog
 from trainwatch.exporters.node.gpu.fake_nvml import simulated_scenario
 from trainwatch.exporters.node.tools.stack_dump import rank_processes
 
@@ -159,16 +163,20 @@ def job_level_goodput_is_the_stopwatch(stack: Stack, clock: RankClock, out: Path
     spare = [stack.exporters[n] for n in set(slots.values())]
     wait_until(lambda: all(node_totals(exp, job).get("wall", 0) > 0 for exp in spare),
                timeout=120, interval=0.5, what="the new nodes serving the job's counters")
-    wait_until(lambda: all(node_totals(exp, job).get("discarded_restart", 0) > 0
-                           for exp in spare), timeout=60, interval=0.5,
-               what="each slot's restart discard booked")
+    # Each slot's restart discard is booked with its new rank's first report, and it may be
+    # zero (a kill right after a save): wait for a step no old rank reached on every node.
+    found = events(out)
+    restarted = of(found, "incarnation", restart_count=1)[0]["time"]
+    beyond = max(e["step"] for e in of(found, "step") if e["time"] < restarted) + 1
+    wait_until(lambda: all(served_step(stack.exporters[node], job, rank) >= beyond
+                           for rank, node in slots.items()), timeout=60, interval=0.5,
+               what=f"every new rank's step {beyond} served by its node")
     at = time.time()
     totals: dict[str, float] = {}
     for exp in stack.exporters.values():
         for key, value in node_totals(exp, job).items():
             totals[key] = totals.get(key, 0.0) + value
     found = events(out)
-    restarted = of(found, "incarnation", restart_count=1)[0]["time"]
     old = [e for e in found if e.get("time", 0) < restarted]
     stopped = clock.stopped(found, 0)
     truth = {
@@ -183,6 +191,18 @@ def job_level_goodput_is_the_stopwatch(stack: Stack, clock: RankClock, out: Path
     points = goodput_panels_sound(stack.prom, job, clock.starts[0][0], time.time(), 2)
     assert points["Time by kind"] > 0 and points["ETTR (life)"] > 0, points
     return resumed_from
+
+
+def served_step(exp: Any, job: str, rank: int) -> float:
+    """The last step the node's exporter serves for the job's rank (-1: none)."""
+    text = requests.get(exp.url + "/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if (sample.name == catalog.TRAINING_STEP
+                    and sample.labels.get(catalog.LABEL_JOB) == job
+                    and sample.labels.get(catalog.LABEL_RANK) == str(rank)):
+                return sample.value
+    return -1.0
 
 
 def hour_ettr_is_the_stopwatch(stack: Stack, clock: RankClock, out: Path, job: str,

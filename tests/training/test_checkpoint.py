@@ -4,14 +4,17 @@ non-finite losses of every kind (float, tensor, numpy) the monitor sees."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import socket
 from pathlib import Path
 
 import numpy
 import pytest
 import torch
 
+from tests.support.net import wait_until
 from trainwatch.exporters.contract import catalog, wire
 from trainwatch.exporters.contract.launcher import RankInfo
 from trainwatch.exporters.node.training.collector import TrainingCollector
@@ -54,6 +57,39 @@ def test_nonfinite_loss_of_any_type_marks_the_next_checkpoint_unhealthy(
     assert [(e["step"], e["healthy"]) for e in manager.manifest()] == [
         (1, True), (3, False), (4, True)]
     assert tw.stats()["nonfinite"] == 1
+
+
+def test_a_saves_mark_is_shipped_before_the_next_step(tmp_path: Path) -> None:
+    """CI of stop 45: a rank killed right after a save (a fatal XID) left the exporter without
+    that save's mark, because the mark rode on the next step's report; its restart then booked
+    the steps up to the checkpoint as discarded (0.76 s against a stopwatch's 0). With the
+    shipper's flush interval at an hour, only the save itself can send the mark."""
+    path = tmp_path / "r.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(path))
+        sock.settimeout(0.2)
+        manager = CheckpointManager(tmp_path / "ckpt", torch.nn.Linear(2, 1),
+                                    asynchronous=False)
+        tw = TrainingMonitor(rank_info=INFO, socket_path=str(path), control=False,
+                             checkpoints=manager, flush_interval=3600.0)
+        received: list[dict] = []
+
+        def marks_of_step(step: int) -> list | None:
+            with contextlib.suppress(TimeoutError):
+                received.append(json.loads(sock.recv(1 << 17)))
+            marks = [m for d in received for m in d["goodput"]["marks"] if m[0] == step]
+            return marks or None
+
+        try:
+            for step in range(1, 4):
+                tw.report(step, loss=0.5)
+            manager.save(3)  # and no step after it: the rank dies here
+            mark = wait_until(lambda: marks_of_step(3), timeout=10,
+                              what="a datagram carrying the mark of step 3")[-1]
+            newest = received[-1]["goodput"]
+            assert newest["goodput"] == pytest.approx(mark[1])  # nothing after it to discard
+        finally:
+            tw.close()
 
 
 def test_layout_and_commit_marker(tmp_path: Path) -> None:

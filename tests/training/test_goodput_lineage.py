@@ -224,6 +224,19 @@ def test_the_writer_keeps_the_newest_values_off_the_callers_thread(tmp_path: Pat
     assert not list((tmp_path / "lineage").glob(".*.tmp"))
 
 
+def test_a_new_mark_is_written_at_once_after_the_list_is_full(tmp_path: Path) -> None:
+    """The marks a rank keeps are capped (MAX_MARKS); a new one still rewrites the record at
+    once (the old check compared the list's length, which stops moving at the cap)."""
+    writer = lineage.RecordWriter(tmp_path, "job-m", 0, 0, 1, interval=3600.0)
+    full = [(step, float(step)) for step in range(gp.MAX_MARKS)]
+    writer.keep(INC1, 1.0, full)
+    wait_until(lambda: record_of(tmp_path), timeout=10, what="the first record")
+    moved = [*full[1:], (gp.MAX_MARKS, 99.0)]
+    writer.keep(INC1, 99.0, moved)
+    wait_until(lambda: (record_of(tmp_path) or {}).get("goodput") == 99.0, timeout=10,
+               what="the record with the newest mark")
+
+
 def test_a_rank_keeps_its_record_and_its_successor_sends_the_handoff(tmp_path: Path) -> None:
     old = rg.RankAccount(0.0, Manager(tmp_path, 0), job="job-m")
     old.step(1.0, None)

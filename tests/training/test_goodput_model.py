@@ -103,6 +103,33 @@ def test_rank_timeline_splits_every_second_into_one_kind() -> None:
     assert account.marks[-1] == (10, pytest.approx(7.5))
 
 
+def test_a_save_is_marked_before_the_next_step_report_and_only_once() -> None:
+    """A save that ended after the last report is marked as soon as every report queued
+    before it is counted, with the goodput of the step it saved; the next report books its
+    seconds without a second mark. A restore stops the scan (the next report applies it)."""
+    manager = Manager()
+    account = account_with_steps(manager)
+    for t in (1.0, 2.0, 3.0):
+        account.step(t, None)  # startup, then 2 s productive
+    manager.event(rg.SAVE, 3.1, 3.4, 3)
+    assert not account.mark_saves(lambda: False)  # a report before the save is still queued
+    assert list(account.marks) == []
+    assert account.mark_saves(lambda: True)
+    assert list(account.marks) == [(3, pytest.approx(2.0))]
+    assert not account.mark_saves(lambda: True)  # once
+    killed_here = gp.parse(account.wire(3.5))
+    assert killed_here is not None
+    assert killed_here.goodput - gp.mark_at(killed_here.marks, 3) == 0.0  # nothing discarded
+    account.step(4.0, None)
+    assert list(account.marks) == [(3, pytest.approx(2.0))]
+    assert account.seconds["checkpoint_save"] == pytest.approx(0.3)
+    manager.event(rg.RESTORE, 4.1, 4.2, 3)
+    manager.event(rg.SAVE, 4.3, 4.4, 5)
+    assert not account.mark_saves(lambda: True)  # behind a restore: left to the next report
+    account.step(5.0, None)
+    assert [m[0] for m in account.marks] == [3, 5]
+
+
 def test_rollback_discards_progress_since_the_restored_checkpoint_once() -> None:
     manager = Manager()
     account = account_with_steps(manager)
