@@ -27,6 +27,9 @@ for this CLI, else Trainwatch's default ports on this host:
     alertmanager_user  TRAINWATCH_ALERTMANAGER_USER  with alertmanager_password_file
     alertmanager_password_file  TRAINWATCH_ALERTMANAGER_PASSWORD_FILE
                                                      (the deploy's API password; optional)
+    ca_file            TRAINWATCH_CA_FILE            the CA that https:// services are
+                                                     verified against (the deploy's, with
+                                                     trainwatch_tls); else the system's
 
 Your config file (YAML, the keys above) is --config, else $TRAINWATCH_CONFIG, else
 ~/.config/trainwatch/cli.yml when it exists. The deployment's file (same keys, written by the
@@ -78,6 +81,7 @@ KEYS = {  # config key -> (environment variable, default)
     "approvers_file": ("TRAINWATCH_APPROVERS_FILE", None),
     "alertmanager_user": ("TRAINWATCH_ALERTMANAGER_USER", None),
     "alertmanager_password_file": ("TRAINWATCH_ALERTMANAGER_PASSWORD_FILE", None),
+    "ca_file": ("TRAINWATCH_CA_FILE", None),
 }
 TIMEOUT = 10.0
 MAX_SILENCE_SECONDS = 7 * 86400  # a forgotten silence hides pages; a week at most
@@ -117,6 +121,17 @@ class Settings:
         if not value.startswith(("http://", "https://")):
             raise UsageError(f"{key} {value!r} is not an http(s) URL")
         return value
+
+    def verify(self) -> str | bool:
+        """What requests verifies https:// against: `ca_file` where set (passed on every
+        request, so REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE in the environment cannot replace
+        it), else the system's CAs."""
+        ca_file = self.values.get("ca_file")
+        if not ca_file:
+            return True
+        if not Path(ca_file).is_file():
+            raise UsageError(f"ca_file {ca_file!r} is not a readable file")
+        return ca_file
 
     def token(self) -> str:
         try:
@@ -206,9 +221,10 @@ def silence_seconds(text: str) -> int:
 
 # --- talking to the services ----------------------------------------------------------------
 
-def _call(method: str, url: str, what: str, **kwargs: Any) -> Any:
+def _call(settings: Settings, method: str, url: str, what: str, **kwargs: Any) -> Any:
     try:
-        resp = requests.request(method, url, timeout=TIMEOUT, **kwargs)
+        resp = requests.request(method, url, timeout=TIMEOUT, verify=settings.verify(),
+                                **kwargs)
     except requests.RequestException as exc:
         raise ServiceError(f"{what} unreachable at {url.split('/api')[0].split('/v1')[0]}: "
                            f"{type(exc).__name__}") from exc
@@ -224,15 +240,16 @@ def _call(method: str, url: str, what: str, **kwargs: Any) -> Any:
 
 def promql(settings: Settings, query: str) -> list[dict[str, Any]]:
     """An instant query's samples: [{'metric': {...}, 'value': float}]."""
-    body = _call("GET", f"{settings.url('prometheus_url')}/api/v1/query", "Prometheus",
-                 params={"query": query})
+    body = _call(settings, "GET", f"{settings.url('prometheus_url')}/api/v1/query",
+                 "Prometheus", params={"query": query})
     return [{"metric": s["metric"], "value": float(s["value"][1])}
             for s in body.get("data", {}).get("result", [])]
 
 
 def remediation_get(settings: Settings, path: str, params: dict[str, Any]) -> Any:
-    return _call("GET", f"{settings.url('remediation_url')}{path}", "the remediation service",
-                 params=params, headers={"Authorization": f"Bearer {settings.token()}"})
+    return _call(settings, "GET", f"{settings.url('remediation_url')}{path}",
+                 "the remediation service", params=params,
+                 headers={"Authorization": f"Bearer {settings.token()}"})
 
 
 # --- the data behind the tables -------------------------------------------------------------
@@ -422,7 +439,7 @@ def cmd_incidents(args: argparse.Namespace, settings: Settings, out: Printer) ->
 
 
 def cmd_decide(args: argparse.Namespace, settings: Settings, out: Printer) -> None:
-    body = _call("POST", f"{settings.url('remediation_url')}/v1/actions/{args.id}/"
+    body = _call(settings, "POST", f"{settings.url('remediation_url')}/v1/actions/{args.id}/"
                          f"{args.command}", "the remediation service",
                  headers={"Authorization": f"Bearer {settings.token()}"})
     row = {"id": body.get("id"), "state": body.get("state"), "by": body.get("by")}
@@ -451,8 +468,8 @@ def cmd_silence(args: argparse.Namespace, settings: Settings, out: Printer) -> N
 
 
 def _alertmanager(settings: Settings, method: str, path: str, **kwargs: Any) -> Any:
-    return _call(method, f"{settings.url('alertmanager_url')}/api/v2{path}", "Alertmanager",
-                 auth=settings.alertmanager_auth(), **kwargs)
+    return _call(settings, method, f"{settings.url('alertmanager_url')}/api/v2{path}",
+                 "Alertmanager", auth=settings.alertmanager_auth(), **kwargs)
 
 
 def cmd_silences(args: argparse.Namespace, settings: Settings, out: Printer) -> None:

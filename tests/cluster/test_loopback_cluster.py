@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -169,6 +170,16 @@ def test_the_services_with_a_credential_speak_only_verified_tls(cluster: Cluster
     for replica in cluster.group("remediation"):
         config = yaml.safe_load((replica.prefix / "etc" / "remediation.yml").read_text())
         assert config["tls_ca_file"].endswith("ca.pem") and config["tls_cert_file"]
+        # The deployed CLI finds its replica over verified TLS from the file the deploy wrote
+        # (an https:// URL and the CA), whatever CA the environment names.
+        listed = subprocess.run(
+            [str(replica.prefix / "venv" / "bin" / "trainwatch"), "actions", "--limit", "1"],
+            capture_output=True, text=True, timeout=60, check=False,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(replica.prefix),
+                 "REQUESTS_CA_BUNDLE": requests.certs.where(),
+                 "TRAINWATCH_TOKEN_FILE": config["webhook_token_file"]})
+        assert listed.returncode == 0, listed.stderr
+        assert '"actions"' in listed.stdout
 
 
 # --- end to end ------------------------------------------------------------------------------
