@@ -83,6 +83,9 @@ class Handoff:
     # the old rank's kept progress beyond the checkpoint resumed from; None until this rank
     # has resumed (its first step)
     discarded: float | None
+    # the old rank's kept progress at its record's end (None from a rank that predates it):
+    # what it made after the last datagram its exporter heard, where that exporter was down
+    goodput: float | None = None
 
 
 def parse_handoff(obj: Any) -> Handoff | None:
@@ -100,8 +103,10 @@ def parse_handoff(obj: Any) -> Handoff | None:
     discarded = obj.get("discarded")
     if discarded is not None and _nonneg(discarded) > MAX_HANDOFF_SECONDS:
         raise ValueError("goodput previous discarded is out of range")
+    goodput = obj.get("goodput")
     return Handoff(incarnation, float(downtime),
-                   None if discarded is None else _nonneg(discarded))
+                   None if discarded is None else _nonneg(discarded),
+                   None if goodput is None else _nonneg(goodput))
 
 
 def _nonneg(value: Any) -> float:

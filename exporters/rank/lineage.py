@@ -10,9 +10,10 @@ every rank keeps a small record of itself there, `lineage/rank-<r>.json` (its jo
 incarnation, host, the time of its last report, its kept progress and checkpoint marks),
 rewritten after a datagram went out (at most every `record_interval`, on a thread of its own)
 and after its last one; and the next rank of the slot reads it before its first step and
-sends what it implies (`handoff`): the incarnation it follows, the gap, the discarded
-seconds. The node exporter uses it only where it did not see the old rank itself
-(trainwatch.exporters.node.training.ledger).
+sends what it implies (`handoff`): the incarnation it follows, the gap, the old rank's kept
+progress at its end and the discarded seconds. The node exporter uses it where it did not see
+the old rank itself, or saw less of it than the record did (its exporter was down when it
+ended) (trainwatch.exporters.node.training.ledger).
 
 The old rank's "end" is the newest record of the ranks that shared its node in that
 incarnation (its exporter closes all of them at the last one it heard of), so a killed rank's
@@ -148,10 +149,11 @@ class Predecessor:
     marks: tuple[tuple[int, float], ...]
 
     def handoff(self, start_wall: float) -> dict[str, Any]:
-        """What the slot's new rank sends from its first datagram: the incarnation it follows
-        and the gap to its own start (`discarded` follows once it has resumed)."""
+        """What the slot's new rank sends from its first datagram: the incarnation it follows,
+        the gap to its own start and the old rank's kept progress at its end (`discarded`
+        follows once it has resumed)."""
         return {"incarnation": self.incarnation, "downtime": start_wall - self.end,
-                "discarded": None}
+                "discarded": None, "goodput": self.goodput}
 
     def discarded(self, resumed: int) -> float:
         """The old rank's kept progress beyond the checkpoint resumed from (all of it when

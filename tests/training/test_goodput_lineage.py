@@ -113,6 +113,77 @@ def test_once_a_handoff_says_the_job_ran_elsewhere_no_slot_uses_the_old_end() ->
     assert a.totals(["job-m"])["job-m"]["downtime"] == pytest.approx(10.0)  # was 10 + 90
 
 
+def test_an_end_the_exporter_did_not_hear_is_the_old_ranks_not_downtime(
+        tmp_path: Path) -> None:
+    """Issue 37 shape 5: node A's exporter last hears rank 0 of inc1 at 1010 (1 s startup,
+    9 s of progress, a checkpoint at step 5 after 4 s) and is then down; the rank runs on,
+    unseen, to 1050 (40 s more progress, a checkpoint at step 40 after 39 s), and inc2
+    starts on A at 1060, resumed from step 40. A's own record of inc1 ends at 1010; the old
+    rank's record (the new rank's handoff) at 1050."""
+    now = [1010.0]
+    state = tmp_path / "g.db"
+    a = gl.Ledger(gl.LedgerFile(state), wall=lambda: now[0], zero_hold=0, end_after=30.0)
+    a.ingest("job-m", INC1, 0, False,
+             rank_report(10.0, 9.0, resumed=-1, marks=[(5, 4.0)]), 1010.0)
+    a.flush()
+    del a  # the exporter dies; it is back at 1055, with what it had written
+    now[0] = 1055.0
+    a = gl.Ledger(gl.LedgerFile(state), wall=lambda: now[0], zero_hold=0, end_after=30.0)
+    a.settle()  # silent since 1010: inc1 closed at its last heartbeat here
+    handoff = gp.Handoff(INC1, downtime=1060.0 - 1050.0, discarded=None, goodput=49.0)
+    a.ingest("job-m", INC2, 0, False, rank_report(0.5, 0.0, previous=handoff), 1060.5)
+    totals = a.totals(["job-m"])["job-m"]
+    assert totals["downtime"] == pytest.approx(10.0)  # was 50: 1010 -> 1060
+    assert totals["productive"] == pytest.approx(49.0)  # was 9: the 40 s unseen were lost
+    assert totals["unattributed"] == 0.0
+    assert totals["wall"] == pytest.approx(60.0)
+    resumed = gp.Handoff(INC1, downtime=10.0, discarded=49.0 - 39.0, goodput=49.0)
+    a.ingest("job-m", INC2, 0, False, rank_report(2.0, 1.0, resumed=40, previous=resumed),
+             1062.0)
+    totals = a.totals(["job-m"])["job-m"]
+    # steps 41..50, from the record's progress and marks (A's own, of 1010, said 9 - 4)
+    assert totals["discarded_restart"] == pytest.approx(10.0)
+    assert totals["wall"] == pytest.approx(62.0)
+    assert sum(totals[k] for k in gp.KINDS) == pytest.approx(totals["wall"])
+    a.flush()
+    del a  # and once more: nothing is booked twice after a restart
+    a = gl.Ledger(gl.LedgerFile(state), wall=lambda: now[0], zero_hold=0, end_after=30.0)
+    a.ingest("job-m", INC2, 0, False, rank_report(2.0, 1.0, resumed=40, previous=resumed),
+             1062.0)
+    assert a.totals(["job-m"])["job-m"] == totals
+
+
+def test_an_unheard_end_without_the_records_progress_is_unattributed() -> None:
+    """The same from a rank whose handoff predates `goodput`: the wall and the gap are still
+    right; the unseen seconds are unattributed (nothing says which kind they were)."""
+    a = gl.Ledger(zero_hold=0)
+    a.ingest("job-m", INC1, 0, False, rank_report(10.0, 9.0, resumed=-1), 1010.0)
+    a.ingest("job-m", INC2, 0, False,
+             rank_report(0.5, 0.0, previous=gp.Handoff(INC1, 10.0, None)), 1060.5)
+    totals = a.totals(["job-m"])["job-m"]
+    assert (totals["downtime"], totals["unattributed"]) == (pytest.approx(10.0),
+                                                           pytest.approx(40.0))
+    assert totals["wall"] == pytest.approx(60.0)
+
+
+def test_a_record_no_newer_than_the_nodes_view_changes_nothing() -> None:
+    """An exporter that heard the rank to its end keeps its own view: a record a few
+    milliseconds newer (written after the last datagram was sent) or older (rewritten at
+    most every interval) gives the same gap, and the node's own discard."""
+    for lead in (0.004, -0.1):
+        a = gl.Ledger(zero_hold=0)
+        a.ingest("job-m", INC1, 0, False,
+                 rank_report(20.0, 19.0, resumed=-1, marks=[(10, 9.0)]), 1020.0)
+        handoff = gp.Handoff(INC1, 10.0 - lead, None, goodput=25.0)  # 25: not what A saw
+        a.ingest("job-m", INC2, 0, False, rank_report(0.5, 0.0, previous=handoff), 1030.5)
+        a.ingest("job-m", INC2, 0, False, rank_report(
+            2.0, 1.0, resumed=10, previous=gp.Handoff(INC1, 10.0 - lead, 16.0, 25.0)), 1032.0)
+        totals = a.totals(["job-m"])["job-m"]
+        assert totals["downtime"] == pytest.approx(10.0)
+        assert totals["productive"] == pytest.approx(19.0 + 1.0)
+        assert totals["discarded_restart"] == pytest.approx(19.0 - 9.0)
+
+
 def test_a_process_under_a_reused_id_still_books_its_slots_restart_discard() -> None:
     a = gl.Ledger(zero_hold=0)
     a.ingest("job-m", INC1, 0, False,
@@ -156,7 +227,7 @@ def test_the_predecessor_is_the_slot_record_of_rank_zeros_incarnation(tmp_path: 
     # its node-mate lived on 2.5 s longer and its exporter closed both then: the gap starts there
     assert one.end == t + 0.5
     assert one.handoff(t + 10.0) == {"incarnation": INC2, "downtime": pytest.approx(9.5),
-                                     "discarded": None}
+                                     "discarded": None, "goodput": 19.0}
     assert one.discarded(10) == pytest.approx(10.0) and one.discarded(-1) == 19.0
     assert lineage.read_predecessor(tmp_path, 3) is None
     assert lineage.read_predecessor(tmp_path, 4) is None  # a new slot
@@ -251,6 +322,7 @@ def test_a_rank_keeps_its_record_and_its_successor_sends_the_handoff(tmp_path: P
     sent = gp.parse(new.wire(began + 0.5))
     assert sent is not None and sent.previous is not None
     assert sent.previous.incarnation == INC1 and sent.previous.discarded is None
+    assert sent.previous.goodput == pytest.approx(2.0)  # the old rank's kept progress
     assert 0.0 <= sent.previous.downtime < 60.0
     new.step(began + 1.0, None)  # its first step: resumed from nothing (-1), all 2 s discarded
     sent = gp.parse(new.wire(began + 1.0))
@@ -272,6 +344,7 @@ def test_a_rank_without_a_checkpoint_manager_keeps_no_record(tmp_path: Path) -> 
     "x", {"incarnation": "not hex", "downtime": 1.0},
     {"incarnation": INC1, "downtime": float("nan")}, {"incarnation": INC1, "downtime": True},
     {"incarnation": INC1, "downtime": 1.0, "discarded": -1.0}, {"incarnation": "", "downtime": 1},
+    {"incarnation": INC1, "downtime": 1.0, "goodput": float("inf")},
 ])
 def test_a_bad_handoff_is_refused(previous: object) -> None:
     account = rg.RankAccount(0.0, None)

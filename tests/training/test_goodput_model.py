@@ -2,19 +2,25 @@
 
 The end-to-end proof with a real torchrun job is tests/training/test_goodput_job.py; these
 cases pin the arithmetic (every second in exactly one kind, discards, incarnations) and the
-ledger's promises (never backwards, no double count across an exporter restart).
+ledger's promises (never backwards, no double count across an exporter restart); the last
+reads the negative intervals from a real exporter's /metrics.
 """
 
 from __future__ import annotations
 
+import socket
 from collections import deque
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from tests.support.net import wait_until
+from tests.training.support import exporter
+from trainwatch.exporters.contract import catalog
 from trainwatch.exporters.contract import goodput as gp
-from trainwatch.exporters.contract.wire import WireError, decode, encode
+from trainwatch.exporters.contract.wire import VERSION, WireError, decode, encode
 from trainwatch.exporters.node.training import ledger as gl
 from trainwatch.exporters.rank import goodput as rg
 
@@ -338,3 +344,39 @@ def test_negative_intervals_are_counted_not_booked() -> None:
     assert new.negative == 1
     ledger.ingest("job-n", "inc2", 0, False, report(new, 1.5), 1012.5)
     assert ledger.totals(["job-n"])["job-n"][gl.NEGATIVE] == 2
+
+
+def test_a_real_exporter_serves_the_negative_intervals_it_counted(tmp_path: Path) -> None:
+    """Issue 37 shape 5 ("a negative gap is dropped silently"), read where people look: a real
+    training exporter's /metrics. A relaunched process placed before the old incarnation's
+    last heartbeat (overlapping incarnations: a negative gap) and a report before the
+    interval it closes (the rank's own count) each add one to
+    training_node_negative_intervals_total; the negative gap is not booked as downtime."""
+    job = "job-negative"
+    with exporter(tmp_path, extra=("--goodput-zero-seconds", "0")) as exp, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+
+        def send(incarnation: str, goodput: dict[str, Any]) -> None:
+            sock.sendto(encode({"v": VERSION, "job": job, "rank": 0, "local_rank": 0,
+                                "world_size": 1, "restarts": 0, "incarnation": incarnation,
+                                "goodput": goodput}), str(exp.socket))
+
+        def served(name: str) -> float:
+            return sum(exp.samples(name, job).values())
+
+        old = rg.RankAccount(0.0, None)
+        steady(old, 10.0)
+        send("a1" * 16, old.wire(10.0))
+        wait_until(lambda: served(catalog.TRAINING_NODE_WALL) > 0, timeout=10,
+                   what="the old incarnation's wall served")
+        assert served(catalog.TRAINING_NODE_NEGATIVE_INTERVALS) == 0.0
+        new = rg.RankAccount(0.0, None)
+        new.step(0.5, None)
+        new.step(0.2, None)  # a report before the interval it closes: the rank counts it
+        assert new.negative == 1
+        # 300 s old when it arrives: started long before the old one's last heartbeat here
+        send("b2" * 16, new.wire(300.0))
+        wait_until(lambda: served(catalog.TRAINING_NODE_NEGATIVE_INTERVALS) == 2.0,
+                   timeout=10, what="both negative intervals served")
+        downtime = exp.samples(catalog.TRAINING_NODE_TIME, job)
+        assert [v for k, v in downtime.items() if ("kind", "downtime") in k] == [0.0]

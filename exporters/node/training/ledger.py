@@ -4,7 +4,8 @@ backwards, in rank-seconds (like CPU seconds over cores).
 It adds the increases of every rank's cumulative values (`trainwatch.exporters.contract.goodput`)
 plus what no rank can see itself: the trailing seconds of an incarnation that ended without a
 clean finish (its last step to its last heartbeat: stall), the downtime between incarnations
-(last heartbeat of the old to each new process's start), and the progress a restart lost (the
+(last heartbeat of the old, or the old rank's own record where that ends later, to each new
+process's start), and the progress a restart lost (the
 old ranks' kept progress beyond the checkpoint the new incarnation resumed from). Kept on disk
 (`--goodput-state`, SQLite): the collector persists the ledger before it serves it, so an
 exporter restart neither resets nor double counts.
@@ -26,6 +27,7 @@ from trainwatch.exporters.contract.goodput import (
     DISCARD_CAUSES,
     KINDS,
     PER_RANK_CAUSES,
+    PRODUCTIVE,
     RANK_KINDS,
     Handoff,
     RankGoodput,
@@ -44,6 +46,11 @@ MAX_LEDGER_JOBS = 1000
 # every scraper sees them at zero once (rate() never counts a series' first value; at least
 # one scrape interval). --goodput-zero-seconds.
 ZERO_HOLD_SECONDS = 30.0
+# How much later than this node's last heartbeat of an old rank its own record (a new rank's
+# handoff) must end for the record's view of its end to be used: beyond the few milliseconds
+# that separate a datagram's receipt from the record written after it was sent, so an
+# exporter that heard the rank to its end keeps its own (the same) view.
+HANDOFF_NEWER_SECONDS = 0.1
 # Totals beyond the kinds: discards by cause and the negative intervals found.
 NEGATIVE = "negative_intervals"
 TOTALS = ("wall", *KINDS, *(f"discarded_{c}" for c in DISCARD_CAUSES), NEGATIVE)
@@ -249,9 +256,10 @@ class Ledger:
 
         Where this node saw that rank (the incarnation the new rank's handoff follows, or,
         without a handoff to say which, any earlier one here): from that incarnation's end
-        here. Otherwise (the slot moved here from another node, or the job comes back after
-        running elsewhere): the handoff's gap, which the node that saw the old rank never
-        books. With neither: nothing."""
+        here, unless the old rank's own record ends later (this node's exporter was down
+        when it ended: `_unseen_end`). Otherwise (the slot moved here from another node, or
+        the job comes back after running elsewhere): the handoff's gap, which the node that
+        saw the old rank never books. With neither: nothing."""
         if previous is not None and previous.incarnation == job.incarnation:
             previous = None  # the handoff of this very incarnation: nothing to hand over
         before = job.retired[-1] if job.retired else None
@@ -262,7 +270,11 @@ class Ledger:
         entry.joining = True
         if job.previous_end is not None and (
                 previous is None or rank in job.previous_ranks):
-            job.add("downtime", entry.start - job.previous_end)
+            if previous is not None and Ledger._unseen_end(job, rank, entry, previous,
+                                                           job.previous_end):
+                entry.handed = True
+            else:
+                job.add("downtime", entry.start - job.previous_end)
         elif previous is not None:
             entry.handed = True
             job.add("downtime", previous.downtime)
@@ -271,10 +283,38 @@ class Ledger:
             entry.joining = False
 
     @staticmethod
+    def _unseen_end(job: JobLedger, rank: int, entry: RankEntry, previous: Handoff,
+                    end: float) -> bool:
+        """Book the end of the slot's old rank that this node did not hear, where its own
+        record (the handoff's view, of the incarnation this node saw last) ends more than
+        HANDOFF_NEWER_SECONDS after this node's last heartbeat of it, `end`: its exporter
+        was down, or lost its last datagrams. The seconds from `end` to the record's end
+        are the old rank's: productive up to the kept progress its record adds to what this
+        node saw (its own cumulative `goodput`), unattributed beyond (which other kinds
+        they were, the record does not say); the gap is the handoff's; the restart's
+        discard will be the handoff's too (from the record's progress and marks, not this
+        node's older ones). Together exactly this node's own gap, `end` to the new rank's
+        start, so the wall is unchanged. False (nothing booked): this node's view stands."""
+        if previous.downtime < 0:
+            return False  # a record that ends after the new process started: not newer
+        record_end = entry.start - previous.downtime  # on this node's clock: one node
+        unseen = record_end - end
+        if unseen <= HANDOFF_NEWER_SECONDS:
+            return False
+        kept, _marks = job.previous_ranks.pop(rank)
+        progress = (0.0 if previous.goodput is None
+                    else min(unseen, max(0.0, previous.goodput - kept)))
+        job.add(PRODUCTIVE, progress)
+        job.add("unattributed", unseen - progress)
+        job.add("downtime", previous.downtime)
+        return True
+
+    @staticmethod
     def _discard_restart(job: JobLedger, rank: int, entry: RankEntry, resumed: int,
                          previous: Handoff | None) -> None:
         """The slot's old rank's kept progress beyond the checkpoint the new one resumed from,
-        once: from this node's record of it, or from the handoff where the slot moved."""
+        once: from this node's record of it, or from the handoff where the slot moved or
+        the old rank's record saw more of it (`_unseen_end`)."""
         entry.joining = False
         if entry.handed:
             if previous is not None and previous.discarded is not None:
