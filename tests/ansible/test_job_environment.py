@@ -48,14 +48,19 @@ def test_client_role_and_docs_agree_on_the_job_environment(tmp_path: Path) -> No
     printed = subprocess.run([str(prolog)], capture_output=True, text=True, check=True,
                              env={"PATH": "/usr/bin:/bin"}, timeout=30).stdout
     exported = dict(line.removeprefix("export ").split("=", 1) for line in printed.splitlines())
-    # the socket is all a job needs: its ranks poll commands on the command socket beside it,
-    # which knows them by their kernel identity (no URL, no token in a job's environment)
-    assert exported == {catalog.ENV_EXPORTER_SOCKET: client.socket_path}
-    # a job that chose its own socket keeps it
+    # the socket is all a job needs to report: its ranks poll commands on the command socket
+    # beside it, which knows them by their kernel identity (no URL, no token in a job's
+    # environment); its logs go to the node's training log directory, where the log scanner
+    # and Filebeat read them (before: not in the environment, so a job's handler had no
+    # directory unless its script named one)
+    assert exported == {catalog.ENV_EXPORTER_SOCKET: client.socket_path,
+                        catalog.ENV_LOG_DIR: str(prefix / "log" / "jobs")}
+    # a job that chose its own socket or log directory keeps it
     own = subprocess.run([str(prolog)], capture_output=True, text=True, check=True,
-                         env={"PATH": "/usr/bin:/bin", catalog.ENV_EXPORTER_SOCKET: "/x"},
+                         env={"PATH": "/usr/bin:/bin", catalog.ENV_EXPORTER_SOCKET: "/x",
+                              catalog.ENV_LOG_DIR: "/y"},
                          timeout=30).stdout
-    assert catalog.ENV_EXPORTER_SOCKET not in own
+    assert own == ""
 
     # The docs name that socket wherever they give a production socket path.
     for doc in ("deploy.md", "contracts.md", "training.md"):
