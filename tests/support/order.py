@@ -39,9 +39,10 @@ LONGEST_FIRST = (
     "tests/e2e/test_loss_spike_remediation.py",
     "tests/training/test_straggler.py",
     "tests/ansible/test_local_deploy.py",
-    # added 2026-12-07 (123 and 118 s in the final full run of that day)
-    "tests/ansible/test_collection_alone.py",
-    "tests/ansible/test_use_existing.py",
+    # added 2026-12-07: the Slurm site deployed from the collection (issue 38), which took
+    # over the deploy tests of test_collection_alone.py and test_use_existing.py (123 and
+    # 118 s in the final full run of that day)
+    "tests/cluster/test_site_deploy.py",
 )
 
 
