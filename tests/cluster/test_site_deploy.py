@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -65,10 +66,15 @@ from tests.slurm.cluster import SlurmCluster, missing_binaries
 from tests.slurm.cluster import start as start_slurm
 from tests.support.net import wait_until
 from tests.support.procs import alertmanager, prometheus, running
+from trainwatch.exporters.contract import catalog
+from trainwatch.exporters.rank.config import MonitorConfig
 
+DEFAULT_SOCKET_DIR = Path(catalog.DEFAULT_EXPORTER_SOCKET).parent
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None or shutil.which("setpriv") is None,
-    reason="needs root, useradd and setpriv: a service user and a training user of their own")]
+    reason="needs root, useradd and setpriv: a service user and a training user of their own"),
+    pytest.mark.skipif(DEFAULT_SOCKET_DIR.exists(),
+                       reason=f"{DEFAULT_SOCKET_DIR} exists: a deployment of this machine's own")]
 
 MON = "mon-01"
 GPUS = ("gpu-01", "gpu-02")
@@ -151,7 +157,7 @@ class Site:
 
 def site_prometheus_config(jobs: list[dict]) -> str:
     return "# the site's own comment\n" + yaml.safe_dump(
-        {"global": {"scrape_interval": "1s", "evaluation_interval": "10s"},
+        {"global": {"scrape_interval": "2s", "evaluation_interval": "30s"},
          "scrape_configs": jobs}, sort_keys=False)
 
 
@@ -191,6 +197,7 @@ def site_inventory(path: Path, root: Path, site: Site, users: Users, port: int) 
         "trainwatch_service_user": users.service, "trainwatch_service_group": users.service,
         "trainwatch_create_service_user": False,
         "trainwatch_apt_update_cache": False,
+        "trainwatch_install_packages": False,  # the site has them (python3-venv, supervisor)
         "trainwatch_generate_tokens": True,
         "trainwatch_bind_address": "{{ ansible_host }}",
         "trainwatch_scrape_address": "{{ ansible_host }}",
@@ -220,15 +227,16 @@ def site_inventory(path: Path, root: Path, site: Site, users: Users, port: int) 
         "trainwatch_training_log_dir": "{{ trainwatch_prefix }}/log/jobs",
         "training_exporter_port": port,
         "training_exporter_bind_address": "{{ ansible_host }}",
-        # no /run/trainwatch per host on one machine: the socket stays in the prefix, and the
-        # TaskProlog tells the jobs
-        "training_exporter_socket": "{{ trainwatch_prefix }}/run/training.sock",
         "training_exporter_job_users": [users.trainer],
     }
     hosts = {MON: {"ansible_host": ADDRESS[MON],
                    # the site's monitoring host runs no Trainwatch service: no supervisord
                    "trainwatch_service_manager": "systemd"},
              **{gpu: {"ansible_host": ADDRESS[gpu], **gpu_vars} for gpu in GPUS}}
+    # gpu-02 keeps the role's default socket (the contract's, the client's default); one
+    # machine has one /run/trainwatch, so gpu-01's stays in its prefix, and its TaskProlog
+    # tells its jobs
+    hosts[GPUS[0]]["training_exporter_socket"] = "{{ trainwatch_prefix }}/run/training.sock"
     path.mkdir(parents=True)
     inventory = path / "hosts.yml"
     inventory.write_text(yaml.safe_dump({"all": {
@@ -343,6 +351,7 @@ def test_a_slurm_site_adds_trainwatch_from_the_collection_and_jobs_report_unset(
             assert first.rc == 0 and first.total("failed") == 0, first.describe()
             assert set(first.recap) == {MON, *GPUS}, first.describe()
             check_trainwatch_on_the_gpu_nodes(root, carried, users, port)
+            check_the_job_environment(root)
             check_the_sites_servers_took_trainwatchs_part(site, root)
 
             second = deploy(SITE)
@@ -374,6 +383,7 @@ def test_a_slurm_site_adds_trainwatch_from_the_collection_and_jobs_report_unset(
         left = stop_hosts(root)
         users.remove()
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(DEFAULT_SOCKET_DIR, ignore_errors=True)  # absent before (pytestmark)
     assert not left, f"processes left after supervisorctl shutdown: {left}"
 
 
@@ -412,6 +422,45 @@ def check_trainwatch_on_the_gpu_nodes(root: Path, carried: Path, users: Users,
             f"http://{ADDRESS[gpu]}:{port}/metrics", timeout=5).ok, timeout=60,
             what=f"the training exporter of {gpu}")
     assert users.service in users.groups_of_trainer()  # training_exporter_job_users
+
+
+def check_the_job_environment(root: Path) -> None:
+    """One set of job settings: the client's default socket, the role's default (gpu-02) and
+    the docs name the same path, and each node's TaskProlog, run as slurmstepd runs it, prints
+    its socket and training log directory (each printed export sets the task's env).
+
+    Before: the client sent to /run/trainwatch/training.sock and the role listened on
+    <prefix>/run/training.sock, so a job with default settings dropped every report; and the
+    log directory was in no job's environment, so a job's handler had none unless its script
+    named one."""
+    client = MonitorConfig().resolved({})
+    assert client.socket_path == catalog.DEFAULT_EXPORTER_SOCKET
+    sockets = {GPUS[0]: str(root / GPUS[0] / "run" / "training.sock"),
+               GPUS[1]: client.socket_path}
+    for gpu in GPUS:
+        prolog = root / gpu / "etc" / "slurm-task-prolog.sh"
+        printed = subprocess.run([str(prolog)], capture_output=True, text=True, check=True,
+                                 env={"PATH": "/usr/bin:/bin"}, timeout=30).stdout
+        exported = dict(line.removeprefix("export ").split("=", 1)
+                        for line in printed.splitlines())
+        # the socket is all a job needs to report: its ranks poll commands on the command
+        # socket beside it, which knows them by their kernel identity (no URL, no token)
+        assert exported == {catalog.ENV_EXPORTER_SOCKET: sockets[gpu],
+                            catalog.ENV_LOG_DIR: str(root / gpu / "log" / "jobs")}, printed
+        assert Path(sockets[gpu]).is_socket()
+        # a job that chose its own socket or log directory keeps it
+        own = subprocess.run([str(prolog)], capture_output=True, text=True, check=True,
+                             env={"PATH": "/usr/bin:/bin", catalog.ENV_EXPORTER_SOCKET: "/x",
+                                  catalog.ENV_LOG_DIR: "/y"}, timeout=30).stdout
+        assert own == ""
+    # The docs name that socket wherever they give a production socket path.
+    for doc in ("deploy.md", "contracts.md", "training.md"):
+        text = (REPO / "docs" / doc).read_text()
+        named = set(re.findall(r"(?:^|[\s`=])(/run/\S+?\.sock)\b", text, re.MULTILINE))
+        # (and the command socket beside it, derived from it)
+        assert named <= {catalog.DEFAULT_EXPORTER_SOCKET,
+                         catalog.command_socket(catalog.DEFAULT_EXPORTER_SOCKET)}, (doc, named)
+        assert catalog.DEFAULT_EXPORTER_SOCKET in named, (doc, named)
 
 
 def check_the_sites_servers_took_trainwatchs_part(site: Site, root: Path) -> None:
