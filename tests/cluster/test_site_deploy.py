@@ -28,8 +28,11 @@ the site's Prometheus with the node's label, and its log file in the node's trai
 directory. Everything started is stopped; the users are removed.
 
 It took over, with their assertions, the deploy test of tests/ansible/test_collection_alone.py
-(the collection deploys from its own wheel) and tests/ansible/test_use_existing.py (the site
-playbook beside the site's own monitoring; removed).
+(the collection deploys from its own wheel), tests/ansible/test_use_existing.py (the site
+playbook beside the site's own monitoring) and tests/ansible/test_job_environment.py (the
+client's, the role's and the docs' socket agree; the TaskProlog's output): gpu-02 keeps the
+role's default socket, /run/trainwatch/training.sock, so the module is skipped where that
+folder exists (a deployment of the machine's own).
 """
 
 from __future__ import annotations
