@@ -52,6 +52,9 @@ GPU_LABELS = (LABEL_GPU, LABEL_UUID, LABEL_GPU_NAME)
 ENV_JOB = "TRAINWATCH_JOB"
 ENV_EXPORTER_SOCKET = "TRAINWATCH_EXPORTER_SOCKET"
 ENV_SYNC_EVERY = "TRAINWATCH_SYNC_EVERY"
+# The node's training log directory: where a rank's AsyncEcsHandler writes when no directory is
+# given (the training_exporter role's TaskProlog sets it to trainwatch_training_log_dir).
+ENV_LOG_DIR = "TRAINWATCH_LOG_DIR"
 # Where a stalled rank dumps PyTorch's flight recorder for the diagnostics (docs/training.md).
 ENV_DIAGNOSTICS_DIR = "TRAINWATCH_DIAGNOSTICS_DIR"
 # Where a rank sends when TRAINWATCH_EXPORTER_SOCKET is unset, and where the training_exporter

@@ -1,44 +1,28 @@
-"""The collection deploys from what it carries (issue 38): the built archive, installed with
-`ansible-galaxy collection install` as a user installs it, and an inventory of one's own with no
+"""The collection deploys from what it carries (issue 38): an inventory of one's own with no
 trainwatch_project_src and no trainwatch_repo_root, run from a folder that is not the
-repository. The services' virtualenv is built from the wheel inside the collection.
+repository.
 
 Before: the _common role needed a checkout on the controller (trainwatch_repo_root, packed with
-`git archive HEAD`) or the project on the host, so this inventory failed at preflight.
-
-One Python service (the training exporter) is kept, every other component switched off: the
-venv and the pip install of the stack extra are the cost (about 30 s of CPU), not the rest.
-pip's extra arguments (trainwatch_pip_extra_args) are --no-compile, which saves compiling every
-dependency and shows that they reach pip.
+`git archive HEAD`) or the project on the host, so this inventory failed at preflight. Here:
+an inventory that names a project source it does not have stops at preflight, naming what to
+set. The deploy itself from the built archive (installed with `ansible-galaxy collection
+install`, the services' virtualenv built from the wheel inside it, a second run changed=0) is
+tests/cluster/test_site_deploy.py, on a Slurm site of three hosts.
 """
 
 from __future__ import annotations
 
 import getpass
 import grp
-import json
 import os
-import shutil
-import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.ansible.runner import (
-    REPO,
-    SITE,
-    STOP,
-    VENV_BIN,
-    PlaybookRun,
-    ansible_env,
-    built_collection,
-    run_playbook,
-)
-from tests.ansible.test_local_deploy import processes_under
-from tests.support.net import free_port, wait_until
+from tests.ansible.runner import SITE, run_playbook
+from tests.support.net import free_port
 
 SWITCHED_OFF = ("prometheus", "alertmanager", "grafana", "filebeat", "elasticsearch", "logstash",
                 "kibana", "node_exporter", "gpu_exporter", "log_scanner", "remediation")
@@ -71,79 +55,6 @@ def own_inventory(path: Path, prefix: Path, port: int) -> Path:
         "hosts": {"localhost": host_vars},
         "children": {"gpu_nodes": {"hosts": {"localhost": None}}}}}))
     return inventory
-
-
-def installed_record(venv: Path) -> dict:
-    """The direct_url.json pip wrote for the project (PEP 610): where it was installed from."""
-    found = sorted(venv.glob(
-        "lib/python*/site-packages/trainwatch_gpu-*.dist-info/direct_url.json"))
-    assert len(found) == 1, found
-    return json.loads(found[0].read_text())
-
-
-@pytest.mark.slow  # a virtualenv with the stack extra, and two converges
-def test_the_installed_collection_deploys_from_its_own_wheel(tmp_path: Path) -> None:
-    # The archive as a user downloads it, far from the repository.
-    download = tmp_path / "download"
-    download.mkdir()
-    archive = Path(shutil.copy2(built_collection(), download))
-    collections = tmp_path / "collections"
-    env = ansible_env(collections)
-    env.pop("PYTHONPATH", None)  # nothing of a checkout on the controller's or services' path
-    subprocess.run([str(VENV_BIN / "ansible-galaxy"), "collection", "install", "--offline",
-                    "-p", str(collections), str(archive)], cwd=tmp_path, env=env, check=True,
-                   capture_output=True, text=True, timeout=300)
-    carried = sorted(collections.glob(
-        "ansible_collections/trainwatch/stack/roles/_common/files/wheels/*.whl"))
-    assert len(carried) == 1, carried
-
-    prefix = tmp_path / "prefix"
-    port = free_port()
-    inventory = own_inventory(tmp_path / "inventory", prefix, port)
-    assert REPO not in tmp_path.parents and not (tmp_path / ".git").exists()
-
-    def deploy(playbook: str) -> PlaybookRun:
-        return run_playbook(playbook, {}, tmp_path, inventory=inventory, env=env, cwd=tmp_path)
-
-    try:
-        first = deploy(SITE)
-        assert first.rc == 0 and first.total("failed") == 0, first.describe()
-
-        venv = prefix / "venv"
-        # The wheel the collection carries, on the host byte for byte, installed as an archive
-        # (not an editable folder of a checkout).
-        host_wheel = prefix / "wheels" / carried[0].name
-        assert host_wheel.read_bytes() == carried[0].read_bytes()
-        record = installed_record(venv)
-        assert record["url"] == host_wheel.as_uri() and "archive_info" in record, record
-        imported = subprocess.run(
-            [str(venv / "bin" / "python"), "-c",
-             "import trainwatch.exporters as m; print(m.__file__)"],
-            capture_output=True, text=True, check=True, timeout=60, cwd=tmp_path,
-            env={"PATH": "/usr/bin:/bin"}).stdout.strip()
-        assert Path(imported).is_relative_to(venv), imported
-        # trainwatch_pip_extra_args reached pip: nothing the exporter never imports is compiled
-        site = Path(imported).parents[2]
-        assert (site / "ansible_runner").is_dir()
-        assert not list((site / "ansible_runner").rglob("*.pyc"))
-        # The service runs the virtualenv's console script, and answers.
-        running = processes_under(prefix)
-        assert any(str(venv / "bin" / "training-exporter") in p for p in running), running
-        body = wait_until(
-            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read(),
-            timeout=60, what=f"the training exporter on port {port}")
-        assert b"trainwatch_" in body
-
-        second = deploy(SITE)
-        assert second.rc == 0 and second.total("changed") == 0, second.describe()
-    finally:
-        stop = deploy(STOP)
-        try:
-            wait_until(lambda: not processes_under(prefix), timeout=60,
-                       what="every process of the deployment to exit")
-        except TimeoutError:
-            pytest.fail(f"stop.yml rc={stop.rc} left {processes_under(prefix)}")
-    assert stop.rc == 0, stop.describe()
 
 
 @pytest.mark.parametrize(("settings", "named"), [

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from trainwatch.exporters.contract import catalog
 from trainwatch.exporters.rank import AsyncEcsHandler, HandlerConfig
 
 
@@ -81,3 +82,19 @@ def test_dict_config_passes_its_keys_as_before(tmp_path: Path) -> None:
         handler.close()
         logger.removeHandler(handler)
     assert '"message":"configured"' in (tmp_path / "dc" / "rank-1.jsonl").read_text()
+
+
+def test_without_a_directory_the_node_log_directory_of_the_environment_is_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job script that names no directory writes where the deploy's TaskProlog says
+    (TRAINWATCH_LOG_DIR, the training log directory); without it, the refusal names it."""
+    monkeypatch.delenv(catalog.ENV_LOG_DIR, raising=False)
+    with pytest.raises(ValueError, match=catalog.ENV_LOG_DIR):
+        AsyncEcsHandler(job="env", rank=0, install_signal_handler=False)
+    monkeypatch.setenv(catalog.ENV_LOG_DIR, str(tmp_path))
+    handler = AsyncEcsHandler(job="env", rank=1, install_signal_handler=False)
+    handler.close()
+    assert handler.path == tmp_path / "env" / "rank-1.jsonl"
+    # a directory given still wins
+    assert HandlerConfig(directory=tmp_path / "own").target("env", 0) == \
+        tmp_path / "own" / "env" / "rank-0.jsonl"

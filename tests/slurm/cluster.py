@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,18 +151,32 @@ PartitionName={partition} Nodes={",".join(node_ports)} Default=YES MaxTime=INFIN
 
 
 def start(root: Path, nodes: Sequence[str] = ("tw-gpu-01", "tw-gpu-02", "tw-gpu-03"),
-          partition: str = "gpu", timeout: float = 90.0) -> SlurmCluster:
+          partition: str = "gpu", timeout: float = 90.0, *,
+          node_conf: Mapping[str, Sequence[str]] | None = None,
+          open_to_users: bool = False) -> SlurmCluster:
     """Start munged, slurmctld and one slurmd per node under `root`; wait until every node is
-    idle. On any failure everything started so far is stopped and the logs are in the error."""
+    idle. On any failure everything started so far is stopped and the logs are in the error.
+
+    `node_conf`: slurm.conf lines of a node's own (its `TaskProlog=`, say), appended to that
+    node's copy of the file (`slurm-<node>.conf`), which its slurmd reads, as each host of a
+    site reads its own /etc/slurm/slurm.conf (slurmctld logs that the copies differ).
+    `open_to_users`: other users may submit (the cluster's folder and munged's socket folder
+    searchable by everyone; the key stays root's alone)."""
     for sub in ("munge", "state", "log", *(f"spool/{n}" for n in nodes)):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    os.chmod(root / "munge", 0o700)
+    os.chmod(root / "munge", 0o755 if open_to_users else 0o700)
+    if open_to_users:
+        root.chmod(0o755)  # the users reach the slurm.conf and munged's socket folder
     key = root / "munge" / "munge.key"
     socket = root / "munge" / "munge.socket"
     subprocess.run(["mungekey", "--create", f"--keyfile={key}"], check=True, capture_output=True)
     os.chmod(key, 0o600)
     conf = root / "slurm.conf"
     conf.write_text(_conf(root, socket, free_port(), {n: free_port() for n in nodes}, partition))
+    node_confs = {}
+    for node, lines in (node_conf or {}).items():
+        node_confs[node] = root / f"slurm-{node}.conf"
+        node_confs[node].write_text(conf.read_text() + "".join(f"{line}\n" for line in lines))
     env = {"SLURM_CONF": str(conf)}
     cluster = SlurmCluster(root=root, conf=conf, nodes=tuple(nodes), partition=partition,
                            env=env)
@@ -186,8 +200,9 @@ def start(root: Path, nodes: Sequence[str] = ("tw-gpu-01", "tw-gpu-02", "tw-gpu-
 
         wait_until(ctld_up, timeout=timeout, what="slurmctld answering")
         for node in nodes:
-            procs.append(ManagedProcess(["slurmd", "-D", "-N", node, "-f", str(conf)],
-                                        root / "log" / f"slurmd-{node}.out", env=env))
+            procs.append(ManagedProcess(
+                ["slurmd", "-D", "-N", node, "-f", str(node_confs.get(node, conf))],
+                root / "log" / f"slurmd-{node}.out", env=env))
 
         def all_idle() -> bool:
             for proc in procs:

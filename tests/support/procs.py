@@ -98,8 +98,8 @@ def running(argv: Sequence[str], log_path: Path, ready_url: str | None = None,
 
 @contextmanager
 def prometheus(workdir: Path, config_path: Path, *, port: int | None = None,
-               extra_args: Sequence[str] = ()) -> Iterator[str]:
-    """Real Prometheus on a free port; yields its base URL.
+               extra_args: Sequence[str] = (), address: str = "127.0.0.1") -> Iterator[str]:
+    """Real Prometheus on a free port (of `address`); yields its base URL.
 
     The rule resend delay is lowered because a test stack that starts Prometheus and
     Alertmanager together otherwise waits up to a minute for the first notification.
@@ -111,13 +111,13 @@ def prometheus(workdir: Path, config_path: Path, *, port: int | None = None,
         "prometheus",
         f"--config.file={config_path}",
         f"--storage.tsdb.path={data}",
-        f"--web.listen-address=127.0.0.1:{port}",
+        f"--web.listen-address={address}:{port}",
         "--web.enable-lifecycle",
         "--rules.alert.resend-delay=1s",
         "--log.level=warn",
         *extra_args,
     ]
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{address}:{port}"
     with running(argv, workdir / f"prometheus-{port}.log", ready_url=f"{url}/-/ready"):
         yield url
 
@@ -125,8 +125,10 @@ def prometheus(workdir: Path, config_path: Path, *, port: int | None = None,
 @contextmanager
 def alertmanager(workdir: Path, config_path: Path, *, port: int | None = None,
                  extra_args: Sequence[str] = (),
-                 basic_auth: tuple[str, str] | None = None) -> Iterator[str]:
-    """Real Alertmanager (Debian's prometheus-alertmanager) on a free port, no clustering;
+                 basic_auth: tuple[str, str] | None = None,
+                 address: str = "127.0.0.1") -> Iterator[str]:
+    """Real Alertmanager (Debian's prometheus-alertmanager) on a free port (of `address`), no
+    clustering;
     with `basic_auth` (user, password) its API requires that credential (a web config with
     the password's bcrypt hash, as the alertmanager role writes it)."""
     port = port or free_port()
@@ -136,12 +138,12 @@ def alertmanager(workdir: Path, config_path: Path, *, port: int | None = None,
         "prometheus-alertmanager",
         f"--config.file={config_path}",
         f"--storage.path={data}",
-        f"--web.listen-address=127.0.0.1:{port}",
+        f"--web.listen-address={address}:{port}",
         "--cluster.listen-address=",
         "--log.level=warn",
         *extra_args,
     ]
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{address}:{port}"
     ready = f"{url}/-/ready"
     if basic_auth is not None:
         import bcrypt
@@ -151,6 +153,6 @@ def alertmanager(workdir: Path, config_path: Path, *, port: int | None = None,
         hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()
         web.write_text(json.dumps({"basic_auth_users": {user: hashed}}))
         argv.append(f"--web.config.file={web}")
-        ready = f"http://{user}:{password}@127.0.0.1:{port}/-/ready"
+        ready = f"http://{user}:{password}@{address}:{port}/-/ready"
     with running(argv, workdir / f"alertmanager-{port}.log", ready_url=ready):
         yield url

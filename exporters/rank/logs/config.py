@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainwatch.exporters.contract.catalog import ENV_LOG_DIR
 from trainwatch.exporters.contract.identity import validate_job, validate_rank
 
 OVERFLOW_POLICIES = ("drop", "block")
@@ -26,8 +28,10 @@ LAYOUTS = ("ecs", "ecs-logging")
 class HandlerConfig:
     """Where the file goes, what a record says, and how the handler buffers (docs/logging.md).
 
-    `directory` (the file is `<directory>/<job>/rank-<rank>.jsonl`) or `path`; `job` and
-    `rank` default to the launcher environment when None (trainwatch.exporters.contract.identity).
+    `directory` (the file is `<directory>/<job>/rank-<rank>.jsonl`) or `path`; with neither,
+    the directory is TRAINWATCH_LOG_DIR (the node's training log directory, which the
+    deploy's Slurm TaskProlog sets). `job` and `rank` default to the launcher environment when
+    None (trainwatch.exporters.contract.identity).
     """
 
     directory: str | os.PathLike[str] | None = None
@@ -67,13 +71,17 @@ class HandlerConfig:
         if self.rank is not None:
             validate_rank(self.rank)
 
-    def target(self, job: str, rank: int) -> Path:
-        """The file of this rank: `path`, else `<directory>/<job>/rank-<rank>.jsonl`."""
+    def target(self, job: str, rank: int, env: Mapping[str, str] | None = None) -> Path:
+        """The file of this rank: `path`, else `<directory>/<job>/rank-<rank>.jsonl`, the
+        directory defaulting to TRAINWATCH_LOG_DIR of `env` (the process environment)."""
         if self.path is not None:
             return Path(self.path)
-        if self.directory is None:
-            raise ValueError("give a log directory or an explicit path")
-        return rank_log_path(self.directory, job, rank)
+        directory = self.directory
+        if directory is None:
+            directory = (os.environ if env is None else env).get(ENV_LOG_DIR) or None
+        if directory is None:
+            raise ValueError(f"give a log directory or an explicit path (or set {ENV_LOG_DIR})")
+        return rank_log_path(directory, job, rank)
 
 
 def rank_log_path(directory: str | os.PathLike[str], job: str, rank: int) -> Path:
