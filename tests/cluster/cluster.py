@@ -116,16 +116,21 @@ class Cluster:
         for host in self.hosts.values():
             if host.supervisord_pid():
                 host.supervisorctl("shutdown")
-        try:
-            wait_until(lambda: not processes_under(self.root), timeout=60,
-                       what="every process of the cluster to exit")
-            return []
-        except TimeoutError:
-            left = processes_under(self.root)
-            for pid in _pids_under(self.root):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            return left
+        return kill_what_is_left(self.root, "every process of the cluster to exit")
+
+
+def kill_what_is_left(root: Path, what: str, timeout: float = 60) -> list[str]:
+    """Wait for every process under `root` to exit; SIGKILL whatever has not by `timeout`,
+    and return what that was (a teardown that had to kill is worth reporting)."""
+    try:
+        wait_until(lambda: not processes_under(root), timeout=timeout, what=what)
+        return []
+    except TimeoutError:
+        left = processes_under(root)
+        for pid in _pids_under(root):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return left
 
 
 def _pids_under(prefix: Path) -> list[int]:

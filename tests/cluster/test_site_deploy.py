@@ -64,7 +64,7 @@ from tests.ansible.runner import (
     run_playbook,
 )
 from tests.ansible.test_local_deploy import processes_under
-from tests.cluster.cluster import free_port_on
+from tests.cluster.cluster import free_port_on, kill_what_is_left
 from tests.slurm.cluster import SlurmCluster, missing_binaries
 from tests.slurm.cluster import start as start_slurm
 from tests.support.net import wait_until
@@ -305,16 +305,7 @@ def stop_hosts(root: Path) -> list[str]:
         if (root / gpu / "run" / "supervisord.pid").exists():
             subprocess.run(["supervisorctl", "-c", str(conf), "shutdown"], capture_output=True,
                            timeout=60, check=False)
-    try:
-        wait_until(lambda: not processes_under(root), timeout=60,
-                   what="every process of the deployment to exit")
-        return []
-    except TimeoutError:
-        left = processes_under(root)
-        for line in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(line.split(":", 1)[0]), 9)
-        return left
+    return kill_what_is_left(root, "every process of the deployment to exit")
 
 
 @pytest.mark.skipif(bool(missing_binaries()), reason="Slurm binaries missing")

@@ -13,12 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import requests
 
 from tests.remediation.helpers import TOKEN, VENV_BIN
 from tests.remediation.processes import service_config
 from tests.support.net import Abort, free_port, wait_until
-from tests.support.procs import running
+from tests.support.procs import answers, running
 from tests.support.tls import Authority
 
 CLI = [sys.executable, "-m", "trainwatch.remediation.operator"]
@@ -43,7 +42,7 @@ def test_the_cli_verifies_the_service_against_its_ca_file(tmp_path: Path) -> Non
         def ready() -> bool:
             if not proc.alive():
                 raise Abort(f"the service exited:\n{proc.log_text()[-2000:]}")
-            return _ready(url, ca.ca_file)
+            return answers(f"{url}/readyz", verify=str(ca.ca_file))
 
         wait_until(ready, timeout=60, what="the service over TLS")
         # the environment points requests at another CA: the CLI's ca_file must still win
@@ -65,13 +64,6 @@ def test_the_cli_verifies_the_service_against_its_ca_file(tmp_path: Path) -> Non
 def cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=60,
                           check=False)
-
-
-def _ready(url: str, ca_file: Path) -> bool:
-    try:
-        return requests.get(f"{url}/readyz", verify=str(ca_file), timeout=2).ok
-    except requests.RequestException:
-        return False
 
 
 @pytest.mark.parametrize("value", ["", None])

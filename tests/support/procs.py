@@ -65,11 +65,11 @@ class ManagedProcess:
         self.proc.wait(10)
 
 
-def answers(url: str, timeout: float = 2.0) -> bool:
-    """Whether `url` answers 200 now (False while it refuses or times out): what a readiness
-    poll under wait_until asks."""
+def answers(url: str, timeout: float = 2.0, verify: str | bool = True) -> bool:
+    """Whether `url` answers 200 now (False while it refuses, times out or fails its TLS
+    check against `verify`, a CA file): what a readiness poll under wait_until asks."""
     try:
-        return requests.get(url, timeout=timeout).status_code == 200
+        return requests.get(url, timeout=timeout, verify=verify).status_code == 200
     except requests.RequestException:
         return False
 
